@@ -1,0 +1,1 @@
+"""The AWS layer: typed stack config (config.py, no pulumi import) and the Pulumi components built from it."""

@@ -1,0 +1,153 @@
+"""The EKS control plane and the cluster-wide add-ons."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+from trainforge.infra.config import PlatformConfig
+from trainforge.infra.iam import irsa_role, service_role
+from trainforge.infra.tags import named
+
+POLICY = "arn:aws:iam::aws:policy/"
+CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+NODE_POLICIES = [
+    POLICY + "AmazonEKSWorkerNodePolicy",
+    POLICY + "AmazonEC2ContainerRegistryPullOnly",
+    POLICY + "AmazonSSMManagedInstanceCore",  # shell access without SSH keys or open ports
+]
+
+
+class Cluster(pulumi.ComponentResource):
+    cluster: aws.eks.Cluster
+    oidc_provider: aws.iam.OpenIdConnectProvider
+    node_role: aws.iam.Role
+
+    def __init__(self, name: str, cfg: PlatformConfig, *, private_subnet_ids: list[pulumi.Input[str]],
+                 secrets_key: aws.kms.Key, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainforge:infra:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        cluster_name = cfg.cluster_name
+
+        role = service_role(f"{name}-control-plane", "eks.amazonaws.com", [POLICY + "AmazonEKSClusterPolicy"],
+                            named(tags, f"{name}-control-plane"), self)
+        # Envelope encryption needs the control plane to use the secrets key.
+        aws.iam.RolePolicy(f"{name}-secrets-key", role=role.id, opts=pulumi.ResourceOptions(parent=role),
+                           policy=secrets_key.arn.apply(lambda arn: json.dumps({"Version": "2012-10-17", "Statement": [{
+                               "Effect": "Allow", "Resource": arn,
+                               "Action": ["kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:CreateGrant"]}]})))
+        # Created before the cluster so EKS writes into a group with a retention limit (not a forever group).
+        log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane-logs", name=f"/aws/eks/{cluster_name}/cluster",
+                                            retention_in_days=cfg.cluster.log_retention_days,
+                                            tags=named(tags, f"/aws/eks/{cluster_name}/cluster"), opts=child)
+
+        access = cfg.cluster
+        self.cluster = aws.eks.Cluster(
+            name, name=cluster_name, role_arn=role.arn, version=access.version,
+            vpc_config=aws.eks.ClusterVpcConfigArgs(
+                subnet_ids=private_subnet_ids, endpoint_private_access=access.endpoint_private_access,
+                endpoint_public_access=access.endpoint_public_access,
+                public_access_cidrs=[str(c) for c in access.public_access_cidrs] or None,
+            ),
+            # API mode: who may administer the cluster is an AWS resource (access entries), not a ConfigMap.
+            access_config=aws.eks.ClusterAccessConfigArgs(authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True),
+            encryption_config=aws.eks.ClusterEncryptionConfigArgs(
+                provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=secrets_key.arn), resources=["secrets"]),
+            enabled_cluster_log_types=CONTROL_PLANE_LOG_TYPES,
+            tags=named(tags, cluster_name),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
+        )
+        for i, principal in enumerate(access.admin_principal_arns):
+            entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal,
+                                        type="STANDARD", tags=named(tags, f"{name}-admin-{i}"), opts=child)
+            aws.eks.AccessPolicyAssociation(
+                f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal, policy_arn=CLUSTER_ADMIN_POLICY,
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]),
+            )
+
+        self.oidc_provider = aws.iam.OpenIdConnectProvider(
+            f"{name}-oidc", url=self.oidc_issuer_url, client_id_lists=["sts.amazonaws.com"],
+            tags=named(tags, f"{name}-oidc"), opts=child,
+        )
+        self.node_role = service_role(f"{name}-nodes", "ec2.amazonaws.com", NODE_POLICIES, named(tags, f"{name}-nodes"), self)
+        self.register_outputs({"cluster_name": self.cluster.name, "endpoint": self.cluster.endpoint,
+                               "oidc_provider_arn": self.oidc_provider.arn})
+
+    @property
+    def oidc_issuer_url(self) -> pulumi.Output[str]:
+        return self.cluster.identities[0].oidcs[0].issuer
+
+    @property
+    def security_group_id(self) -> pulumi.Output[str]:
+        """The EKS-created cluster security group; every node carries it."""
+        return self.cluster.vpc_config.cluster_security_group_id
+
+    def kubeconfig(self) -> pulumi.Output[str]:
+        """A kubeconfig that authenticates with `aws eks get-token` (no long-lived credential inside)."""
+        def render(args: list[str]) -> str:
+            name, endpoint, ca, region = args
+            return json.dumps({
+                "apiVersion": "v1", "kind": "Config", "current-context": name,
+                "clusters": [{"name": name, "cluster": {"server": endpoint, "certificate-authority-data": ca}}],
+                "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+                "users": [{"name": name, "user": {"exec": {
+                    "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
+                    "args": ["eks", "get-token", "--cluster-name", name, "--region", region]}}}],
+            })
+        region = self.cluster.arn.apply(lambda arn: arn.split(":")[3])
+        return pulumi.Output.secret(pulumi.Output.all(self.cluster.name, self.cluster.endpoint,
+                                                      self.cluster.certificate_authority.data, region).apply(render))
+
+
+# Add-ons that need AWS permissions get them through IRSA, never through the node role.
+IRSA_ADDONS = {
+    "vpc-cni": ("aws-node", [POLICY + "AmazonEKS_CNI_Policy"]),
+    "aws-ebs-csi-driver": ("ebs-csi-controller-sa", [POLICY + "service-role/AmazonEBSCSIDriverPolicy"]),
+    "aws-fsx-csi-driver": ("fsx-csi-controller-sa", [POLICY + "AmazonFSxFullAccess"]),
+}
+# Installed before any node joins (nodes need networking to become Ready) ...
+NETWORK_ADDONS = ("vpc-cni", "kube-proxy")
+# ... and after the system nodes exist (these run Deployments that need a node to become ACTIVE).
+WORKLOAD_ADDONS = ("coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver")
+ADDON_CONFIGURATION = {
+    # Network policy enforcement in the CNI, so team namespaces can be isolated.
+    "vpc-cni": {"enableNetworkPolicy": "true"},
+    # CoreDNS tolerates nothing special and runs on the system nodes; two replicas survive a node loss.
+    "coredns": {"replicaCount": 2},
+}
+
+
+class Addons(pulumi.ComponentResource):
+    network_ready: list[pulumi.Resource]
+
+    def __init__(self, name: str, cluster: Cluster, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainforge:infra:Addons", name, None, opts)
+        self._name, self._cluster, self._tags = name, cluster, tags
+        self.network_ready = [self._addon(a, []) for a in NETWORK_ADDONS]
+        self.register_outputs({})
+
+    def install_workload_addons(self, after: list[pulumi.Resource]) -> None:
+        for addon in WORKLOAD_ADDONS:
+            self._addon(addon, after)
+
+    def _addon(self, addon: str, depends_on: list[pulumi.Resource]) -> aws.eks.Addon:
+        role_arn = None
+        if addon in IRSA_ADDONS:
+            service_account, policies = IRSA_ADDONS[addon]
+            role_arn = irsa_role(
+                f"{self._name}-{addon}", oidc_provider_arn=self._cluster.oidc_provider.arn,
+                oidc_issuer_url=self._cluster.oidc_issuer_url, namespace="kube-system", service_account=service_account,
+                policy_arns=policies, tags=named(self._tags, f"{self._name}-{addon}"), parent=self,
+            ).arn
+        config = ADDON_CONFIGURATION.get(addon)
+        return aws.eks.Addon(
+            f"{self._name}-{addon}", cluster_name=self._cluster.cluster.name, addon_name=addon,
+            service_account_role_arn=role_arn, configuration_values=json.dumps(config) if config else None,
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+            tags=named(self._tags, f"{self._name}-{addon}"),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on),
+        )

@@ -1,0 +1,438 @@
+"""Typed stack configuration: everything `stacks/Pulumi.<env>.yaml` sets, validated before any resource exists.
+
+The whole platform lives under one structured key, `trainforge:platform`. This module imports neither
+pulumi nor pulumi_aws, so the submitter can read a stack file offline (team quotas, node flavours).
+Every rule that a real deployment would otherwise discover half-way through `pulumi up` is checked here,
+and every message names the field, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainforge import catalog
+from trainforge.contract import GPU_FLAVOURS, Flavour
+
+CONFIG_KEY = "trainforge:platform"
+STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.yaml$")
+DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"
+IAM_PRINCIPAL_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$"
+CLOUDWATCH_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+MAX_AZS = 3  # the VPC carving below gives each AZ a quarter of the VPC for nodes
+
+
+class ConfigError(ValueError):
+    """A stack configuration that must not reach the cloud. str() is the whole user-facing message."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid trainforge configuration in {source} ({CONFIG_KEY}):\n{lines}")
+
+
+class _Model(BaseModel):
+    # Unknown keys are typos until proven otherwise; frozen because a validated config must stay valid.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NetworkConfig(_Model):
+    vpc_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("10.0.0.0/16")
+    nat_gateways: Literal["single", "per-az"] = Field(
+        "single", description="'single' is cheap (one NAT for all AZs); 'per-az' survives an AZ outage."
+    )
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_size(cls, cidr: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
+        if not 16 <= cidr.prefixlen <= 20:
+            raise ValueError(
+                f"{cidr} has prefix /{cidr.prefixlen}; pods take VPC addresses, so use a /16 to /20. "
+                "Fix: e.g. vpc_cidr: 10.0.0.0/16"
+            )
+        return cidr
+
+    def private_subnet_cidrs(self, count: int) -> list[str]:
+        """One quarter of the VPC per AZ for nodes, pods and FSx."""
+        return [str(s) for s in list(self.vpc_cidr.subnets(new_prefix=self.vpc_cidr.prefixlen + 2))[:count]]
+
+    def public_subnet_cidrs(self, count: int) -> list[str]:
+        """Small public subnets (NAT gateways, load balancers) carved from the last quarter."""
+        last_quarter = list(self.vpc_cidr.subnets(new_prefix=self.vpc_cidr.prefixlen + 2))[-1]
+        return [str(s) for s in list(last_quarter.subnets(new_prefix=last_quarter.prefixlen + 4))[:count]]
+
+
+class ClusterConfig(_Model):
+    name: str | None = Field(None, pattern=DNS_LABEL, max_length=60, description="defaults to trainforge-<env>")
+    version: str = Field(..., pattern=r"^1\.\d{2}$", description="EKS Kubernetes version, e.g. '1.33'")
+    endpoint_private_access: bool = True
+    endpoint_public_access: bool = False
+    public_access_cidrs: list[ipaddress.IPv4Network] = []
+    admin_principal_arns: list[str] = []
+    log_retention_days: int = 30
+
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _arns(cls, arns: list[str]) -> list[str]:
+        bad = [a for a in arns if not re.match(IAM_PRINCIPAL_ARN, a)]
+        if bad:
+            raise ValueError(f"{bad} are not IAM role/user ARNs. Fix: use arn:aws:iam::<12-digit account>:role/<name>")
+        return arns
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, days: int) -> int:
+        if days not in CLOUDWATCH_RETENTION_DAYS:
+            raise ValueError(f"{days} is not a CloudWatch retention period. Fix: one of {list(CLOUDWATCH_RETENTION_DAYS)}")
+        return days
+
+    @model_validator(mode="after")
+    def _endpoint_access(self) -> ClusterConfig:
+        if not (self.endpoint_private_access or self.endpoint_public_access):
+            raise ValueError("endpoint_private_access: both endpoint_*_access are false, so nothing could reach the API. Fix: set endpoint_private_access: true")
+        if self.endpoint_public_access and not self.public_access_cidrs:
+            raise ValueError(
+                "public_access_cidrs: the public endpoint is on but no allowlist is given (EKS would open it to 0.0.0.0/0). "
+                "Fix: list your office/VPN CIDRs, or set endpoint_public_access: false"
+            )
+        if not self.endpoint_public_access and self.public_access_cidrs:
+            raise ValueError("public_access_cidrs: given, but endpoint_public_access is false. Fix: remove the list or turn the public endpoint on")
+        return self
+
+
+class NodeGroupConfig(_Model):
+    name: str = Field(..., pattern=DNS_LABEL, max_length=38)
+    instance_types: list[str] = Field(..., min_length=1)
+    capacity: Literal["on-demand", "spot"]
+    min_size: int = Field(..., ge=0)
+    desired_size: int | None = Field(None, ge=0, description="defaults to min_size")
+    max_size: int = Field(..., ge=1)
+    disk_gib: int = Field(200, ge=20, le=16384)
+    efa: bool = False
+    availability_zone: str | None = Field(None, description="required for EFA groups: the placement group's AZ")
+
+    @field_validator("instance_types")
+    @classmethod
+    def _known_types(cls, names: list[str]) -> list[str]:
+        problems = []
+        for name in names:
+            try:
+                catalog.lookup(name)
+            except catalog.UnknownInstanceType as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ValueError("; ".join(problems))
+        if len(set(names)) != len(names):
+            raise ValueError(f"{names} lists a type twice. Fix: list each instance type once")
+        gpu_kinds = {catalog.lookup(n).gpus > 0 for n in names}
+        if len(gpu_kinds) > 1:
+            raise ValueError(f"{names} mixes GPU and CPU instance types. Fix: put GPU and CPU types in separate node groups")
+        return names
+
+    @model_validator(mode="after")
+    def _sizes_and_efa(self) -> NodeGroupConfig:
+        if self.min_size > self.max_size:
+            raise ValueError(f"min_size ({self.min_size}) > max_size ({self.max_size}). Fix: raise max_size or lower min_size")
+        desired = self.desired
+        if not self.min_size <= desired <= self.max_size:
+            raise ValueError(f"desired_size ({desired}) is outside [min_size {self.min_size}, max_size {self.max_size}]. Fix: pick a size in that range")
+        if self.efa:
+            self._check_efa()
+        return self
+
+    def _check_efa(self) -> None:
+        if len(self.instance_types) != 1:
+            raise ValueError(
+                f"instance_types: an EFA group has one instance type (one interface layout, one placement group), got {self.instance_types}. "
+                "Fix: split it into one EFA group per type"
+            )
+        instance = catalog.lookup(self.instance_types[0])
+        if not instance.supports_efa:
+            raise ValueError(
+                f"instance_types: {instance.name} has no EFA interfaces in the catalogue. Fix: use one of {', '.join(catalog.EFA_TYPES)} or set efa: false"
+            )
+        if self.availability_zone is None:
+            raise ValueError("availability_zone: an EFA group lives in one cluster placement group, so it needs one AZ. Fix: set availability_zone to one of the stack's availability_zones")
+        if self.capacity != "on-demand":
+            raise ValueError(
+                "capacity: an EFA group runs tightly coupled jobs in one placement group, where one spot reclaim stops the whole job. "
+                "Fix: capacity: on-demand (use a non-EFA spot group for spot work)"
+            )
+
+    @property
+    def desired(self) -> int:
+        return self.min_size if self.desired_size is None else self.desired_size
+
+    @property
+    def instances(self) -> list[catalog.InstanceType]:
+        return [catalog.lookup(n) for n in self.instance_types]
+
+    @property
+    def gpus_per_node(self) -> int:
+        """A diversified group is only as big as its smallest type."""
+        return min(i.gpus for i in self.instances)
+
+    @property
+    def has_gpus(self) -> bool:
+        return self.gpus_per_node > 0
+
+    @property
+    def flavour(self) -> Flavour:
+        if not self.has_gpus:
+            return Flavour.SYSTEM
+        if self.efa:
+            return Flavour.GPU_EFA
+        return Flavour.GPU_SPOT if self.capacity == "spot" else Flavour.GPU_ONDEMAND
+
+    @property
+    def max_gpus(self) -> int:
+        return self.max_size * self.gpus_per_node
+
+
+# FSx for Lustre sizing rules (SSD storage): valid capacities and per-unit throughput tiers (MB/s/TiB).
+FSX_FIRST_STEPS = (1200, 2400)
+FSX_INCREMENT = {"SCRATCH_1": 3600, "SCRATCH_2": 2400, "PERSISTENT_1": 2400, "PERSISTENT_2": 2400}
+FSX_THROUGHPUT_TIERS: dict[str, tuple[int, ...]] = {"PERSISTENT_1": (50, 100, 200), "PERSISTENT_2": (125, 250, 500, 1000)}
+
+
+class DataRepositoryConfig(_Model):
+    bucket: Literal["datasets", "checkpoints", "artifacts"] = "datasets"
+    prefix: str = Field("", pattern=r"^[A-Za-z0-9!_.*'()/-]*$", description="key prefix inside the bucket")
+    file_system_path: str = Field("/datasets", pattern=r"^/[A-Za-z0-9_./-]*$")
+    auto_import: bool = True
+    auto_export: bool = True
+
+
+class FsxConfig(_Model):
+    deployment_type: Literal["SCRATCH_1", "SCRATCH_2", "PERSISTENT_1", "PERSISTENT_2"]
+    storage_capacity_gib: int = Field(..., gt=0)
+    per_unit_storage_throughput: int | None = Field(None, description="MB/s per TiB; persistent types only")
+    data_repository: DataRepositoryConfig | None = None
+
+    @field_validator("storage_capacity_gib")
+    @classmethod
+    def _capacity_step(cls, gib: int, info: Any) -> int:
+        deployment = info.data.get("deployment_type")
+        if deployment is None:
+            return gib
+        step = FSX_INCREMENT[deployment]
+        if gib in FSX_FIRST_STEPS or (gib >= step and gib % step == 0):
+            return gib
+        nearest = sorted({*FSX_FIRST_STEPS, *(step * k for k in range(1, 4 + gib // step))}, key=lambda v: (abs(v - gib), v))[:2]
+        raise ValueError(
+            f"{gib} GiB is not a valid {deployment} capacity: use 1200, 2400 or a multiple of {step} GiB. "
+            f"Fix: e.g. {nearest[0]} or {nearest[1]}"
+        )
+
+    @model_validator(mode="after")
+    def _throughput_and_repository(self) -> FsxConfig:
+        tiers = FSX_THROUGHPUT_TIERS.get(self.deployment_type)
+        t = self.per_unit_storage_throughput
+        if tiers is None and t is not None:
+            raise ValueError(f"per_unit_storage_throughput: {self.deployment_type} has no throughput tiers, got {t}. Fix: remove it, or use a PERSISTENT deployment type")
+        if tiers is not None and t not in tiers:
+            raise ValueError(
+                f"per_unit_storage_throughput: {t} is not a {self.deployment_type} tier. Fix: one of {list(tiers)} (MB/s per TiB)"
+            )
+        if self.data_repository is not None and self.deployment_type == "SCRATCH_1":
+            raise ValueError("data_repository: SCRATCH_1 file systems take no data repository association. Fix: use SCRATCH_2 or PERSISTENT_2")
+        return self
+
+
+class BucketsConfig(_Model):
+    force_destroy: bool = Field(False, description="lets `pulumi destroy` delete non-empty buckets; dev only")
+    noncurrent_version_expiration_days: int = Field(30, ge=1, le=3650)
+    abort_incomplete_multipart_days: int = Field(7, ge=1, le=365)
+
+
+class TagsConfig(_Model):
+    cost_centre: str = Field(..., min_length=1, max_length=256, pattern=r"^[\w .:/=+@-]+$")
+    owner: str = Field(..., min_length=1, max_length=256, pattern=r"^[\w .:/=+@-]+$")
+    extra: dict[str, str] = {}
+
+
+class TeamConfig(_Model):
+    name: str = Field(..., pattern=DNS_LABEL, max_length=40)
+    cost_centre: str = Field(..., min_length=1, max_length=256, pattern=r"^[\w .:/=+@-]+$")
+    gpu_quota: dict[Flavour, int] = Field({}, description="GPUs per node flavour the team may use at once")
+    monthly_budget_usd: float = Field(..., gt=0)
+    members: list[str] = []
+
+    @field_validator("gpu_quota")
+    @classmethod
+    def _gpu_flavours(cls, quota: dict[Flavour, int]) -> dict[Flavour, int]:
+        if Flavour.SYSTEM in quota:
+            raise ValueError(f"'system' nodes have no GPUs. Fix: use one of {[f.value for f in GPU_FLAVOURS]}")
+        negative = {f.value: n for f, n in quota.items() if n < 0}
+        if negative:
+            raise ValueError(f"{negative}: a quota is a GPU count, 0 or more. Fix: use 0 to give no GPUs of a flavour")
+        return quota
+
+
+class PlatformConfig(_Model):
+    environment: str = Field(..., pattern=DNS_LABEL, max_length=20)
+    region: str = Field(..., pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    availability_zones: list[str] = Field(..., min_length=1, max_length=MAX_AZS)
+    network: NetworkConfig = NetworkConfig()
+    cluster: ClusterConfig
+    node_groups: list[NodeGroupConfig] = Field(..., min_length=1)
+    fsx: FsxConfig
+    buckets: BucketsConfig = BucketsConfig()
+    tags: TagsConfig
+    teams: list[TeamConfig] = []
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> PlatformConfig:
+        problems = [*self._zone_problems(), *self._node_group_problems(), *self._team_problems()]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _zone_problems(self) -> list[str]:
+        out = []
+        for az in self.availability_zones:
+            if not re.fullmatch(re.escape(self.region) + r"[a-z]", az):
+                out.append(f"availability_zones: {az!r} is not an AZ of {self.region}. Fix: e.g. {self.region}a")
+        dupes = [az for az, n in Counter(self.availability_zones).items() if n > 1]
+        if dupes:
+            out.append(f"availability_zones: {dupes} listed twice. Fix: list each AZ once")
+        return out
+
+    def _node_group_problems(self) -> list[str]:
+        out = []
+        dupes = [n for n, c in Counter(g.name for g in self.node_groups).items() if c > 1]
+        if dupes:
+            out.append(f"node_groups: names {dupes} are used twice. Fix: give every node group its own name")
+        for i, group in enumerate(self.node_groups):
+            if group.availability_zone is not None and group.availability_zone not in self.availability_zones:
+                out.append(
+                    f"node_groups[{i}].availability_zone: {group.availability_zone!r} is not in this stack's availability_zones "
+                    f"{self.availability_zones}. Fix: use one of them or add it to availability_zones"
+                )
+        efa_zones = {g.availability_zone for g in self.node_groups if g.efa}
+        if len(efa_zones) > 1:
+            out.append(f"node_groups: EFA groups sit in {sorted(efa_zones)}, but FSx lives in one AZ next to them. Fix: put every EFA group in the same AZ")
+        if not any(g.flavour is Flavour.SYSTEM and g.min_size >= 1 for g in self.node_groups):
+            out.append(
+                "node_groups: no CPU group with min_size >= 1, so cluster add-ons (CoreDNS, CSI controllers) have nowhere to run: "
+                "GPU nodes are tainted. Fix: add a system group, e.g. {name: system, instance_types: [m6i.xlarge], capacity: on-demand, min_size: 2, max_size: 4}"
+            )
+        return out
+
+    def _team_problems(self) -> list[str]:
+        out = []
+        dupes = [n for n, c in Counter(t.name for t in self.teams).items() if c > 1]
+        if dupes:
+            out.append(f"teams: names {dupes} are used twice (a team is a namespace). Fix: give every team its own name")
+        capacity = self.gpu_capacity()
+        for i, team in enumerate(self.teams):
+            for flavour, gpus in team.gpu_quota.items():
+                have = capacity.get(flavour, 0)
+                if gpus > have:
+                    groups = [g.name for g in self.node_groups if g.flavour is flavour]
+                    where = f"node groups {groups} reach at most {have} GPUs" if groups else f"no node group provides {flavour.value}"
+                    out.append(
+                        f"teams[{i}].gpu_quota.{flavour.value}: team {team.name!r} asks for {gpus} GPUs but {where}. "
+                        f"Fix: lower the quota to <= {have} or raise max_size of a {flavour.value} group"
+                    )
+        return out
+
+    def gpu_capacity(self) -> dict[Flavour, int]:
+        """Most GPUs each flavour can offer at once (sum of max_size × GPUs per node)."""
+        out: dict[Flavour, int] = {}
+        for group in self.node_groups:
+            if group.has_gpus:
+                out[group.flavour] = out.get(group.flavour, 0) + group.max_gpus
+        return out
+
+    @property
+    def cluster_name(self) -> str:
+        return self.cluster.name or f"trainforge-{self.environment}"
+
+    @property
+    def fsx_availability_zone(self) -> str:
+        """FSx sits next to the EFA nodes (cross-AZ Lustre traffic is slow and billed); else in the first AZ."""
+        for group in self.node_groups:
+            if group.efa:
+                return group.availability_zone  # type: ignore[return-value]  # validated non-None for EFA
+        return self.availability_zones[0]
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith("function-") or part in ("dict", "list"):
+            continue  # pydantic's internal validator names carry no meaning for the reader
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _fix_hint(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "missing":
+        return " Fix: add this field to the stack file."
+    if kind == "extra_forbidden":
+        return " Fix: remove it or correct its spelling (see infra/config.py for the fields)."
+    if kind == "enum" or kind == "literal_error":
+        return ""  # pydantic already lists the allowed values
+    return ""
+
+
+_FIELD_PREFIX = re.compile(r"^[a-z_][\w.\[\]-]*: ")
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = _location(error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        # Our own validators put the value in the message; pydantic's built-in ones need it shown.
+        got = "" if error["type"] in ("missing", "value_error") else f" (got {error.get('input')!r})"
+        for line in message.split("\n"):
+            if not where:
+                problems.append(line)
+            elif _FIELD_PREFIX.match(line):
+                problems.append(f"{where}.{line}")
+            else:
+                problems.append(f"{where}: {line}{got}{_fix_hint(error)}")
+    return problems
+
+
+def parse(raw: Any, *, environment: str, source: str) -> PlatformConfig:
+    """Validate the `trainforge:platform` object of a stack; the stack name is the environment."""
+    if not isinstance(raw, dict):
+        raise ConfigError(source, [f"{CONFIG_KEY} must be a mapping of fields, got {type(raw).__name__}. Fix: see stacks/Pulumi.dev.yaml"])
+    declared = raw.get("environment")
+    if declared is not None and declared != environment:
+        raise ConfigError(source, [f"environment: {declared!r} does not match the stack name {environment!r}. Fix: remove it (the stack name is used) or rename the stack"])
+    try:
+        return PlatformConfig.model_validate({**raw, "environment": environment})
+    except ValidationError as exc:
+        raise ConfigError(source, _problems(exc)) from None
+
+
+def load_stack_file(path: str | Path) -> PlatformConfig:
+    """Read `stacks/Pulumi.<env>.yaml` the way the Pulumi CLI would hand it to the program."""
+    path = Path(path)
+    match = STACK_FILE_PATTERN.match(path.name)
+    if match is None:
+        raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}"])
+    document = yaml.safe_load(path.read_text()) or {}
+    raw = (document.get("config") or {}).get(CONFIG_KEY)
+    if raw is None:
+        raise ConfigError(str(path), [f"no {CONFIG_KEY} key under config:. Fix: copy the block from stacks/Pulumi.dev.yaml"])
+    return parse(raw, environment=match["env"], source=str(path))
+
+
+def stack_files(stacks_dir: str | Path) -> list[Path]:
+    return sorted(p for p in Path(stacks_dir).iterdir() if STACK_FILE_PATTERN.match(p.name))

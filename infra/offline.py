@@ -1,0 +1,197 @@
+"""Evaluate a stack offline: the real program under Pulumi's mock engine, every registered resource recorded.
+
+The mock engine is Pulumi's documented unit-test monitor (`pulumi.runtime.set_mocks`): the program runs
+unchanged, every resource input goes through the provider SDK's types, and nothing leaves this machine.
+`RecordingMocks` plays the part of the cloud only where a real provider would compute an output the
+program reads back (a cluster endpoint, an OIDC issuer, an auto-generated name).
+
+    python -m trainforge.infra.offline stacks/Pulumi.dev.yaml     # what `pulumi up` would create, as tables
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import settings as pulumi_settings
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from trainforge.infra.config import CONFIG_KEY, STACK_FILE_PATTERN, ConfigError
+
+PROJECT = "trainforge"
+MOCK_ACCOUNT = "123456789012"
+
+
+@dataclass(frozen=True)
+class RegisteredResource:
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    state: dict[str, Any]
+    provider: str | None
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return self.inputs.get("tags") or {}
+
+
+def _suffix(name: str) -> str:
+    return hashlib.sha1(name.encode()).hexdigest()[:7]
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Records every registration; returns the outputs a real AWS provider would compute."""
+
+    def __init__(self, region: str = "us-east-1"):
+        self.region = region
+        self.resources: list[RegisteredResource] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        state = {**args.inputs, **self._computed(args)}
+        self.resources.append(RegisteredResource(args.typ, args.name, dict(args.inputs), state, args.provider))
+        return f"{args.name}-{_suffix(args.name)}", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, None]:
+        return {}, None
+
+    def _computed(self, args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
+        service = args.typ.split(":")[1].split("/")[0] if args.typ.startswith("aws:") else "pulumi"
+        token = _suffix(args.name)
+        out: dict[str, Any] = {"arn": f"arn:aws:{service}:{self.region}:{MOCK_ACCOUNT}:{args.name}"}
+        if "name" not in args.inputs:  # Pulumi auto-naming happens in the engine, not in the program
+            out["name"] = f"{args.name}-{token}"
+        if args.typ == "aws:eks/cluster:Cluster":
+            out |= {
+                "endpoint": f"https://{token.upper()}.gr7.{self.region}.eks.amazonaws.com",
+                "certificateAuthority": {"data": "bW9jay1jYQ=="},
+                "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.{self.region}.amazonaws.com/id/{token.upper()}"}]}],
+                "vpcConfig": {**args.inputs.get("vpcConfig", {}), "clusterSecurityGroupId": f"sg-cluster{token}"},
+                "arn": f"arn:aws:eks:{self.region}:{MOCK_ACCOUNT}:cluster/{args.inputs.get('name', args.name)}",
+            }
+        elif args.typ == "aws:s3/bucket:Bucket":
+            out["bucket"] = args.inputs.get("bucket") or f"{args.name}-{token}"
+        elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            out["latestVersion"] = 1
+        elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
+            out |= {"dnsName": f"fs-{token}.fsx.{self.region}.amazonaws.com", "mountName": token}
+        elif args.typ == "aws:kms/key:Key":
+            out["keyId"] = f"key-{token}"
+        elif args.typ == "aws:ec2/eip:Eip":
+            out["allocationId"] = f"eipalloc-{token}"
+        return out
+
+
+@dataclass
+class Evaluation:
+    environment: str
+    resources: list[RegisteredResource]
+    outputs: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def of_type(self, type_token: str) -> list[RegisteredResource]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def named(self, type_token: str, name: str) -> RegisteredResource:
+        matches = [r for r in self.of_type(type_token) if r.name == name]
+        if len(matches) != 1:
+            raise KeyError(f"{len(matches)} {type_token} named {name!r}; have {[r.name for r in self.of_type(type_token)]}")
+        return matches[0]
+
+
+def stack_config(path: Path) -> dict[str, Any]:
+    """The `config:` map of a stack file, as the CLI hands it to a program (non-strings JSON-encoded)."""
+    document = yaml.safe_load(path.read_text()) or {}
+    return document.get("config") or {}
+
+
+def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None) -> Evaluation:
+    """Run the platform program for `environment` with `config` (a stack file's `config:` map)."""
+    from trainforge.infra import program  # imports pulumi_aws: keep it out of the module import
+
+    platform = config.get(CONFIG_KEY)
+    mocks = mocks or RecordingMocks(platform.get("region", "us-east-1") if isinstance(platform, dict) else "us-east-1")
+    pulumi_settings.ROOT.set(None)  # a fresh root stack per evaluation, so exports never leak between runs
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=environment, preview=False)
+    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
+    pulumi_settings.SETTINGS.rpc_manager.clear()
+    pulumi_settings.SETTINGS.outputs.clear()
+    root = pulumi_settings.get_root_resource()
+    outputs: dict[str, Any] = {}
+
+    def run() -> None:
+        program.main()
+        outputs.update(_sync_await(pulumi.Output.from_input(root.outputs).future()) or {})
+
+    started = time.perf_counter()
+    _sync_await(run_pulumi_func(run))
+    return Evaluation(environment, mocks.resources, outputs, time.perf_counter() - started)
+
+
+def evaluate_stack_file(path: str | Path, mocks: RecordingMocks | None = None) -> Evaluation:
+    path = Path(path)
+    match = STACK_FILE_PATTERN.match(path.name)
+    if match is None:
+        raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}"])
+    return evaluate(stack_config(path), match["env"], mocks)
+
+
+def _report(evaluation: Evaluation) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    out = evaluation.outputs
+    console.print(f"[bold]trainforge[/] stack [cyan]{evaluation.environment}[/] ({out['region']}): "
+                  f"{len(evaluation.resources)} resources registered in {evaluation.seconds:.2f} s under the Pulumi mock engine")
+
+    pools = Table(title="Node groups", title_justify="left")
+    for col in ("node group", "flavour", "capacity", "instance types", "min/desired/max", "GPUs/node", "EFA ifaces", "taints"):
+        pools.add_column(col)
+    for ng in evaluation.of_type("aws:eks/nodeGroup:NodeGroup"):
+        lt = next(r for r in evaluation.of_type("aws:ec2/launchTemplate:LaunchTemplate") if r.name == ng.name)
+        efa = sum(1 for i in lt.inputs.get("networkInterfaces") or [] if i["interfaceType"] != "interface")
+        flavour = ng.inputs["labels"].get("trainforge.io/node-flavour", "")
+        gpus = out["node_flavours"][flavour]["gpus_per_node"]
+        s = ng.inputs["scalingConfig"]
+        pools.add_row(ng.inputs["nodeGroupName"], flavour, ng.inputs["capacityType"], ", ".join(ng.inputs["instanceTypes"]),
+                      f"{s['minSize']:.0f}/{s['desiredSize']:.0f}/{s['maxSize']:.0f}", str(gpus), str(efa or "-"),
+                      ", ".join(f"{t['key']}:{t['effect']}" for t in ng.inputs.get("taints") or []) or "-")
+    console.print(pools)
+
+    fsx = evaluation.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")[0].inputs
+    console.print(f"FSx for Lustre: {fsx['deploymentType']} {fsx['storageCapacity']:.0f} GiB in {out['fsx']['availability_zone']}"
+                  f"{', ' + f"{fsx['perUnitStorageThroughput']:.0f}" + ' MB/s/TiB' if fsx.get('perUnitStorageThroughput') else ''}; "
+                  f"buckets: {', '.join(out['buckets'].values())}")
+    console.print(f"GPU capacity by flavour: {out['gpu_capacity']}")
+
+    counts = Table(title="Resources by type", title_justify="left")
+    counts.add_column("type")
+    counts.add_column("count", justify="right")
+    for type_token, n in sorted(Counter(r.type for r in evaluation.resources).items()):
+        counts.add_row(type_token, str(n))
+    console.print(counts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    paths = [Path(a) for a in args] or sorted(Path("stacks").glob("Pulumi.*.yaml"))
+    for path in paths:
+        try:
+            _report(evaluate_stack_file(path))
+        except (ConfigError, pulumi.RunError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

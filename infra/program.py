@@ -1,0 +1,108 @@
+"""The Pulumi program: typed config in, AWS resources out, the platform contract exported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from trainforge import catalog, contract
+from trainforge.infra.cluster import Addons, Cluster
+from trainforge.infra.config import CONFIG_KEY, ConfigError, PlatformConfig, parse
+from trainforge.infra.keys import Keys
+from trainforge.infra.network import Network
+from trainforge.infra.nodegroups import EfaSecurityGroup, NodePool
+from trainforge.infra.storage import Buckets, LustreFileSystem
+from trainforge.infra.tags import cost_tags
+
+
+def config_from_pulumi() -> PlatformConfig:
+    """The stack's `trainforge:platform` object, validated. Raises ConfigError naming the field and the fix."""
+    namespace, key = CONFIG_KEY.split(":")
+    raw = pulumi.Config(namespace).get_object(key)
+    source = f"stacks/Pulumi.{pulumi.get_stack()}.yaml"
+    if raw is None:
+        raise ConfigError(source, [f"no {CONFIG_KEY} key under config:. Fix: copy the block from stacks/Pulumi.dev.yaml"])
+    return parse(raw, environment=pulumi.get_stack(), source=source)
+
+
+def node_flavours(cfg: PlatformConfig) -> dict[str, Any]:
+    """What the submitter needs to place a job: labels to select, taints to tolerate, sizes, EFA devices."""
+    out: dict[str, Any] = {}
+    for group in cfg.node_groups:
+        traits = contract.flavour_traits(group.flavour)
+        entry = out.setdefault(group.flavour.value, {
+            "labels": traits.labels,
+            "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in traits.taints],
+            "node_groups": [], "instance_types": [], "gpus_per_node": None, "max_gpus": 0, "efa_devices_per_node": 0,
+        })
+        entry["node_groups"].append(group.name)
+        entry["instance_types"] += [t for t in group.instance_types if t not in entry["instance_types"]]
+        per_node = group.gpus_per_node
+        entry["gpus_per_node"] = per_node if entry["gpus_per_node"] is None else min(entry["gpus_per_node"], per_node)
+        entry["max_gpus"] += group.max_gpus
+        if group.efa:
+            entry["efa_devices_per_node"] = catalog.efa_device_count(group.instances[0])
+    return out
+
+
+def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
+    """Register every AWS resource for `cfg` and return the stack outputs (the platform contract)."""
+    tags = cost_tags(cfg)
+    env = cfg.environment
+    # An explicit provider: its default tags reach every taggable resource, even ones AWS creates for us.
+    provider = aws.Provider(f"aws-{env}", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags))
+    aws_opts = pulumi.ResourceOptions(providers={"aws": provider})
+
+    network = Network(env, cfg, tags, opts=aws_opts)
+    keys = Keys(env, tags, opts=aws_opts)
+    private_subnets = [network.private_subnet_ids[az] for az in cfg.availability_zones]
+    cluster = Cluster(cfg.cluster_name, cfg, private_subnet_ids=private_subnets, secrets_key=keys.secrets, tags=tags, opts=aws_opts)
+    addons = Addons(cfg.cluster_name, cluster, tags, opts=aws_opts)
+
+    efa_sg = EfaSecurityGroup(f"{env}-efa", network.vpc_id, tags, opts=aws_opts) if any(g.efa for g in cfg.node_groups) else None
+    pools = {}
+    for group in cfg.node_groups:
+        zones = [group.availability_zone] if group.availability_zone else cfg.availability_zones
+        pools[group.name] = NodePool(
+            f"{cfg.cluster_name}-{group.name}", group, cluster_name=cluster.cluster.name, node_role_arn=cluster.node_role.arn,
+            subnet_ids=[network.private_subnet_ids[az] for az in zones], cluster_security_group_id=cluster.security_group_id,
+            efa_security_group_id=efa_sg.security_group.id if efa_sg else None, tags=tags,
+            opts=pulumi.ResourceOptions(providers={"aws": provider}, depends_on=addons.network_ready),
+        )
+    system_pools = [pools[g.name].node_group for g in cfg.node_groups if g.flavour is contract.Flavour.SYSTEM]
+    addons.install_workload_addons(after=system_pools)
+
+    buckets = Buckets(env, cfg, data_key=keys.data, tags=tags, opts=aws_opts)
+    fsx = LustreFileSystem(
+        f"{env}-fsx", cfg, vpc_id=network.vpc_id, subnet_id=network.private_subnet_ids[cfg.fsx_availability_zone],
+        client_security_group_id=cluster.security_group_id, data_key=keys.data, buckets=buckets, tags=tags, opts=aws_opts,
+    )
+
+    return {
+        "environment": env,
+        "region": cfg.region,
+        "cluster_name": cluster.cluster.name,
+        "cluster_endpoint": cluster.cluster.endpoint,
+        "oidc_provider_arn": cluster.oidc_provider.arn,
+        "oidc_issuer_url": cluster.oidc_issuer_url,
+        "node_role_arn": cluster.node_role.arn,
+        "node_flavours": node_flavours(cfg),
+        "gpu_capacity": {f.value: n for f, n in cfg.gpu_capacity().items()},
+        "fsx": {"id": fsx.file_system.id, "dns_name": fsx.file_system.dns_name, "mount_name": fsx.file_system.mount_name,
+                "availability_zone": cfg.fsx_availability_zone, "claim_name": contract.FSX_CLAIM_NAME},
+        "buckets": {kind: b.bucket for kind, b in buckets.buckets.items()},
+        "data_key_arn": keys.data.arn,
+        "kubeconfig": cluster.kubeconfig(),
+    }
+
+
+def main() -> None:
+    """Entry point for `pulumi up`: a bad config stops here, before any resource, without a traceback."""
+    try:
+        cfg = config_from_pulumi()
+    except ConfigError as exc:
+        raise pulumi.RunError(str(exc)) from None
+    for name, value in build_platform(cfg).items():
+        pulumi.export(name, value)

@@ -1,0 +1,111 @@
+"""Instance types the platform knows: accelerators per node and EFA interface layout.
+
+One table serves the AWS layer (launch-template network interfaces, quota capacity) and the submitter
+(`vpc.amazonaws.com/efa` and `nvidia.com/gpu` requests). Sources: the EC2 accelerated-computing and EFA
+pages (maximum EFA interfaces = maximum network cards on these types). Add a row when AWS ships a type.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+INSTANCE_TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    gpus: int
+    gpu_model: str
+    efa_interfaces: int = 0
+    # Types on which an interface may be `efa-only` (no ENA device). Older Nitro generations take only
+    # `efa` (EFA with ENA) interfaces, one per network card.
+    efa_only_supported: bool = True
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def supports_efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+
+def _rows() -> list[InstanceType]:
+    rows = [
+        InstanceType("p4d.24xlarge", 8, "A100-40GB", efa_interfaces=4, efa_only_supported=False),
+        InstanceType("p4de.24xlarge", 8, "A100-80GB", efa_interfaces=4, efa_only_supported=False),
+        InstanceType("p5.4xlarge", 1, "H100", efa_interfaces=0),
+        InstanceType("p5.48xlarge", 8, "H100", efa_interfaces=32),
+        InstanceType("p5e.48xlarge", 8, "H200", efa_interfaces=32),
+        InstanceType("p5en.48xlarge", 8, "H200", efa_interfaces=16),
+        InstanceType("p6-b200.48xlarge", 8, "B200", efa_interfaces=8),
+    ]
+    # g5 (A10G) and g6 (L4) share a size ladder; sizes from 8xlarge up carry one EFA interface.
+    ladder = {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "12xlarge": 4, "16xlarge": 1, "24xlarge": 4, "48xlarge": 8}
+    efa_sizes = {"8xlarge", "12xlarge", "16xlarge", "24xlarge", "48xlarge"}
+    for family, model in (("g5", "A10G"), ("g6", "L4")):
+        for size, gpus in ladder.items():
+            rows.append(InstanceType(f"{family}.{size}", gpus, model, efa_interfaces=1 if size in efa_sizes else 0))
+    for size, gpus in {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "12xlarge": 4, "16xlarge": 1, "24xlarge": 4, "48xlarge": 8}.items():
+        rows.append(InstanceType(f"g6e.{size}", gpus, "L40S"))
+    return rows
+
+
+CATALOG: dict[str, InstanceType] = {row.name: row for row in _rows()}
+GPU_FAMILIES: frozenset[str] = frozenset(row.family for row in CATALOG.values())
+# Accelerated families the platform does not carry (old generations, non-NVIDIA GPUs): named so that they
+# are rejected instead of being mistaken for CPU types.
+UNSUPPORTED_GPU_FAMILIES: frozenset[str] = frozenset({"p2", "p3", "p3dn", "g3", "g3s", "g4ad", "g4dn", "g5g"})
+EFA_TYPES: tuple[str, ...] = tuple(sorted(name for name, row in CATALOG.items() if row.supports_efa))
+
+
+class UnknownInstanceType(ValueError):
+    pass
+
+
+def lookup(name: str) -> InstanceType:
+    """The catalogue row for `name`; a type outside the GPU families is a CPU type with no accelerators.
+
+    A GPU-family size the table lacks is an error: guessing its GPU count would mis-size quotas.
+    """
+    if not INSTANCE_TYPE_PATTERN.match(name):
+        raise UnknownInstanceType(f"{name!r} is not an EC2 instance type name (expected e.g. 'g6.12xlarge')")
+    if name in CATALOG:
+        return CATALOG[name]
+    family = name.split(".", 1)[0]
+    if family in GPU_FAMILIES:
+        known = sorted(n for n in CATALOG if n.startswith(family + "."))
+        raise UnknownInstanceType(f"{name!r} is not in the GPU catalogue; known {family} types: {', '.join(known)}")
+    if family in UNSUPPORTED_GPU_FAMILIES:
+        raise UnknownInstanceType(f"{name!r} belongs to {family}, a GPU family trainforge does not support; use one of: {', '.join(sorted(GPU_FAMILIES))}")
+    return InstanceType(name, gpus=0, gpu_model="")
+
+
+@dataclass(frozen=True)
+class NetworkInterfaceSlot:
+    network_card_index: int
+    device_index: int
+    interface_type: str  # "interface" (ENA), "efa" (EFA with ENA) or "efa-only"
+
+
+def efa_interface_layout(instance: InstanceType) -> list[NetworkInterfaceSlot]:
+    """Network interfaces for a launch template that uses every EFA device of `instance`.
+
+    Follows the EC2 guide for multi-card instances: the primary interface (card 0, device 0) is ENA;
+    card 0 also gets an EFA-only interface at device 1; every other card gets an EFA-only interface at
+    device 0. Types without EFA-only support get one `efa` interface per card, the first being primary.
+    """
+    if not instance.supports_efa:
+        raise UnknownInstanceType(f"{instance.name} has no EFA interfaces; EFA types: {', '.join(EFA_TYPES)}")
+    if not instance.efa_only_supported:
+        return [NetworkInterfaceSlot(card, 0, "efa") for card in range(instance.efa_interfaces)]
+    slots = [NetworkInterfaceSlot(0, 0, "interface"), NetworkInterfaceSlot(0, 1, "efa-only")]
+    slots += [NetworkInterfaceSlot(card, 0, "efa-only") for card in range(1, instance.efa_interfaces)]
+    return slots
+
+
+def efa_device_count(instance: InstanceType) -> int:
+    """EFA devices a pod on this instance can request as `vpc.amazonaws.com/efa`."""
+    return sum(1 for slot in efa_interface_layout(instance) if slot.interface_type != "interface")

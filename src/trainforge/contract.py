@@ -1,0 +1,96 @@
+"""Every name that crosses a layer boundary, spelled once.
+
+The AWS layer puts these labels, taints and tags on nodes; the platform layer builds queues and
+namespaces from them; the submitter selects nodes and tolerates taints with them. Import, never retype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+PROJECT = "trainforge"
+LABEL_DOMAIN = "trainforge.io"
+
+
+class Flavour(str, Enum):
+    """A kind of node a job can ask for. The AWS layer derives a node group's flavour from its config."""
+
+    SYSTEM = "system"
+    GPU_SPOT = "gpu-spot"
+    GPU_ONDEMAND = "gpu-ondemand"
+    GPU_EFA = "gpu-efa"
+
+    @property
+    def has_gpus(self) -> bool:
+        return self is not Flavour.SYSTEM
+
+
+GPU_FLAVOURS: tuple[Flavour, ...] = (Flavour.GPU_SPOT, Flavour.GPU_ONDEMAND, Flavour.GPU_EFA)
+
+# Node labels
+LABEL_FLAVOUR = f"{LABEL_DOMAIN}/node-flavour"
+LABEL_CAPACITY = f"{LABEL_DOMAIN}/capacity"  # "spot" | "on-demand"
+LABEL_NODE_GROUP = f"{LABEL_DOMAIN}/node-group"
+LABEL_EFA = f"{LABEL_DOMAIN}/efa"  # "true" on nodes with EFA interfaces
+
+# Taints (Kubernetes spelling of effects; the AWS layer translates to the EKS API's spelling)
+TAINT_GPU = "nvidia.com/gpu"
+TAINT_SPOT = f"{LABEL_DOMAIN}/spot"
+
+# Extended resources
+RESOURCE_GPU = "nvidia.com/gpu"
+RESOURCE_EFA = "vpc.amazonaws.com/efa"
+
+# Storage
+FSX_CLAIM_NAME = "trainforge-fsx"
+FSX_MOUNT_PATH = "/fsx"
+
+# Cost-allocation tag keys (AWS tags on every resource; Kubernetes labels on team objects)
+TAG_PROJECT = "project"
+TAG_ENVIRONMENT = "environment"
+TAG_COST_CENTRE = "cost-centre"
+TAG_OWNER = "owner"
+TAG_MANAGED_BY = "managed-by"
+TAG_TEAM = "team"
+REQUIRED_COST_TAGS: tuple[str, ...] = (TAG_PROJECT, TAG_ENVIRONMENT, TAG_COST_CENTRE, TAG_OWNER, TAG_MANAGED_BY)
+MANAGED_BY_VALUE = "pulumi-trainforge"
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str = "NoSchedule"  # Kubernetes spelling
+
+
+@dataclass(frozen=True)
+class FlavourTraits:
+    """What every node of a flavour carries, whichever node group it comes from."""
+
+    labels: dict[str, str]
+    taints: tuple[Taint, ...]
+
+
+def flavour_traits(flavour: Flavour) -> FlavourTraits:
+    labels = {LABEL_FLAVOUR: flavour.value}
+    taints: list[Taint] = []
+    if flavour.has_gpus:
+        taints.append(Taint(TAINT_GPU, "present"))
+    if flavour is Flavour.GPU_SPOT:
+        labels[LABEL_CAPACITY] = "spot"
+        taints.append(Taint(TAINT_SPOT, "true"))
+    else:
+        labels[LABEL_CAPACITY] = "on-demand"
+    if flavour is Flavour.GPU_EFA:
+        labels[LABEL_EFA] = "true"
+    return FlavourTraits(labels=labels, taints=tuple(taints))
+
+
+def queue_name(team: str) -> str:
+    """Kueue LocalQueue a team submits to (in the team's namespace)."""
+    return f"{team}-queue"
+
+
+def namespace_name(team: str) -> str:
+    return f"team-{team}"
