@@ -168,9 +168,10 @@ def _report(evaluation: Evaluation) -> None:
     console.print(pools)
 
     fsx = evaluation.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")[0].inputs
+    throughput = fsx.get("perUnitStorageThroughput")
     console.print(f"FSx for Lustre: {fsx['deploymentType']} {fsx['storageCapacity']:.0f} GiB in {out['fsx']['availability_zone']}"
-                  f"{', ' + f"{fsx['perUnitStorageThroughput']:.0f}" + ' MB/s/TiB' if fsx.get('perUnitStorageThroughput') else ''}; "
-                  f"buckets: {', '.join(out['buckets'].values())}")
+                  + (f", {throughput:.0f} MB/s/TiB" if throughput else "")
+                  + f"; buckets: {', '.join(out['buckets'].values())}")
     console.print(f"GPU capacity by flavour: {out['gpu_capacity']}")
 
     counts = Table(title="Resources by type", title_justify="left")
