@@ -52,7 +52,7 @@ class Network(pulumi.ComponentResource):
         private_route_tables = []
         for az, cidr in zip(azs, private_cidrs):
             subnet = aws.ec2.Subnet(
-                f"{name}-private-{az}", vpc_id=vpc.id, cidr_block=cidr, availability_zone=az,
+                f"{name}-private-{az}", vpc_id=vpc.id, cidr_block=cidr, availability_zone=az, map_public_ip_on_launch=False,
                 tags=named(tags, f"{name}-private-{az}", **cluster_tag, **{"kubernetes.io/role/internal-elb": "1"}), opts=child,
             )
             rt = aws.ec2.RouteTable(

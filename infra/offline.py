@@ -35,6 +35,7 @@ MOCK_ACCOUNT = "123456789012"
 class RegisteredResource:
     type: str
     name: str
+    id: str
     inputs: dict[str, Any]
     state: dict[str, Any]
     provider: str | None
@@ -57,8 +58,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         state = {**args.inputs, **self._computed(args)}
-        self.resources.append(RegisteredResource(args.typ, args.name, dict(args.inputs), state, args.provider))
-        return f"{args.name}-{_suffix(args.name)}", state
+        resource_id = f"{args.name}-{_suffix(args.name)}"
+        self.resources.append(RegisteredResource(args.typ, args.name, resource_id, dict(args.inputs), state, args.provider))
+        return resource_id, state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, None]:
         return {}, None
@@ -95,6 +97,7 @@ class Evaluation:
     environment: str
     resources: list[RegisteredResource]
     outputs: dict[str, Any] = field(default_factory=dict)
+    secret_outputs: frozenset[str] = frozenset()
     seconds: float = 0.0
 
     def of_type(self, type_token: str) -> list[RegisteredResource]:
@@ -126,14 +129,19 @@ def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | N
     pulumi_settings.SETTINGS.outputs.clear()
     root = pulumi_settings.get_root_resource()
     outputs: dict[str, Any] = {}
+    secrets: set[str] = set()
 
     def run() -> None:
         program.main()
-        outputs.update(_sync_await(pulumi.Output.from_input(root.outputs).future()) or {})
+        for name, value in root.outputs.items():
+            output = pulumi.Output.from_input(value)
+            outputs[name] = _sync_await(output.future())
+            if _sync_await(output.is_secret()):
+                secrets.add(name)
 
     started = time.perf_counter()
     _sync_await(run_pulumi_func(run))
-    return Evaluation(environment, mocks.resources, outputs, time.perf_counter() - started)
+    return Evaluation(environment, mocks.resources, outputs, frozenset(secrets), time.perf_counter() - started)
 
 
 def evaluate_stack_file(path: str | Path, mocks: RecordingMocks | None = None) -> Evaluation:
