@@ -225,10 +225,12 @@ class FsxConfig(_Model):
         step = FSX_INCREMENT[deployment]
         if gib in FSX_FIRST_STEPS or (gib >= step and gib % step == 0):
             return gib
-        nearest = sorted({*FSX_FIRST_STEPS, *(step * k for k in range(1, 4 + gib // step))}, key=lambda v: (abs(v - gib), v))[:2]
+        valid = sorted({*FSX_FIRST_STEPS, *(step * k for k in range(1, 3 + gib // step))})
+        below = [v for v in valid if v < gib][-1:]
+        above = [v for v in valid if v > gib][: 2 - len(below)]
         raise ValueError(
             f"{gib} GiB is not a valid {deployment} capacity: use 1200, 2400 or a multiple of {step} GiB. "
-            f"Fix: e.g. {nearest[0]} or {nearest[1]}"
+            f"Fix: e.g. {' or '.join(str(v) for v in below + above)}"
         )
 
     @model_validator(mode="after")

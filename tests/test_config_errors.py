@@ -1,0 +1,218 @@
+"""A bad stack config stops before any resource exists, with a message naming the field, the value and the fix."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import REPO, STACKS
+
+from trainforge.infra.config import CONFIG_KEY, ConfigError, load_stack_file, parse
+
+
+def prod() -> dict:
+    return copy.deepcopy(yaml.safe_load((STACKS / "Pulumi.prod.yaml").read_text())["config"][CONFIG_KEY])
+
+
+def group(raw: dict, name: str) -> dict:
+    return next(g for g in raw["node_groups"] if g["name"] == name)
+
+
+def rejected(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse(raw, environment="prod", source="stacks/Pulumi.prod.yaml")
+    message = str(info.value)
+    assert message.startswith("invalid trainforge configuration in stacks/Pulumi.prod.yaml")
+    return message
+
+
+def test_shipped_stacks_are_valid():
+    for path in sorted(STACKS.glob("Pulumi.*.yaml")):
+        load_stack_file(path)
+
+
+def test_unknown_instance_type_for_efa():
+    raw = prod()
+    group(raw, "p5-efa")["instance_types"] = ["m6i.32xlarge"]
+    message = rejected(raw)
+    assert "node_groups[1].instance_types: m6i.32xlarge has no EFA interfaces" in message
+    assert "Fix: use one of" in message and "p5.48xlarge" in message
+
+
+def test_gpu_type_missing_from_the_catalogue():
+    raw = prod()
+    group(raw, "p5-efa")["instance_types"] = ["p5.24xlarge"]
+    message = rejected(raw)
+    assert "node_groups[1].instance_types" in message and "'p5.24xlarge' is not in the GPU catalogue" in message
+    assert "p5.48xlarge" in message
+
+
+def test_efa_group_mixing_instance_types():
+    raw = prod()
+    group(raw, "p5-efa")["instance_types"] = ["p5.48xlarge", "p4d.24xlarge"]
+    message = rejected(raw)
+    assert "node_groups[1].instance_types: an EFA group has one instance type" in message
+    assert "['p5.48xlarge', 'p4d.24xlarge']" in message and "Fix: split it into one EFA group per type" in message
+
+
+def test_efa_group_without_an_availability_zone():
+    raw = prod()
+    del group(raw, "p5-efa")["availability_zone"]
+    message = rejected(raw)
+    assert "node_groups[1].availability_zone: an EFA group lives in one cluster placement group" in message
+    assert "Fix: set availability_zone" in message
+
+
+def test_efa_group_in_an_availability_zone_outside_the_stack():
+    raw = prod()
+    group(raw, "p5-efa")["availability_zone"] = "us-east-1f"
+    message = rejected(raw)
+    assert "node_groups[1].availability_zone: 'us-east-1f' is not in this stack's availability_zones" in message
+    assert "Fix: use one of them" in message
+
+
+def test_efa_group_on_spot_is_refused():
+    raw = prod()
+    group(raw, "p5-efa")["capacity"] = "spot"
+    assert "node_groups[1].capacity: an EFA group runs tightly coupled jobs" in rejected(raw)
+
+
+@pytest.mark.parametrize("deployment, capacity, suggestion", [
+    ("PERSISTENT_2", 3000, "2400 or 4800"),
+    ("SCRATCH_2", 1000, "1200 or 2400"),
+    ("SCRATCH_1", 4800, "3600 or 7200"),
+])
+def test_fsx_capacity_not_a_valid_step(deployment, capacity, suggestion):
+    raw = prod()
+    raw["fsx"].update(deployment_type=deployment, storage_capacity_gib=capacity)
+    if deployment.startswith("SCRATCH"):
+        raw["fsx"].pop("per_unit_storage_throughput")
+        raw["fsx"].pop("data_repository")
+    message = rejected(raw)
+    assert f"fsx.storage_capacity_gib: {capacity} GiB is not a valid {deployment} capacity" in message
+    assert f"Fix: e.g. {suggestion}" in message
+
+
+def test_fsx_throughput_not_a_valid_tier():
+    raw = prod()
+    raw["fsx"]["per_unit_storage_throughput"] = 200
+    message = rejected(raw)
+    assert "fsx.per_unit_storage_throughput: 200 is not a PERSISTENT_2 tier" in message
+    assert "Fix: one of [125, 250, 500, 1000]" in message
+
+
+def test_fsx_throughput_on_scratch():
+    raw = prod()
+    raw["fsx"].update(deployment_type="SCRATCH_2", storage_capacity_gib=2400)
+    assert "fsx.per_unit_storage_throughput: SCRATCH_2 has no throughput tiers, got 500" in rejected(raw)
+
+
+def test_min_size_greater_than_max_size():
+    raw = prod()
+    group(raw, "gpu-spot").update(min_size=5, max_size=2)
+    message = rejected(raw)
+    assert "node_groups[2]: min_size (5) > max_size (2). Fix: raise max_size or lower min_size" in message
+
+
+def test_duplicate_team_names():
+    raw = prod()
+    raw["teams"][2]["name"] = "applied"
+    message = rejected(raw)
+    assert "teams: names ['applied'] are used twice" in message and "Fix: give every team its own name" in message
+
+
+def test_team_quota_larger_than_the_flavour_can_ever_hold():
+    raw = prod()
+    raw["teams"][0]["gpu_quota"]["gpu-efa"] = 65  # 8 nodes x 8 GPUs = 64
+    message = rejected(raw)
+    assert "teams[0].gpu_quota.gpu-efa: team 'foundation' asks for 65 GPUs but node groups ['p5-efa'] reach at most 64 GPUs" in message
+    assert "Fix: lower the quota to <= 64 or raise max_size of a gpu-efa group" in message
+
+
+def test_team_quota_for_a_flavour_no_group_provides():
+    raw = prod()
+    raw["node_groups"] = [g for g in raw["node_groups"] if g["name"] != "gpu-ondemand"]
+    message = rejected(raw)
+    assert "teams[1].gpu_quota.gpu-ondemand: team 'applied' asks for 16 GPUs but no node group provides gpu-ondemand" in message
+
+
+def test_missing_cost_centre():
+    raw = prod()
+    del raw["tags"]["cost_centre"]
+    message = rejected(raw)
+    assert "tags.cost_centre: Field required Fix: add this field to the stack file." in message
+
+
+def test_missing_team_cost_centre():
+    raw = prod()
+    del raw["teams"][1]["cost_centre"]
+    assert "teams[1].cost_centre: Field required" in rejected(raw)
+
+
+def test_misspelt_field_is_not_silently_ignored():
+    raw = prod()
+    raw["fsx"]["storage_capacity"] = raw["fsx"].pop("storage_capacity_gib")
+    message = rejected(raw)
+    assert "fsx.storage_capacity_gib: Field required" in message
+    assert "fsx.storage_capacity: Extra inputs are not permitted (got 4800)" in message
+
+
+def test_public_endpoint_without_an_allowlist():
+    raw = prod()
+    raw["cluster"]["endpoint_public_access"] = True
+    assert "cluster.public_access_cidrs: the public endpoint is on but no allowlist is given" in rejected(raw)
+
+
+def test_no_system_group_for_the_add_ons():
+    raw = prod()
+    raw["node_groups"] = [g for g in raw["node_groups"] if g["name"] != "system"]
+    assert "node_groups: no CPU group with min_size >= 1" in rejected(raw)
+
+
+def test_every_problem_is_reported_at_once():
+    raw = prod()
+    group(raw, "gpu-spot").update(min_size=5, max_size=2)
+    raw["fsx"]["per_unit_storage_throughput"] = 200
+    del raw["tags"]["cost_centre"]
+    message = rejected(raw)
+    assert message.count("\n  - ") == 3
+
+
+def test_program_registers_nothing_when_the_config_is_bad():
+    """Through the real Pulumi program: a RunError (no traceback in `pulumi up`), and zero resources."""
+    import pulumi
+
+    from trainforge.infra.offline import RecordingMocks, evaluate
+
+    raw = prod()
+    raw["teams"][0]["gpu_quota"]["gpu-efa"] = 1000
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match=re.escape("teams[0].gpu_quota.gpu-efa")):
+        evaluate({CONFIG_KEY: raw, "aws:region": "us-east-1"}, "prod", mocks)
+    assert mocks.resources == []
+
+
+def test_program_names_the_missing_config_key():
+    import pulumi
+
+    from trainforge.infra.offline import RecordingMocks, evaluate
+
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match="no trainforge:platform key under config"):
+        evaluate({"aws:region": "us-east-1"}, "staging", mocks)
+    assert mocks.resources == []
+
+
+def test_offline_command_exits_non_zero_without_a_traceback(tmp_path):
+    raw = prod()
+    group(raw, "p5-efa")["instance_types"] = ["p5.48xlarge", "p5e.48xlarge"]
+    bad = tmp_path / "Pulumi.prod.yaml"
+    bad.write_text(yaml.safe_dump({"config": {CONFIG_KEY: raw}}))
+    result = subprocess.run([sys.executable, "-m", "trainforge.infra.offline", str(bad)], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "node_groups[1].instance_types: an EFA group has one instance type" in result.stderr
