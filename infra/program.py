@@ -15,6 +15,7 @@ from trainforge.infra.network import Network
 from trainforge.infra.nodegroups import EfaSecurityGroup, NodePool
 from trainforge.infra.storage import Buckets, LustreFileSystem
 from trainforge.infra.tags import cost_tags
+from trainforge.infra.teams import TeamAccess
 
 
 def config_from_pulumi() -> PlatformConfig:
@@ -80,6 +81,14 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
         client_security_group_id=cluster.security_group_id, data_key=keys.data, buckets=buckets, tags=tags, opts=aws_opts,
     )
 
+    team_roles = {
+        team.name: TeamAccess(
+            f"{env}-team-{team.name}", team, oidc_provider_arn=cluster.oidc_provider.arn, oidc_issuer_url=cluster.oidc_issuer_url,
+            bucket_arns={kind: b.arn for kind, b in buckets.buckets.items()}, data_key_arn=keys.data.arn, tags=tags, opts=aws_opts,
+        ).role.arn
+        for team in cfg.teams
+    }
+
     return {
         "environment": env,
         "region": cfg.region,
@@ -94,6 +103,7 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
                 "availability_zone": cfg.fsx_availability_zone, "claim_name": contract.FSX_CLAIM_NAME},
         "buckets": {kind: b.bucket for kind, b in buckets.buckets.items()},
         "data_key_arn": keys.data.arn,
+        "team_role_arns": team_roles,
         "kubeconfig": cluster.kubeconfig(),
     }
 

@@ -150,7 +150,8 @@ def test_every_taggable_resource_carries_the_cost_tags(stack):
         missing = set(contract.REQUIRED_COST_TAGS) - set(r.tags)
         assert not missing, f"{r.type} {r.name} lacks {missing}"
         assert r.tags[contract.TAG_ENVIRONMENT] == cfg.environment
-        assert r.tags[contract.TAG_COST_CENTRE] == cfg.tags.cost_centre
+        team = next((t for t in cfg.teams if t.name == r.tags.get(contract.TAG_TEAM)), None)
+        assert r.tags[contract.TAG_COST_CENTRE] == (team.cost_centre if team else cfg.tags.cost_centre)
 
 
 def test_every_aws_resource_goes_through_the_provider_with_default_tags(stack):
@@ -316,3 +317,24 @@ def test_prod_has_the_shape_the_platform_promises():
     assert cfg.fsx.deployment_type == "PERSISTENT_2" and cfg.fsx.data_repository is not None
     assert cfg.fsx_availability_zone == efa.availability_zone
     assert len(cfg.teams) == 3
+
+
+def test_each_team_gets_an_irsa_role_confined_to_its_own_prefix(stack):
+    evaluation, cfg = stack
+    roles = {r.tags.get(contract.TAG_TEAM): r for r in evaluation.of_type("aws:iam/role:Role") if contract.TAG_TEAM in r.tags}
+    assert set(roles) == {t.name for t in cfg.teams}
+    policies = {p.inputs["role"]: json.loads(p.inputs["policy"]) for p in evaluation.of_type("aws:iam/rolePolicy:RolePolicy")}
+    buckets = {b.tags["purpose"]: b.state["arn"] for b in evaluation.of_type("aws:s3/bucket:Bucket")}
+    for team in cfg.teams:
+        role = roles[team.name]
+        assert role.tags[contract.TAG_COST_CENTRE] == team.cost_centre
+        trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+        (sub,) = [v for k, v in trust["Condition"]["StringEquals"].items() if k.endswith(":sub")]
+        assert sub == f"system:serviceaccount:{contract.namespace_name(team.name)}:{contract.TRAINING_SERVICE_ACCOUNT}"
+        statements = {s["Sid"]: s for s in policies[role.id]["Statement"]}
+        prefix = contract.team_s3_prefix(team.name)
+        assert sorted(statements["ReadWriteOwnPrefix"]["Resource"]) == sorted(
+            f"{buckets[k]}/{prefix}*" for k in ("checkpoints", "artifacts"))
+        writes = [s for s in statements.values() if "s3:PutObject" in s["Action"]]
+        assert all(res.endswith(f"/{prefix}*") for s in writes for res in s["Resource"]), "a team can write outside its prefix"
+    assert evaluation.outputs["team_role_arns"] == {t.name: roles[t.name].state["arn"] for t in cfg.teams}

@@ -94,3 +94,13 @@ def queue_name(team: str) -> str:
 
 def namespace_name(team: str) -> str:
     return f"team-{team}"
+
+
+# The service account training pods run as, in each team namespace; its IRSA role is the team's AWS identity.
+TRAINING_SERVICE_ACCOUNT = "trainforge-trainer"
+IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
+
+
+def team_s3_prefix(team: str) -> str:
+    """Where a team's checkpoints and artifacts live inside the shared buckets."""
+    return f"teams/{team}/"

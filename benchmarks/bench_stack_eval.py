@@ -1,0 +1,71 @@
+"""How long the prod stack takes to evaluate under the Pulumi mock engine, and how that grows with teams.
+
+Prints a table of wall times and ratios against the shipped prod stack measured in the same run (medians of
+--repeats runs). A benchmark, not a test: it never fails on a time.
+
+    python benchmarks/bench_stack_eval.py [--repeats 5] [--teams 10 50 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from trainforge.infra.config import CONFIG_KEY, parse
+from trainforge.infra.offline import evaluate, stack_config
+
+PROD = Path(__file__).resolve().parents[1] / "stacks" / "Pulumi.prod.yaml"
+
+
+def with_teams(config: dict, count: int) -> dict:
+    """prod with `count` teams, each with a small quota on every GPU flavour (all fit the capacity)."""
+    config = copy.deepcopy(config)
+    config[CONFIG_KEY]["teams"] = [
+        {"name": f"team-{i:03d}", "cost_centre": f"cc-{i:04d}", "monthly_budget_usd": 1000 + i,
+         "gpu_quota": {"gpu-efa": 8, "gpu-spot": 4, "gpu-ondemand": 4}, "members": [f"user{i}@example.com"]}
+        for i in range(count)
+    ]
+    return config
+
+
+def measure(config: dict, repeats: int) -> tuple[float, float, int]:
+    """Median seconds for config validation alone, for the whole program, and the resource count."""
+    validate, whole, resources = [], [], 0
+    for _ in range(repeats):
+        started = time.perf_counter()
+        parse(config[CONFIG_KEY], environment="prod", source="bench")
+        validate.append(time.perf_counter() - started)
+        evaluation = evaluate(config, "prod")
+        whole.append(evaluation.seconds)
+        resources = len(evaluation.resources)
+    return statistics.median(validate), statistics.median(whole), resources
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--teams", type=int, nargs="+", default=[10, 50, 100])
+    args = parser.parse_args()
+
+    base = stack_config(PROD)
+    evaluate(base, "prod")  # warm imports (pulumi_aws alone takes seconds) so they are not charged to the baseline
+    cases = [("prod as shipped", base)] + [(f"prod + {n} teams", with_teams(base, n)) for n in args.teams]
+    table = Table(title=f"Stack evaluation under the Pulumi mock engine (median of {args.repeats})", title_justify="left")
+    for column in ("case", "teams", "resources", "config validation ms", "whole program s", "ratio vs shipped"):
+        table.add_column(column, justify="right" if column != "case" else "left")
+    baseline = None
+    for label, config in cases:
+        validate, whole, resources = measure(config, args.repeats)
+        baseline = baseline or whole
+        table.add_row(label, str(len(config[CONFIG_KEY]["teams"])), str(resources), f"{validate * 1000:.2f}", f"{whole:.3f}", f"{whole / baseline:.2f}x")
+    Console(width=140).print(table)
+
+
+if __name__ == "__main__":
+    main()

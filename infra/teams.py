@@ -1,0 +1,54 @@
+"""Per-team AWS identity: the IRSA role a team's training pods assume, confined to the team's S3 prefix."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+from trainforge import contract
+from trainforge.infra.config import TeamConfig
+from trainforge.infra.iam import irsa_role
+from trainforge.infra.tags import named
+
+WRITABLE_BUCKETS = ("checkpoints", "artifacts")
+
+
+def team_policy(bucket_arns: dict[str, str], data_key_arn: str, team: str) -> str:
+    """Read every dataset; read and write only the team's own prefix of checkpoints and artifacts."""
+    prefix = contract.team_s3_prefix(team)
+    writable = [bucket_arns[k] for k in WRITABLE_BUCKETS]
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "ReadDatasets", "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"],
+         "Resource": [bucket_arns["datasets"], f"{bucket_arns['datasets']}/*"]},
+        {"Sid": "ListOwnPrefix", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads"], "Resource": writable,
+         "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]}}},
+        {"Sid": "ReadWriteOwnPrefix", "Effect": "Allow",
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+         "Resource": [f"{arn}/{prefix}*" for arn in writable]},
+        {"Sid": "UseDataKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": data_key_arn},
+    ]})
+
+
+class TeamAccess(pulumi.ComponentResource):
+    role: aws.iam.Role
+
+    def __init__(self, name: str, team: TeamConfig, *, oidc_provider_arn: pulumi.Input[str], oidc_issuer_url: pulumi.Input[str],
+                 bucket_arns: dict[str, pulumi.Input[str]], data_key_arn: pulumi.Input[str], tags: dict[str, str],
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainforge:infra:TeamAccess", name, None, opts)
+        # The team's own cost centre, so its identity shows up on the team's bill.
+        team_tags = named(tags, name, **{contract.TAG_COST_CENTRE: team.cost_centre, contract.TAG_TEAM: team.name})
+        self.role = irsa_role(
+            name, oidc_provider_arn=oidc_provider_arn, oidc_issuer_url=oidc_issuer_url,
+            namespace=contract.namespace_name(team.name), service_account=contract.TRAINING_SERVICE_ACCOUNT,
+            policy_arns=[], tags=team_tags, parent=self,
+        )
+        kinds = sorted(bucket_arns)
+        aws.iam.RolePolicy(
+            f"{name}-storage", role=self.role.id, opts=pulumi.ResourceOptions(parent=self.role),
+            policy=pulumi.Output.all(data_key_arn, *(bucket_arns[k] for k in kinds)).apply(
+                lambda args: team_policy(dict(zip(kinds, args[1:])), args[0], team.name)),
+        )
+        self.register_outputs({"role_arn": self.role.arn})
