@@ -67,8 +67,8 @@ class NodePool(pulumi.ComponentResource):
                 raise ValueError(f"node group {group.name} has EFA but no EFA security group was given")
             # A cluster placement group packs the nodes onto one network spine: the point of EFA.
             self.placement_group = aws.ec2.PlacementGroup(name, strategy="cluster", tags=group_tags, opts=child)
-            placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name,
-                                                            availability_zone=group.availability_zone)
+            # The AZ comes from the node group's single subnet; the template names only the group.
+            placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name)
             # Interfaces in a launch template replace the node group's default security groups, so the cluster
             # security group goes on every interface next to the EFA one.
             groups = [cluster_security_group_id, efa_security_group_id]
