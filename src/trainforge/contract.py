@@ -104,3 +104,10 @@ IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
 def team_s3_prefix(team: str) -> str:
     """Where a team's checkpoints and artifacts live inside the shared buckets."""
     return f"teams/{team}/"
+
+
+# Worker exit codes: the supervisor (local backend) and the job's restart policy (cluster) act on them.
+EXIT_OK = 0
+EXIT_USER_ERROR = 2  # bad config, bad code: retrying cannot help
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: interrupted (SIGTERM, spot notice), checkpoint taken — resume me
+RETRYABLE_EXIT_CODES = (EXIT_PREEMPTED,)

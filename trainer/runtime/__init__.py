@@ -1,0 +1,1 @@
+"""The runtime inside every worker. Entry: `python -m trainforge.trainer.runtime` (under torchrun)."""

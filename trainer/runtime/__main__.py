@@ -1,0 +1,88 @@
+"""Worker entry point: `torchrun --nproc_per_node=N -m trainforge.trainer.runtime run.yaml [--set key=value ...]`.
+
+Exit codes (trainforge.contract): 0 done, 2 user error (not retried), 75 preempted (resume me).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from trainforge import contract
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """`a.b=3` -> {"a": {"b": 3}}; values are YAML scalars (numbers, booleans, null, strings)."""
+    out: dict = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set {pair!r}: expected key=value")
+        key, value = pair.split("=", 1)
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainforge.trainer.runtime", description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", type=Path, help="run config (YAML or JSON)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    log = logging.getLogger("trainforge.runtime")
+
+    from trainforge.trainer.runtime.config import RunConfig
+
+    try:
+        raw = yaml.safe_load(args.config.read_text()) if args.config else {}
+        cfg = RunConfig.model_validate(merge(raw or {}, parse_overrides(args.overrides)))
+    except (OSError, ValueError, ValidationError, yaml.YAMLError) as exc:
+        print(f"error: invalid run config: {exc}", file=sys.stderr)
+        return contract.EXIT_USER_ERROR
+
+    # Imported after validation: a config typo should not wait for torch to load.
+    from trainforge.trainer.runtime.loop import Trainer, UserError, init_distributed
+    from trainforge.trainer.runtime.preemption import PreemptionGuard
+    from trainforge.trainer.runtime.tasks import bundled_task
+
+    guard = PreemptionGuard(cfg.checkpoint.preemption_grace_s)
+    Path(cfg.output_dir, "pids").mkdir(parents=True, exist_ok=True)
+    Path(cfg.output_dir, "pids", f"rank{rank}.pid").write_text(str(os.getpid()))
+    try:
+        task = bundled_task(cfg.task)
+        env = init_distributed()
+        result = Trainer(task, cfg, env).run(guard)
+    except (UserError, ValueError) as exc:
+        log.error("%s", exc)
+        return contract.EXIT_USER_ERROR
+    finally:
+        guard.done()
+    if rank == 0:
+        log.info("finished: %s", json.dumps(result.__dict__))
+    import torch.distributed as dist
+    if result.exit_code == contract.EXIT_OK:
+        dist.destroy_process_group()
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""Checkpoints with torch.distributed.checkpoint: one directory per step, visible only once committed.
+
+Layout of `<dir>/step-00000120/`:
+  .metadata, __<rank>_0.distcp   model + optimizer, sharded by DCP (reshardable: N ranks save, M ranks load)
+  trainer.pt                     scheduler, sampler position, step, metrics, best value (rank 0)
+  rng-rank<r>.pt                 each rank's RNG states (used when the world size is unchanged)
+  COMMITTED                      written last, atomically, by rank 0: a manifest of every file and its size
+
+A directory without COMMITTED, or whose files no longer match the manifest (truncated, missing), is not a
+checkpoint: discovery skips it with a warning, and rank 0 removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from trainforge.trainer.runtime.config import CheckpointConfig
+
+log = logging.getLogger("trainforge.runtime")
+COMMIT_MARKER = "COMMITTED"
+STEP_PREFIX = "step-"
+
+
+def step_dir_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+@dataclass(frozen=True)
+class Committed:
+    step: int
+    path: Path
+    metric: float | None
+    committed_at: float
+
+
+def _manifest_problem(path: Path, manifest: dict[str, Any]) -> str | None:
+    for name, size in manifest["files"].items():
+        f = path / name
+        if not f.exists():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} is {f.stat().st_size} bytes, the manifest says {size}"
+    return None
+
+
+def scan(directory: Path) -> tuple[list[Committed], list[tuple[Path, str]]]:
+    """Committed checkpoints (oldest first) and rejected directories with the reason."""
+    committed, rejected = [], []
+    if not directory.exists():
+        return committed, rejected
+    for path in sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)):
+        marker = path / COMMIT_MARKER
+        if not marker.exists():
+            rejected.append((path, "no commit marker (the save never finished)"))
+            continue
+        try:
+            manifest = json.loads(marker.read_text())
+        except (OSError, ValueError) as exc:
+            rejected.append((path, f"unreadable commit marker ({exc})"))
+            continue
+        problem = _manifest_problem(path, manifest)
+        if problem:
+            rejected.append((path, f"damaged: {problem}"))
+            continue
+        committed.append(Committed(manifest["step"], path, manifest.get("metric"), manifest["committed_at"]))
+    committed.sort(key=lambda c: c.step)
+    return committed, rejected
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+@dataclass
+class _Pending:
+    step: int
+    path: Path
+    metric: float | None
+    future: Future
+    started: float
+
+
+class CheckpointManager:
+    """Saves, commits, prunes and finds checkpoints. Every rank calls every method; rank 0 does the bookkeeping."""
+
+    def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, metric_mode: str, process_group: dist.ProcessGroup):
+        self.cfg, self.rank, self.world_size, self.metric_mode = cfg, rank, world_size, metric_mode
+        self.directory = Path(cfg.dir)
+        # Checkpoint collectives run in a background thread; their own gloo group keeps them from
+        # interleaving with the training loop's collectives on the default group.
+        self.pg = process_group
+        self._pending: _Pending | None = None
+        self.last_blocking_s = 0.0
+        self.last_commit: Committed | None = None
+        self.on_commit: list = []  # callbacks (Committed) -> None, e.g. the S3 uploader
+
+    # ---- discovery ---------------------------------------------------------------------------------------
+
+    def latest(self) -> Committed | None:
+        """Newest committed checkpoint; partial or damaged newer ones are reported and removed by rank 0."""
+        committed, rejected = scan(self.directory)
+        newest = committed[-1].step if committed else -1
+        for path, reason in rejected:
+            if self.rank == 0:
+                log.warning("ignoring checkpoint %s: %s%s", path, reason,
+                            "; falling back to step %d" % newest if newest >= 0 else "")
+        dist.barrier(group=self.pg)  # everyone has looked before rank 0 removes anything
+        if self.rank == 0:
+            for path, _ in rejected:
+                shutil.rmtree(path, ignore_errors=True)
+        dist.barrier(group=self.pg)
+        self.last_commit = committed[-1] if committed else None
+        return self.last_commit
+
+    # ---- save --------------------------------------------------------------------------------------------
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any],
+             metric: float | None, *, blocking: bool) -> float:
+        """Start (or, with blocking=True, complete) a checkpoint of `step`. Returns seconds training was blocked."""
+        started = time.perf_counter()
+        self.wait()  # one save in flight at a time bounds memory
+        path = self.directory / step_dir_name(step)
+        if path.exists() and self.rank == 0:
+            shutil.rmtree(path)  # an uncommitted leftover of this very step
+        dist.barrier(group=self.pg)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(rng_state(), path / f"rng-rank{self.rank}.pt")
+        if self.rank == 0:
+            torch.save(trainer_state, path / "trainer.pt")
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        if blocking or not self.cfg.async_save:
+            dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
+            self._commit(step, path, metric)
+        else:
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg)
+            self._pending = _Pending(step, path, metric, future, time.perf_counter())
+        self.last_blocking_s = time.perf_counter() - started
+        return self.last_blocking_s
+
+    def poll(self) -> None:
+        """Commit a finished async save without waiting for an unfinished one."""
+        if self._pending is not None and self._pending.future.done():
+            self.wait()
+
+    def wait(self) -> None:
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        pending.future.result()
+        self._commit(pending.step, pending.path, pending.metric)
+
+    def _commit(self, step: int, path: Path, metric: float | None) -> None:
+        # Rank 0's save finishes only after every rank reported its writes (DCP gathers them before writing
+        # .metadata), and each rank wrote its rng file before joining the save: everything is on disk.
+        if self.rank == 0:
+            files = {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file() and p.name != COMMIT_MARKER}
+            manifest = {"step": step, "metric": metric, "world_size": self.world_size, "committed_at": time.time(), "files": files}
+            tmp = path / f".{COMMIT_MARKER}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(manifest, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path / COMMIT_MARKER)
+            _fsync_dir(path)
+            committed = Committed(step, path, metric, manifest["committed_at"])
+            self.last_commit = committed
+            self._prune()
+            for callback in self.on_commit:
+                callback(committed)
+        else:
+            self.last_commit = Committed(step, path, metric, time.time())
+
+    def _prune(self) -> None:
+        committed, _ = scan(self.directory)
+        keep = {c.step for c in committed[-self.cfg.keep_last:]}
+        scored = [c for c in committed if c.metric is not None]
+        if self.cfg.keep_best and scored:
+            pick = max if self.metric_mode == "max" else min
+            keep.add(pick(scored, key=lambda c: c.metric).step)
+        for c in committed:
+            if c.step not in keep:
+                shutil.rmtree(c.path, ignore_errors=True)
+
+    # ---- load --------------------------------------------------------------------------------------------
+
+    def load(self, checkpoint: Committed, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], bool]:
+        """Restore model and optimizer (resharding as needed); return trainer state and whether RNG was restored."""
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(checkpoint.path), process_group=self.pg)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        trainer_state = torch.load(checkpoint.path / "trainer.pt", weights_only=False)
+        rng_file = checkpoint.path / f"rng-rank{self.rank}.pt"
+        same_world = json.loads((checkpoint.path / COMMIT_MARKER).read_text())["world_size"] == self.world_size
+        if same_world and rng_file.exists():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        return trainer_state, same_world

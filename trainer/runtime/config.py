@@ -1,0 +1,57 @@
+"""Run configuration for the training runtime: one pydantic model, validated before any process group exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CheckpointConfig(_Model):
+    dir: Path = Field(Path("checkpoints"), description="local tier: one sub-directory per step")
+    interval_steps: int = Field(50, ge=1)
+    keep_last: int = Field(2, ge=1)
+    keep_best: bool = Field(True, description="also keep the checkpoint with the best eval metric")
+    async_save: bool = True
+    # An emergency checkpoint on SIGTERM is skipped when a committed one is at most this old (seconds).
+    emergency_skip_if_newer_than_s: float = Field(0.0, ge=0)
+    # After SIGTERM, a worker that has not exited after this long (stuck in a collective or in C++) exits anyway.
+    preemption_grace_s: float = Field(25.0, gt=0)
+
+
+class RunConfig(_Model):
+    task: str = "classifier"
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    seed: int = 0
+    deterministic: bool = True
+    max_steps: int = Field(200, ge=1)
+    batch_size: int = Field(64, ge=1, description="per rank, per micro-batch")
+    grad_accum_steps: int = Field(1, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_steps: int = Field(20, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    eval_every: int = Field(50, ge=1)
+    eval_batches: int | None = Field(None, ge=1, description="cap on eval batches per rank; None = whole eval set")
+    metric: str = Field("accuracy", description="eval metric that picks the best checkpoint and drives early stopping")
+    metric_mode: Literal["max", "min"] = "max"
+    early_stopping_patience: int | None = Field(None, ge=1, description="evals without improvement before stopping")
+    target_metric: float | None = Field(None, description="stop once the eval metric reaches this")
+    log_every: int = Field(10, ge=1)
+    output_dir: Path = Path("run")
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    # Test hook: sleep this long after each step (to give a killer a window mid-run). Zero in real runs.
+    step_sleep_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> RunConfig:
+        if self.warmup_steps >= self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps}). Fix: lower warmup_steps")
+        return self

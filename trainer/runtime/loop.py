@@ -1,0 +1,310 @@
+"""The training loop: one code path for one process or many, DDP or FSDP2, CPU (gloo) or CUDA (NCCL)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import math
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainforge import contract
+from trainforge.trainer.runtime.checkpoint import CheckpointManager
+from trainforge.trainer.runtime.config import RunConfig
+from trainforge.trainer.runtime.data import ResumableDistributedSampler, micro_batches
+from trainforge.trainer.runtime.preemption import PreemptionGuard
+from trainforge.trainer.runtime.tasks import Task
+
+log = logging.getLogger("trainforge.runtime")
+
+
+class UserError(Exception):
+    """A problem retrying cannot fix (bad config for this machine, bad task code): exit EXIT_USER_ERROR."""
+
+
+@dataclass
+class Distributed:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    checkpoint_group: dist.ProcessGroup
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> Distributed:
+    """Join the job's process group; a lone process (no torchrun) forms a group of one, so nothing branches."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    checkpoint_group = dist.new_group(backend="gloo")
+    return Distributed(rank, world, local, device, checkpoint_group)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.backends.cudnn.benchmark = False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def lr_lambda(cfg: RunConfig):
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+def wrap_model(model: nn.Module, cfg: RunConfig, env: Distributed) -> nn.Module:
+    model.to(env.device)
+    if cfg.strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+        # Shard every parameterised leaf block, then the root: each block's parameters gather just in time.
+        for module in list(model.modules())[1:]:
+            if any(True for _ in module.parameters(recurse=False)) and not list(module.children()):
+                fully_shard(module)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+
+
+def autocast(cfg: RunConfig, env: Distributed):
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    return torch.autocast(env.device.type, dtype=dtype)
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    best_metric: float | None = None
+    evals_without_improvement: int = 0
+    last_eval: dict[str, float] = field(default_factory=dict)
+    restarts: int = 0
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    step: int
+    last_eval: dict[str, float]
+    resumed_from: int | None
+    stopped_because: str
+
+
+class Trainer:
+    def __init__(self, task: Task, cfg: RunConfig, env: Distributed):
+        if cfg.precision == "fp16" and env.device.type != "cuda":
+            raise UserError("precision: fp16 needs a CUDA device (its grad scaler exists for GPU underflow). Fix: use bf16 or fp32 on CPU")
+        self.task, self.cfg, self.env = task, cfg, env
+        seed_everything(cfg.seed, cfg.deterministic)
+        self.model = wrap_model(task.build_model(), cfg, env)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+        self.sampler = ResumableDistributedSampler(len(task.train_set), env.rank, env.world_size, cfg.seed)
+        self.state = TrainerState()
+        self.checkpoints = CheckpointManager(cfg.checkpoint, rank=env.rank, world_size=env.world_size,
+                                             metric_mode=cfg.metric_mode, process_group=env.checkpoint_group)
+        self.output = Path(cfg.output_dir)
+        self.output.mkdir(parents=True, exist_ok=True)
+
+    # ---- state -----------------------------------------------------------------------------------------------
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {"state": self.state.__dict__.copy(), "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict()}
+
+    def resume(self) -> int | None:
+        latest = self.checkpoints.latest()
+        if latest is None:
+            return None
+        saved, rng_restored = self.checkpoints.load(latest, self.model, self.optimizer)
+        self.state = TrainerState(**saved["state"])
+        self.state.restarts += 1
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.sampler.load_state_dict(saved["sampler"])
+        if self.env.is_main:
+            log.info("resumed from %s (step %d)%s", latest.path, latest.step, "" if rng_restored else "; new world size, RNG reseeded")
+        return latest.step
+
+    def save(self, *, blocking: bool) -> float:
+        return self.checkpoints.save(self.state.step, self.model, self.optimizer, self.trainer_state(),
+                                     self.state.last_eval.get(self.cfg.metric), blocking=blocking)
+
+    # ---- steps -----------------------------------------------------------------------------------------------
+
+    def _to_device(self, batch):
+        return tuple(t.to(self.env.device, non_blocking=True) for t in batch)
+
+    def train_step(self, batches) -> tuple[float, int]:
+        """One optimizer step over grad_accum_steps micro-batches; returns this rank's mean loss and sample count."""
+        total_loss, samples = 0.0, 0
+        accum = self.cfg.grad_accum_steps
+        for i in range(accum):
+            batch = self._to_device(next(batches))
+            # DDP all-reduces gradients on every backward unless told not to: only the last micro-batch syncs.
+            sync = i == accum - 1 or not hasattr(self.model, "no_sync")
+            with (contextlib.nullcontext() if sync else self.model.no_sync()), autocast(self.cfg, self.env):
+                loss, counts = self.task.loss(self.model, batch)
+            scaled = loss / accum
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            self.sampler.advance(counts["samples"])
+            total_loss += loss.item()
+            samples += counts["samples"]
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.cfg.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total_loss / accum, samples
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        n = len(self.task.eval_set)
+        per_rank = n // self.env.world_size
+        indices = list(range(self.env.rank * per_rank, (self.env.rank + 1) * per_rank))
+        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(self.task.eval_set, indices), batch_size=self.cfg.batch_size)
+        sums: dict[str, torch.Tensor] = {}
+        for i, batch in enumerate(loader):
+            if self.cfg.eval_batches is not None and i >= self.cfg.eval_batches:
+                break
+            with autocast(self.cfg, self.env):
+                for k, v in self.task.eval_sums(self.model, self._to_device(batch)).items():
+                    sums[k] = sums.get(k, 0) + v.detach().float()
+        keys = sorted(sums)
+        packed = torch.stack([sums[k] for k in keys]).to(self.env.device)
+        dist.all_reduce(packed)
+        self.model.train()
+        return self.task.summarize({k: float(v) for k, v in zip(keys, packed.tolist())})
+
+    def _improved(self, value: float) -> bool:
+        best = self.state.best_metric
+        return best is None or (value > best if self.cfg.metric_mode == "max" else value < best)
+
+    def _reached_target(self, value: float) -> bool:
+        target = self.cfg.target_metric
+        return target is not None and (value >= target if self.cfg.metric_mode == "max" else value <= target)
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+
+    def run(self, guard: PreemptionGuard) -> RunResult:
+        cfg, env = self.cfg, self.env
+        resumed_from = self.resume()
+        batches = micro_batches(self.task.train_set, self.sampler, cfg.batch_size)
+        metrics_file = open(self.output / "metrics.jsonl", "a") if env.is_main else None
+        stopped = "max_steps"
+        self.model.train()
+        try:
+            while self.state.step < cfg.max_steps:
+                started = time.perf_counter()
+                loss, samples = self.train_step(batches)
+                self.state.step += 1
+                # One tiny collective per step carries both the global loss and "has anyone been told to stop?".
+                signal_and_loss = torch.tensor([loss, float(guard.requested.is_set())], device=env.device)
+                dist.all_reduce(signal_and_loss)
+                mean_loss = signal_and_loss[0].item() / env.world_size
+                preempted = signal_and_loss[1].item() > 0
+                if metrics_file:
+                    metrics_file.write(json.dumps({"step": self.state.step, "loss": mean_loss, "lr": self.scheduler.get_last_lr()[0],
+                                                   "step_s": time.perf_counter() - started, "samples": samples * env.world_size}) + "\n")
+                    metrics_file.flush()
+                if preempted:
+                    return self._preempted(guard, resumed_from)
+
+                if self.state.step % cfg.eval_every == 0 or self.state.step == cfg.max_steps:
+                    stopped = self._after_eval(metrics_file) or stopped
+                if self.state.step % cfg.checkpoint.interval_steps == 0:
+                    self.save(blocking=False)
+                self.checkpoints.poll()
+                if stopped != "max_steps":
+                    break
+                if cfg.step_sleep_s:
+                    time.sleep(cfg.step_sleep_s)
+            self.checkpoints.wait()
+            if self.checkpoints.last_commit is None or self.checkpoints.last_commit.step != self.state.step:
+                self.save(blocking=True)
+            self._write_final_model()
+            return RunResult(contract.EXIT_OK, self.state.step, self.state.last_eval, resumed_from, stopped)
+        finally:
+            if metrics_file:
+                metrics_file.close()
+
+    def _after_eval(self, metrics_file) -> str | None:
+        self.state.last_eval = self.evaluate()
+        value = self.state.last_eval[self.cfg.metric]
+        if metrics_file:
+            metrics_file.write(json.dumps({"step": self.state.step, "eval": self.state.last_eval}) + "\n")
+        if self._improved(value):
+            self.state.best_metric, self.state.evals_without_improvement = value, 0
+        else:
+            self.state.evals_without_improvement += 1
+        if self._reached_target(value):
+            return "target_metric"
+        patience = self.cfg.early_stopping_patience
+        if patience is not None and self.state.evals_without_improvement >= patience:
+            return "early_stopping"
+        return None
+
+    def _preempted(self, guard: PreemptionGuard, resumed_from: int | None) -> RunResult:
+        self.checkpoints.wait()
+        last = self.checkpoints.last_commit
+        recent = last is not None and (last.step == self.state.step or
+                                       time.time() - last.committed_at <= self.cfg.checkpoint.emergency_skip_if_newer_than_s)
+        if not recent:
+            self.save(blocking=True)
+        if self.env.is_main and guard.received_at is not None:
+            elapsed = time.monotonic() - guard.received_at
+            log.warning("preempted at step %d: %s in %.2f s after SIGTERM", self.state.step,
+                        "committed checkpoint" if not recent else "recent checkpoint kept", elapsed)
+            (self.output / "preempted.json").write_text(json.dumps({"step": self.state.step, "sigterm_to_commit_s": elapsed,
+                                                                    "emergency_checkpoint": not recent}))
+        return RunResult(contract.EXIT_PREEMPTED, self.state.step, self.state.last_eval, resumed_from, "preempted")
+
+    def _write_final_model(self) -> None:
+        """Full (unsharded) parameters on rank 0, for hand-off and for tests that compare runs bit for bit."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.env.is_main:
+            torch.save(full, self.output / "final_model.pt")

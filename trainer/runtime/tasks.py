@@ -1,0 +1,168 @@
+"""What a researcher hands the runtime: a model factory, datasets, a loss step and eval metrics.
+
+Two bundled tasks train on CPU in seconds with data that needs no download: a classifier on a seeded
+Gaussian-mixture dataset, and a character-level transformer language model on the docstrings of the
+Python standard library (shipped with every Python).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+
+@dataclass
+class Task:
+    """A training task.
+
+    `loss(model, batch)` returns the mean loss of a micro-batch and how many samples/tokens it held.
+    `eval_sums(model, batch)` returns additive tensors (summed over batches and ranks); `summarize` turns
+    the totals into metrics, e.g. {"loss_sum", "correct", "count"} -> {"loss", "accuracy"}.
+    """
+
+    name: str
+    build_model: Callable[[], nn.Module]
+    train_set: Dataset
+    eval_set: Dataset
+    loss: Callable[[nn.Module, tuple], tuple[torch.Tensor, dict[str, int]]]
+    eval_sums: Callable[[nn.Module, tuple], dict[str, torch.Tensor]]
+    summarize: Callable[[dict[str, float]], dict[str, float]]
+
+
+# ---- classifier -------------------------------------------------------------------------------------------
+
+def gaussian_mixture(n: int, features: int = 32, classes: int = 8, seed: int = 1234) -> TensorDataset:
+    """Seeded class-conditional Gaussians: the same tensors on every machine, no file needed.
+
+    The class centres are fixed (one problem); `seed` only draws the samples (train and eval splits)."""
+    centres = torch.randn(classes, features, generator=torch.Generator().manual_seed(7)) * 1.0
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    x = centres[labels] + torch.randn(n, features, generator=g) * 1.3
+    return TensorDataset(x, labels)
+
+
+def _classifier_loss(model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, int]]:
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y), {"samples": len(y)}
+
+
+def _classifier_eval(model: nn.Module, batch: tuple) -> dict[str, torch.Tensor]:
+    x, y = batch
+    logits = model(x).float()
+    return {"loss_sum": nn.functional.cross_entropy(logits, y, reduction="sum"),
+            "correct": (logits.argmax(-1) == y).sum().float(), "count": torch.tensor(float(len(y)))}
+
+
+def _classifier_summary(s: dict[str, float]) -> dict[str, float]:
+    return {"loss": s["loss_sum"] / s["count"], "accuracy": s["correct"] / s["count"]}
+
+
+def classifier(width: int = 256) -> Task:
+    features, classes = 32, 8
+    return Task(
+        name="classifier",
+        build_model=lambda: nn.Sequential(nn.Linear(features, width), nn.GELU(), nn.Linear(width, width), nn.GELU(),
+                                          nn.Linear(width, classes)),
+        train_set=gaussian_mixture(16384, features, classes, seed=1234),
+        eval_set=gaussian_mixture(2048, features, classes, seed=4321),
+        loss=_classifier_loss, eval_sums=_classifier_eval, summarize=_classifier_summary,
+    )
+
+
+# ---- character language model ----------------------------------------------------------------------------
+
+def stdlib_corpus(max_chars: int = 400_000) -> str:
+    """Docstrings of standard-library modules: real English prose and code, present wherever Python is."""
+    import importlib
+    import inspect
+
+    modules = ["json", "argparse", "collections", "functools", "itertools", "pathlib", "typing", "logging", "subprocess",
+               "threading", "asyncio", "dataclasses", "email", "http.client", "urllib.request", "unittest", "statistics",
+               "fractions", "decimal", "random", "string", "textwrap", "difflib", "csv", "zipfile", "tarfile", "shutil"]
+    parts = []
+    for name in modules:
+        module = importlib.import_module(name)
+        for _, obj in sorted(vars(module).items()):
+            doc = inspect.getdoc(obj) if (inspect.isclass(obj) or inspect.isfunction(obj)) else None
+            if doc and getattr(obj, "__module__", "").startswith(name.split(".")[0]):
+                parts.append(doc)
+    text = "\n\n".join(parts)
+    return "".join(c for c in text if c.isascii())[:max_chars]
+
+
+class CharWindows(Dataset):
+    """Fixed, non-overlapping windows of `context + 1` characters (input and next-character target)."""
+
+    def __init__(self, ids: torch.Tensor, context: int):
+        self.ids, self.context = ids, context
+
+    def __len__(self) -> int:
+        return (len(self.ids) - 1) // self.context
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.ids[i * self.context: (i + 1) * self.context + 1]
+        return chunk[:-1], chunk[1:]
+
+
+class TinyTransformerLM(nn.Module):
+    def __init__(self, vocab: int, context: int, dim: int = 128, layers: int = 2, heads: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Parameter(torch.randn(context, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=4 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        h = self.embed(ids) + self.position[:t]
+        h = self.blocks(h, mask=self.causal[:t, :t], is_causal=True)
+        return self.head(self.norm(h))
+
+
+def _lm_loss(model: nn.Module, batch: tuple) -> tuple[torch.Tensor, dict[str, int]]:
+    x, y = batch
+    logits = model(x)
+    return nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()), {"samples": len(x), "tokens": y.numel()}
+
+
+def _lm_eval(model: nn.Module, batch: tuple) -> dict[str, torch.Tensor]:
+    x, y = batch
+    logits = model(x).float()
+    return {"loss_sum": nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"),
+            "count": torch.tensor(float(y.numel()))}
+
+
+def _lm_summary(s: dict[str, float]) -> dict[str, float]:
+    loss = s["loss_sum"] / s["count"]
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+
+def char_lm(context: int = 64) -> Task:
+    text = stdlib_corpus()
+    vocab = sorted(set(text))
+    ids = torch.tensor([vocab.index(c) for c in text], dtype=torch.long)
+    split = int(len(ids) * 0.9)
+    return Task(
+        name="char_lm",
+        build_model=lambda: TinyTransformerLM(len(vocab), context),
+        train_set=CharWindows(ids[:split], context), eval_set=CharWindows(ids[split:], context),
+        loss=_lm_loss, eval_sums=_lm_eval, summarize=_lm_summary,
+    )
+
+
+BUNDLED: dict[str, Callable[[], Task]] = {"classifier": classifier, "char_lm": char_lm}
+
+
+def bundled_task(name: str) -> Task:
+    if name not in BUNDLED:
+        raise ValueError(f"unknown task {name!r}; bundled tasks: {sorted(BUNDLED)}")
+    return BUNDLED[name]()
