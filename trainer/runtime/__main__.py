@@ -55,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         raw = yaml.safe_load(args.config.read_text()) if args.config else {}
         cfg = RunConfig.model_validate(merge(raw or {}, parse_overrides(args.overrides)))
-    except (OSError, ValueError, ValidationError, yaml.YAMLError) as exc:
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in error["loc"]) or "config"
+            got = "" if error["type"] == "value_error" else f" (got {error.get('input')!r})"
+            print(f"error: run config {where}: {str(error['msg']).removeprefix('Value error, ')}{got}", file=sys.stderr)
+        return contract.EXIT_USER_ERROR
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"error: invalid run config: {exc}", file=sys.stderr)
         return contract.EXIT_USER_ERROR
 
@@ -68,16 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     Path(cfg.output_dir, "pids").mkdir(parents=True, exist_ok=True)
     Path(cfg.output_dir, "pids", f"rank{rank}.pid").write_text(str(os.getpid()))
     try:
-        task = bundled_task(cfg.task)
+        try:
+            task = bundled_task(cfg.task)
+        except ValueError as exc:
+            raise UserError(f"task: {exc}") from None
         env = init_distributed()
         result = Trainer(task, cfg, env).run(guard)
-    except (UserError, ValueError) as exc:
+    except UserError as exc:
         log.error("%s", exc)
         return contract.EXIT_USER_ERROR
     finally:
         guard.done()
     if rank == 0:
         log.info("finished: %s", json.dumps(result.__dict__))
+        Path(cfg.output_dir, "result.json").write_text(json.dumps(result.__dict__))
     import torch.distributed as dist
     if result.exit_code == contract.EXIT_OK:
         dist.destroy_process_group()

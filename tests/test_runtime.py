@@ -1,0 +1,162 @@
+"""The runtime, for real on CPU: torchrun with gloo, real checkpoints on disk, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
+
+from trainforge import contract  # noqa: E402
+
+pytestmark = pytest.mark.slow
+BASE = ["max_steps=60", "checkpoint.interval_steps=10", "eval_every=20", "batch_size=32", "checkpoint.keep_last=3"]
+
+
+def command(workdir: Path, overrides: list[str], nproc: int | None = 2) -> list[str]:
+    sets = [a for o in [*BASE, *overrides] for a in ("--set", o)]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
+    return [*launcher, "-m", "trainforge.trainer.runtime", *sets]
+
+
+def run(workdir: Path, *overrides: str, nproc: int | None = 2, check: bool = True) -> subprocess.CompletedProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(command(workdir, list(overrides), nproc), cwd=workdir, capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def start(workdir: Path, *overrides: str, nproc: int | None = 2) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(command(workdir, list(overrides), nproc), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_step(workdir: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    metrics = workdir / "run" / "metrics.jsonl"
+    while time.time() < deadline:
+        if metrics.exists() and any(json.loads(l).get("step", 0) >= step and "loss" in json.loads(l) for l in metrics.read_text().splitlines() if l):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"step {step} not reached")
+
+
+def losses(workdir: Path) -> dict[int, float]:
+    out = {}
+    for line in (workdir / "run" / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            out[record["step"]] = record["loss"]  # a replayed step overwrites: the trajectory as finally trained
+    return out
+
+
+def final_params(workdir: Path) -> dict:
+    return torch.load(workdir / "run" / "final_model.pt", weights_only=True)
+
+
+def result(workdir: Path) -> dict:
+    return json.loads((workdir / "run" / "result.json").read_text())
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    pa, pb = final_params(a), final_params(b)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert torch.equal(pa[name], pb[name]), f"{name} differs"
+    assert losses(a) == losses(b)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Uninterrupted 2-rank runs, one per strategy, that the interrupted ones must match bit for bit."""
+    cache = {}
+
+    def get(strategy: str) -> Path:
+        if strategy not in cache:
+            workdir = tmp_path_factory.mktemp(f"reference-{strategy}")
+            run(workdir, f"strategy={strategy}")
+            cache[strategy] = workdir
+        return cache[strategy]
+    return get
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_train_the_classifier_to_target(tmp_path, strategy):
+    run(tmp_path, f"strategy={strategy}", "max_steps=300", "target_metric=0.9", "eval_every=25")
+    outcome = result(tmp_path)
+    assert outcome["stopped_because"] == "target_metric" and outcome["last_eval"]["accuracy"] >= 0.9
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_sigkill_mid_run_then_restart_is_bit_identical(tmp_path, reference, strategy):
+    job = start(tmp_path, f"strategy={strategy}", "step_sleep_s=0.05")
+    wait_for_step(tmp_path, 25)
+    rank1 = int((tmp_path / "run" / "pids" / "rank1.pid").read_text())
+    os.kill(rank1, signal.SIGKILL)
+    job.wait(timeout=120)
+    assert job.returncode != 0
+    run(tmp_path, f"strategy={strategy}")  # a fresh rendezvous, as the supervisor does
+    assert result(tmp_path)["resumed_from"] in (20, 30)
+    assert_bit_identical(reference(strategy), tmp_path)
+
+
+def test_sigterm_commits_an_emergency_checkpoint_and_resume_is_bit_identical(tmp_path, reference):
+    job = start(tmp_path, "strategy=ddp", "step_sleep_s=0.05")
+    wait_for_step(tmp_path, 25)
+    job.send_signal(signal.SIGTERM)  # torchrun forwards it to every worker, as a pod eviction would
+    job.wait(timeout=120)
+    preempted = json.loads((tmp_path / "run" / "preempted.json").read_text())
+    assert preempted["emergency_checkpoint"] is True
+    step_dir = tmp_path / "checkpoints" / f"step-{preempted['step']:08d}"
+    assert (step_dir / "COMMITTED").exists(), "emergency checkpoint not committed"
+    print(f"SIGTERM -> committed emergency checkpoint: {preempted['sigterm_to_commit_s']:.3f} s")
+    run(tmp_path, "strategy=ddp")
+    assert result(tmp_path)["resumed_from"] == preempted["step"]
+    assert_bit_identical(reference("ddp"), tmp_path)
+
+
+def test_sigterm_exit_code_means_resume_me(tmp_path):
+    job = start(tmp_path, "step_sleep_s=0.05", "max_steps=1000", nproc=None)
+    wait_for_step(tmp_path, 5)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == contract.EXIT_PREEMPTED
+
+
+@pytest.mark.parametrize("damage", ["truncate", "uncommit"])
+def test_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage):
+    run(tmp_path, "max_steps=30", nproc=None)
+    newest = tmp_path / "checkpoints" / "step-00000030"
+    if damage == "truncate":
+        shard = newest / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    else:
+        (newest / "COMMITTED").unlink()
+    resumed = run(tmp_path, "max_steps=40", nproc=None)
+    assert "ignoring checkpoint checkpoints/step-00000030" in resumed.stderr
+    assert ("damaged: __0_0.distcp is" if damage == "truncate" else "no commit marker") in resumed.stderr
+    assert result(tmp_path)["resumed_from"] == 20
+    assert (tmp_path / "checkpoints" / "step-00000040" / "COMMITTED").exists()
+
+
+def test_a_two_rank_fsdp_checkpoint_resumes_on_one_rank(tmp_path):
+    run(tmp_path, "strategy=fsdp", "max_steps=20", "warmup_steps=5")
+    run(tmp_path, "strategy=fsdp", "max_steps=30", "warmup_steps=5", nproc=None)
+    outcome = result(tmp_path)
+    assert outcome["resumed_from"] == 20 and outcome["step"] == 30
+
+
+def test_user_errors_exit_with_the_non_retryable_code(tmp_path):
+    bad_precision = run(tmp_path, "precision=fp16", nproc=None, check=False)
+    assert bad_precision.returncode == contract.EXIT_USER_ERROR and "fp16 needs a CUDA device" in bad_precision.stderr
+    bad_field = run(tmp_path, "max_stepz=5", nproc=None, check=False)
+    assert bad_field.returncode == contract.EXIT_USER_ERROR
+    assert "max_stepz: Extra inputs are not permitted (got 5)" in bad_field.stderr
+    assert "Traceback" not in bad_field.stderr + bad_precision.stderr
