@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             raise UserError(f"task: {exc}") from None
         env = init_distributed()
-        result = Trainer(task, cfg, env).run(guard)
+        trainer = Trainer(task, cfg, env)
+        result = trainer.run(guard)
+        trainer.close({contract.EXIT_OK: "FINISHED", contract.EXIT_PREEMPTED: "KILLED"}.get(result.exit_code, "FAILED"))
     except UserError as exc:
         log.error("%s", exc)
         return contract.EXIT_USER_ERROR

@@ -121,7 +121,7 @@ class CheckpointManager:
         self._pending: _Pending | None = None
         self.last_blocking_s = 0.0
         self.last_commit: Committed | None = None
-        self.on_commit: list = []  # callbacks (Committed) -> None, e.g. the S3 uploader
+        self.on_commit: list = []  # callbacks (Committed, seconds from save start or None), on every rank
 
     # ---- discovery ---------------------------------------------------------------------------------------
 
@@ -160,10 +160,10 @@ class CheckpointManager:
         state = {"model": model_sd, "optim": optim_sd}
         if blocking or not self.cfg.async_save:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
-            self._commit(step, path, metric)
+            self._commit(step, path, metric, started)
         else:
             future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg)
-            self._pending = _Pending(step, path, metric, future, time.perf_counter())
+            self._pending = _Pending(step, path, metric, future, started)
         self.last_blocking_s = time.perf_counter() - started
         return self.last_blocking_s
 
@@ -177,9 +177,9 @@ class CheckpointManager:
             return
         pending, self._pending = self._pending, None
         pending.future.result()
-        self._commit(pending.step, pending.path, pending.metric)
+        self._commit(pending.step, pending.path, pending.metric, pending.started)
 
-    def _commit(self, step: int, path: Path, metric: float | None) -> None:
+    def _commit(self, step: int, path: Path, metric: float | None, started: float | None) -> None:
         # Rank 0's save finishes only after every rank reported its writes (DCP gathers them before writing
         # .metadata), and each rank wrote its rng file before joining the save: everything is on disk.
         if self.rank == 0:
@@ -193,12 +193,12 @@ class CheckpointManager:
             os.replace(tmp, path / COMMIT_MARKER)
             _fsync_dir(path)
             committed = Committed(step, path, metric, manifest["committed_at"])
-            self.last_commit = committed
             self._prune()
-            for callback in self.on_commit:
-                callback(committed)
         else:
-            self.last_commit = Committed(step, path, metric, time.time())
+            committed = Committed(step, path, metric, time.time())
+        self.last_commit = committed
+        for callback in self.on_commit:
+            callback(committed, time.perf_counter() - started if started is not None else None)
 
     def _prune(self) -> None:
         committed, _ = scan(self.directory)

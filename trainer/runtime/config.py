@@ -22,9 +22,26 @@ class CheckpointConfig(_Model):
     emergency_skip_if_newer_than_s: float = Field(0.0, ge=0)
     # After SIGTERM, a worker that has not exited after this long (stuck in a collective or in C++) exits anyway.
     preemption_grace_s: float = Field(25.0, gt=0)
+    s3_uri: str | None = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+                               description="durable tier, e.g. s3://<checkpoints bucket>/teams/<team>/<job>")
+    s3_endpoint_url: str | None = Field(None, description="any S3-compatible endpoint; default: AWS for the region")
+    s3_max_concurrency: int = Field(8, ge=1, le=64)
+
+
+class MetricsConfig(_Model):
+    port: int | None = Field(None, ge=1, le=65535, description="Prometheus endpoint of local rank 0; rank r serves port + r")
+    addr: str = "0.0.0.0"
+
+
+class TrackingConfig(_Model):
+    uri: str | None = Field(None, description="MLflow tracking URI, e.g. http://mlflow.mlflow:5000; None disables tracking")
+    experiment: str = "trainforge"
+    close_timeout_s: float = Field(30.0, ge=0)
 
 
 class RunConfig(_Model):
+    job_id: str = Field("adhoc", pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=63)
+    team: str = Field("default", pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=63)
     task: str = "classifier"
     strategy: Literal["ddp", "fsdp"] = "ddp"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -47,6 +64,8 @@ class RunConfig(_Model):
     log_every: int = Field(10, ge=1)
     output_dir: Path = Path("run")
     checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    tracking: TrackingConfig = TrackingConfig()
     # Test hook: sleep this long after each step (to give a killer a window mid-run). Zero in real runs.
     step_sleep_s: float = Field(0.0, ge=0)
 

@@ -24,8 +24,9 @@ from trainforge import contract
 from trainforge.trainer.runtime.checkpoint import CheckpointManager
 from trainforge.trainer.runtime.config import RunConfig
 from trainforge.trainer.runtime.data import ResumableDistributedSampler, micro_batches
+from trainforge.trainer.runtime.metrics import RuntimeMetrics
 from trainforge.trainer.runtime.preemption import PreemptionGuard
-from trainforge.trainer.runtime.tasks import Task
+from trainforge.trainer.runtime.tasks import Task, data_checksum
 
 log = logging.getLogger("trainforge.runtime")
 
@@ -143,6 +144,49 @@ class Trainer:
                                              metric_mode=cfg.metric_mode, process_group=env.checkpoint_group)
         self.output = Path(cfg.output_dir)
         self.output.mkdir(parents=True, exist_ok=True)
+        self.metrics = RuntimeMetrics(job=cfg.job_id, team=cfg.team, rank=env.rank)
+        if cfg.metrics.port is not None:
+            self.metrics.serve(cfg.metrics.port + env.local_rank, cfg.metrics.addr)
+        self.checkpoints.on_commit.append(lambda c, seconds: self.metrics.checkpoint_committed(c.step, c.committed_at, seconds))
+        self.s3 = self._durable_tier()
+        self.tracker = self._tracker()
+
+    def _durable_tier(self):
+        cfg, env = self.cfg.checkpoint, self.env
+        if cfg.s3_uri is None or env.local_rank != 0:
+            return None
+        from trainforge.trainer.runtime.s3 import S3Tier
+        tier = S3Tier(cfg.s3_uri, endpoint_url=cfg.s3_endpoint_url, max_concurrency=cfg.s3_max_concurrency, on_event=self.metrics.s3_event)
+        if env.is_main:  # rank 0 uploads what every rank wrote to the shared local tier
+            self.checkpoints.on_commit.append(lambda c, _: tier.enqueue(c))
+            self.metrics.watch_s3_lag(tier.lag_seconds)
+        return tier
+
+    def _tracker(self):
+        cfg, env = self.cfg, self.env
+        if cfg.tracking.uri is None or not env.is_main:
+            return None
+        from trainforge.trainer.runtime.tracking import Tracker, flatten
+        tags = {"trainforge.team": cfg.team, "trainforge.world_size": str(env.world_size), "trainforge.task": self.task.name,
+                "trainforge.git_commit": git_commit(), "trainforge.data_checksum": data_checksum(self.task),
+                "trainforge.image": os.environ.get("TRAINFORGE_IMAGE", "local")}
+        tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, job_id=cfg.job_id, run_name=cfg.job_id,
+                          params=flatten(cfg.model_dump(mode="json")), tags=tags)
+
+        def point_at(c, _):
+            pointer = {"trainforge.checkpoint.latest": str(c.path.resolve()), "trainforge.checkpoint.step": str(c.step)}
+            if cfg.checkpoint.s3_uri:
+                pointer["trainforge.checkpoint.s3_prefix"] = cfg.checkpoint.s3_uri.rstrip("/") + "/" + c.path.name
+            tracker.set_tags(pointer)
+        self.checkpoints.on_commit.append(point_at)
+        return tracker
+
+    def close(self, status: str) -> None:
+        """Flush the side channels (S3, MLflow) before the process goes away."""
+        if self.s3 is not None:
+            self.s3.close(timeout=120.0)
+        if self.tracker is not None:
+            self.tracker.close(status, timeout=self.cfg.tracking.close_timeout_s)
 
     # ---- state -----------------------------------------------------------------------------------------------
 
@@ -150,6 +194,9 @@ class Trainer:
         return {"state": self.state.__dict__.copy(), "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict()}
 
     def resume(self) -> int | None:
+        if self.s3 is not None:
+            self.s3.sync_down(self.checkpoints.directory)
+        dist.barrier(group=self.env.checkpoint_group)  # nobody scans the local tier while it is being filled
         latest = self.checkpoints.latest()
         if latest is None:
             return None
@@ -158,25 +205,30 @@ class Trainer:
         self.state.restarts += 1
         self.scheduler.load_state_dict(saved["scheduler"])
         self.sampler.load_state_dict(saved["sampler"])
+        self.metrics.restarts.set(self.state.restarts)
         if self.env.is_main:
             log.info("resumed from %s (step %d)%s", latest.path, latest.step, "" if rng_restored else "; new world size, RNG reseeded")
         return latest.step
 
     def save(self, *, blocking: bool) -> float:
-        return self.checkpoints.save(self.state.step, self.model, self.optimizer, self.trainer_state(),
-                                     self.state.last_eval.get(self.cfg.metric), blocking=blocking)
+        blocked = self.checkpoints.save(self.state.step, self.model, self.optimizer, self.trainer_state(),
+                                        self.state.last_eval.get(self.cfg.metric), blocking=blocking)
+        self.metrics.checkpoint_blocking_seconds.observe(blocked)
+        return blocked
 
     # ---- steps -----------------------------------------------------------------------------------------------
 
     def _to_device(self, batch):
         return tuple(t.to(self.env.device, non_blocking=True) for t in batch)
 
-    def train_step(self, batches) -> tuple[float, int]:
-        """One optimizer step over grad_accum_steps micro-batches; returns this rank's mean loss and sample count."""
-        total_loss, samples = 0.0, 0
+    def train_step(self, batches) -> tuple[float, dict[str, int]]:
+        """One optimizer step over grad_accum_steps micro-batches; returns this rank's mean loss and counts."""
+        total_loss, totals = 0.0, {"samples": 0}
         accum = self.cfg.grad_accum_steps
         for i in range(accum):
+            waited = time.perf_counter()
             batch = self._to_device(next(batches))
+            self.metrics.data_wait_seconds.inc(time.perf_counter() - waited)
             # DDP all-reduces gradients on every backward unless told not to: only the last micro-batch syncs.
             sync = i == accum - 1 or not hasattr(self.model, "no_sync")
             with (contextlib.nullcontext() if sync else self.model.no_sync()), autocast(self.cfg, self.env):
@@ -185,7 +237,8 @@ class Trainer:
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             self.sampler.advance(counts["samples"])
             total_loss += loss.item()
-            samples += counts["samples"]
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + v
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.cfg.max_grad_norm is not None:
@@ -197,7 +250,7 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_loss / accum, samples
+        return total_loss / accum, totals
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -239,17 +292,15 @@ class Trainer:
         try:
             while self.state.step < cfg.max_steps:
                 started = time.perf_counter()
-                loss, samples = self.train_step(batches)
+                loss, counts = self.train_step(batches)
                 self.state.step += 1
                 # One tiny collective per step carries both the global loss and "has anyone been told to stop?".
                 signal_and_loss = torch.tensor([loss, float(guard.requested.is_set())], device=env.device)
                 dist.all_reduce(signal_and_loss)
                 mean_loss = signal_and_loss[0].item() / env.world_size
                 preempted = signal_and_loss[1].item() > 0
-                if metrics_file:
-                    metrics_file.write(json.dumps({"step": self.state.step, "loss": mean_loss, "lr": self.scheduler.get_last_lr()[0],
-                                                   "step_s": time.perf_counter() - started, "samples": samples * env.world_size}) + "\n")
-                    metrics_file.flush()
+                step_s = time.perf_counter() - started
+                self._record_step(mean_loss, counts, step_s, metrics_file)
                 if preempted:
                     return self._preempted(guard, resumed_from)
 
@@ -271,9 +322,30 @@ class Trainer:
             if metrics_file:
                 metrics_file.close()
 
+    def _record_step(self, loss: float, counts: dict[str, int], step_s: float, metrics_file) -> None:
+        """Per-step numbers: Prometheus every step, the JSONL log every step (rank 0), MLflow every log_every."""
+        world, step, lr = self.env.world_size, self.state.step, self.scheduler.get_last_lr()[0]
+        m = self.metrics
+        m.step.set(step)
+        m.loss.set(loss)
+        m.step_seconds.observe(step_s)
+        m.samples_per_second.set(counts["samples"] * world / step_s)
+        if "tokens" in counts:
+            m.tokens_per_second.set(counts["tokens"] * world / step_s)
+        if metrics_file:
+            metrics_file.write(json.dumps({"step": step, "loss": loss, "lr": lr, "step_s": step_s, "samples": counts["samples"] * world}) + "\n")
+            metrics_file.flush()
+        if step % self.cfg.log_every == 0:
+            m.sample_gpu()
+            if self.tracker is not None:
+                self.tracker.log_metrics(step, {"loss": loss, "lr": lr, "samples_per_second": counts["samples"] * world / step_s})
+
     def _after_eval(self, metrics_file) -> str | None:
         self.state.last_eval = self.evaluate()
         value = self.state.last_eval[self.cfg.metric]
+        self.metrics.evaluated(self.state.last_eval)
+        if self.tracker is not None:
+            self.tracker.log_metrics(self.state.step, {f"eval_{k}": v for k, v in self.state.last_eval.items()})
         if metrics_file:
             metrics_file.write(json.dumps({"step": self.state.step, "eval": self.state.last_eval}) + "\n")
         if self._improved(value):
@@ -294,6 +366,11 @@ class Trainer:
                                        time.time() - last.committed_at <= self.cfg.checkpoint.emergency_skip_if_newer_than_s)
         if not recent:
             self.save(blocking=True)
+        if self.s3 is not None and self.env.is_main and guard.received_at is not None:
+            # The node's disk may vanish with it: spend what is left of the grace period getting the checkpoint out.
+            left = self.cfg.checkpoint.preemption_grace_s - (time.monotonic() - guard.received_at) - 2.0
+            if not self.s3.flush(max(0.0, left)):
+                log.warning("emergency checkpoint not in S3 before the grace period ran out; it is on the local tier only")
         if self.env.is_main and guard.received_at is not None:
             elapsed = time.monotonic() - guard.received_at
             log.warning("preempted at step %d: %s in %.2f s after SIGTERM", self.state.step,
@@ -308,3 +385,15 @@ class Trainer:
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.env.is_main:
             torch.save(full, self.output / "final_model.pt")
+
+
+def git_commit() -> str:
+    """The code's commit: from the image (TRAINFORGE_GIT_COMMIT), else from the working tree, else unknown."""
+    if os.environ.get("TRAINFORGE_GIT_COMMIT"):
+        return os.environ["TRAINFORGE_GIT_COMMIT"]
+    import subprocess
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

@@ -159,6 +159,21 @@ def char_lm(context: int = 64) -> Task:
     )
 
 
+def data_checksum(task: Task) -> str:
+    """A short content hash of the task's data, for lineage: same hash, same bytes trained on."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for dataset in (task.train_set, task.eval_set):
+        tensors = getattr(dataset, "tensors", None) or (getattr(dataset, "ids", None),)
+        for t in tensors:
+            if t is None:
+                digest.update(repr((len(dataset), dataset[0])).encode())
+            else:
+                digest.update(t.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 BUNDLED: dict[str, Callable[[], Task]] = {"classifier": classifier, "char_lm": char_lm}
 
 

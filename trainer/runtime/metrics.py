@@ -1,0 +1,87 @@
+"""Prometheus metrics, one endpoint per worker (port = base + local rank), labelled job, team and rank.
+
+The names are the dashboard's and the alert rules' contract: rename one and they go blank.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+CHECKPOINT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+LABELS = ("job", "team", "rank")
+
+
+class RuntimeMetrics:
+    def __init__(self, *, job: str, team: str, rank: int, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        values = (job, team, str(rank))
+
+        def gauge(name: str, doc: str):
+            return Gauge(name, doc, LABELS, registry=self.registry).labels(*values)
+
+        def counter(name: str, doc: str):
+            return Counter(name, doc, LABELS, registry=self.registry).labels(*values)
+
+        def histogram(name: str, doc: str, buckets):
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry).labels(*values)
+
+        self.step = gauge("trainforge_step", "Optimizer steps completed")
+        self.loss = gauge("trainforge_loss", "Training loss of the last step (mean over ranks)")
+        self.samples_per_second = gauge("trainforge_samples_per_second", "Samples per second, all ranks")
+        self.tokens_per_second = gauge("trainforge_tokens_per_second", "Tokens per second, all ranks (token tasks)")
+        self.eval_metric = Gauge("trainforge_eval_metric", "Last evaluation metrics", (*LABELS, "metric"), registry=self.registry)
+        self._eval_labels = values
+        self.step_seconds = histogram("trainforge_step_seconds", "Wall time of one optimizer step", STEP_BUCKETS)
+        self.data_wait_seconds = counter("trainforge_data_wait_seconds_total", "Time spent waiting for input batches")
+        self.checkpoint_blocking_seconds = histogram("trainforge_checkpoint_blocking_seconds",
+                                                     "Training time blocked by a checkpoint save (staging)", CHECKPOINT_BUCKETS)
+        self.checkpoint_total_seconds = histogram("trainforge_checkpoint_total_seconds",
+                                                  "From save start to commit marker", CHECKPOINT_BUCKETS)
+        self.last_checkpoint_age = gauge("trainforge_last_checkpoint_age_seconds", "Age of the newest committed checkpoint")
+        self.last_checkpoint_step = gauge("trainforge_last_checkpoint_step", "Step of the newest committed checkpoint")
+        self.s3_upload_lag = gauge("trainforge_s3_upload_lag_seconds", "How long the newest checkpoint has waited for S3")
+        self.s3_upload_failures = counter("trainforge_s3_upload_failures_total", "Failed S3 checkpoint upload attempts")
+        self.s3_upload_seconds = histogram("trainforge_s3_upload_seconds", "Duration of a whole checkpoint upload", CHECKPOINT_BUCKETS)
+        self.restarts = gauge("trainforge_restarts", "Times this job resumed from a checkpoint")
+        self.gpu_memory_bytes = gauge("trainforge_gpu_memory_allocated_bytes", "CUDA memory allocated by this rank")
+        self.gpu_memory_peak_bytes = gauge("trainforge_gpu_memory_peak_bytes", "Peak CUDA memory allocated by this rank")
+        self.gpu_utilization = gauge("trainforge_gpu_utilization_ratio", "GPU utilisation (0-1) over the last sample period")
+        self._last_commit_time: float | None = None
+        self.last_checkpoint_age.set_function(lambda: 0.0 if self._last_commit_time is None else time.time() - self._last_commit_time)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)
+
+    def checkpoint_committed(self, step: int, committed_at: float, total_seconds: float | None) -> None:
+        self._last_commit_time = committed_at
+        self.last_checkpoint_step.set(step)
+        if total_seconds is not None:
+            self.checkpoint_total_seconds.observe(total_seconds)
+
+    def watch_s3_lag(self, lag: Callable[[], float]) -> None:
+        self.s3_upload_lag.set_function(lag)
+
+    def s3_event(self, name: str, value: float) -> None:
+        if name == "upload_failures":
+            self.s3_upload_failures.inc(value)
+        elif name == "upload_seconds":
+            self.s3_upload_seconds.observe(value)
+
+    def evaluated(self, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self.eval_metric.labels(*self._eval_labels, name).set(value)
+
+    def sample_gpu(self) -> None:
+        import torch
+        if not torch.cuda.is_available():
+            return
+        self.gpu_memory_bytes.set(torch.cuda.memory_allocated())
+        self.gpu_memory_peak_bytes.set(torch.cuda.max_memory_allocated())
+        try:
+            self.gpu_utilization.set(torch.cuda.utilization() / 100.0)
+        except Exception:  # noqa: BLE001 - needs NVML (pynvml); memory gauges still work without it
+            pass

@@ -1,0 +1,145 @@
+"""Experiment tracking in MLflow, from rank 0 only, never in the training loop's way.
+
+Every call only appends to a buffer; a background thread sends batches to the tracking server. While the
+server is unreachable the buffer keeps everything, the thread retries with backoff and warns once per
+outage. A job has exactly one MLflow run however many times it restarts: the run is found again by its
+`trainforge.job_id` tag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("trainforge.runtime")
+JOB_TAG = "trainforge.job_id"
+MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = str(value)[:6000]
+    return out
+
+
+class Tracker:
+    def __init__(self, uri: str, experiment: str, *, job_id: str, run_name: str, params: dict[str, str], tags: dict[str, str],
+                 max_backoff_s: float = 30.0):
+        # Our thread owns retrying: MLflow's own HTTP retries would hold the buffer hostage for minutes.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+        self.uri, self.experiment, self.job_id, self.run_name = uri, experiment, job_id, run_name
+        self._params, self._tags = dict(params), {**tags, JOB_TAG: job_id}
+        self._metrics: list[tuple[str, float, int, int]] = []
+        self._pending_tags: dict[str, str] = {}
+        self.run_id: str | None = None
+        self.max_backoff_s = max_backoff_s
+        self._cv = threading.Condition()
+        self._closing = False
+        self._status = "FINISHED"
+        self._thread = threading.Thread(target=self._run, name="trainforge-mlflow", daemon=True)
+        self._thread.start()
+
+    # ---- called from the training loop (never blocks on the network) ----------------------------------
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        with self._cv:
+            self._metrics.extend((k, float(v), now, step) for k, v in metrics.items())
+            self._cv.notify()
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        with self._cv:
+            self._pending_tags.update(tags)
+            self._cv.notify()
+
+    def buffered(self) -> int:
+        with self._cv:
+            return len(self._metrics) + len(self._pending_tags)
+
+    def close(self, status: str = "FINISHED", timeout: float = 30.0) -> bool:
+        """Flush and end the run; False if the server stayed unreachable for `timeout` (data is then lost)."""
+        with self._cv:
+            self._status, self._closing = status, True
+            self._cv.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("MLflow at %s unreachable; %d buffered records not recorded", self.uri, self.buffered())
+            return False
+        return True
+
+    # ---- background ------------------------------------------------------------------------------------
+
+    def _client(self):
+        from mlflow import MlflowClient
+        return MlflowClient(tracking_uri=self.uri)
+
+    def _ensure_run(self, client) -> str:
+        if self.run_id is not None:
+            return self.run_id
+        experiment = client.get_experiment_by_name(self.experiment)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}'", max_results=1)
+        if found:
+            self.run_id = found[0].info.run_id
+            client.update_run(self.run_id, status="RUNNING")
+        else:
+            run = client.create_run(experiment_id, run_name=self.run_name, tags=self._tags)
+            self.run_id = run.info.run_id
+            from mlflow.entities import Param
+            items = [Param(k, v) for k, v in sorted(self._params.items())]
+            for i in range(0, len(items), 100):
+                client.log_batch(self.run_id, params=items[i:i + 100])
+        log.info("MLflow run %s for job %s at %s", self.run_id, self.job_id, self.uri)
+        return self.run_id
+
+    def _drain(self, client, run_id: str) -> None:
+        from mlflow.entities import Metric, RunTag
+        with self._cv:
+            metrics, self._metrics = self._metrics[:MAX_BATCH], self._metrics[MAX_BATCH:]
+            tags, self._pending_tags = self._pending_tags, {}
+        try:
+            client.log_batch(run_id, metrics=[Metric(k, v, ts, s) for k, v, ts, s in metrics],
+                             tags=[RunTag(k, v) for k, v in tags.items()])
+        except Exception:
+            with self._cv:  # put them back, in order, for the next attempt
+                self._metrics[:0] = metrics
+                self._pending_tags = {**tags, **self._pending_tags}
+            raise
+
+    def _run(self) -> None:
+        client, backoff, outage_since = None, 1.0, None
+        while True:
+            with self._cv:
+                while not (self._metrics or self._pending_tags or self._closing or self.run_id is None):
+                    self._cv.wait()
+                closing = self._closing
+            try:
+                client = client or self._client()
+                run_id = self._ensure_run(client)
+                while self.buffered():
+                    self._drain(client, run_id)
+                if closing:
+                    client.set_terminated(run_id, status=self._status)
+                    return
+                if outage_since is not None:
+                    log.warning("MLflow at %s reachable again after %.0f s; buffer flushed", self.uri, time.time() - outage_since)
+                    outage_since, backoff = None, 1.0
+                with self._cv:
+                    self._cv.wait(1.0)  # batch what arrives over the next second
+            except Exception as exc:  # noqa: BLE001 - any tracking failure must stay out of training
+                if outage_since is None:
+                    outage_since = time.time()
+                    log.warning("MLflow at %s unreachable (%s); buffering %d records and retrying", self.uri,
+                                type(exc).__name__, self.buffered())
+                with self._cv:
+                    self._cv.wait(backoff)
+                backoff = min(self.max_backoff_s, backoff * 2)
