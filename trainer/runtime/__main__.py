@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RunConfig.model_validate(merge(raw or {}, parse_overrides(args.overrides)))
     except ValidationError as exc:
         for error in exc.errors(include_url=False):
-            where = ".".join(str(p) for p in error["loc"]) or "config"
+            where = " " + ".".join(str(p) for p in error["loc"]) if error["loc"] else ""
             got = "" if error["type"] == "value_error" else f" (got {error.get('input')!r})"
-            print(f"error: run config {where}: {str(error['msg']).removeprefix('Value error, ')}{got}", file=sys.stderr)
+            print(f"error: run config{where}: {str(error['msg']).removeprefix('Value error, ')}{got}", file=sys.stderr)
         return contract.EXIT_USER_ERROR
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"error: invalid run config: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ class CheckpointConfig(_Model):
                                description="durable tier, e.g. s3://<checkpoints bucket>/teams/<team>/<job>")
     s3_endpoint_url: str | None = Field(None, description="any S3-compatible endpoint; default: AWS for the region")
     s3_max_concurrency: int = Field(8, ge=1, le=64)
+    s3_close_timeout_s: float = Field(120.0, ge=0, description="at the end of a run, how long to wait for the last upload")
 
 
 class MetricsConfig(_Model):

@@ -184,7 +184,9 @@ class Trainer:
     def close(self, status: str) -> None:
         """Flush the side channels (S3, MLflow) before the process goes away."""
         if self.s3 is not None:
-            self.s3.close(timeout=120.0)
+            if not self.s3.close(timeout=self.cfg.checkpoint.s3_close_timeout_s):
+                log.warning("the last checkpoint did not reach S3 within %.0f s; it is on the local tier only",
+                            self.cfg.checkpoint.s3_close_timeout_s)
         if self.tracker is not None:
             self.tracker.close(status, timeout=self.cfg.tracking.close_timeout_s)
 

@@ -1,0 +1,85 @@
+"""The durable tier against a real S3 endpoint (moto's server) on loopback: no patched functions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
+boto3 = pytest.importorskip("boto3")
+
+from servers import free_port, moto_s3  # noqa: E402
+from test_runtime import result, run, start, wait_for_step  # noqa: E402
+
+pytestmark = pytest.mark.slow
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    with moto_s3(tmp_path) as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket="ckpt")
+        yield endpoint, client
+
+
+def remote_steps(client, prefix: str) -> list[int]:
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="ckpt", Prefix=prefix).get("Contents", [])]
+    return sorted(int(k.split("step-")[1].split("/")[0]) for k in keys if k.endswith("/COMMITTED"))
+
+
+def test_committed_checkpoints_reach_s3_and_a_wiped_node_resumes_from_there(tmp_path, s3):
+    endpoint, client = s3
+    uri = "s3://ckpt/teams/vision/job-1"
+    overrides = [f"checkpoint.s3_uri={uri}", f"checkpoint.s3_endpoint_url={endpoint}", "max_steps=30"]
+    run(tmp_path, *overrides)
+    local = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert remote_steps(client, "teams/vision/job-1/") == [10, 20, 30]  # every commit went up (local keeps the last 3)
+    marker = json.loads(client.get_object(Bucket="ckpt", Key="teams/vision/job-1/step-00000030/COMMITTED")["Body"].read())
+    for name, size in marker["files"].items():
+        assert client.head_object(Bucket="ckpt", Key=f"teams/vision/job-1/step-00000030/{name}")["ContentLength"] == size
+    assert local == ["step-00000010", "step-00000020", "step-00000030"]
+
+    shutil.rmtree(tmp_path / "checkpoints")  # a new node: the local tier is empty
+    resumed = run(tmp_path, *overrides[:-1], "max_steps=40")
+    assert "downloaded checkpoint step 30" in resumed.stderr
+    assert result(tmp_path)["resumed_from"] == 30 and result(tmp_path)["step"] == 40
+
+
+def test_training_goes_on_while_the_endpoint_is_down_and_catches_up_when_it_returns(tmp_path, monkeypatch):
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    port = free_port()  # nothing listens here yet: connection refused, for real
+    job = start(tmp_path, "checkpoint.s3_uri=s3://ckpt/job-2", f"checkpoint.s3_endpoint_url=http://127.0.0.1:{port}",
+                "max_steps=200", "step_sleep_s=0.05", nproc=None)
+    wait_for_step(tmp_path, 40)
+    with moto_s3(tmp_path, port) as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket="ckpt")
+        output, _ = job.communicate(timeout=180)
+        assert job.returncode == 0, output[-3000:]
+        assert "S3 upload of step" in output and "training goes on" in output
+        records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        steps = [r["step"] for r in records if "loss" in r]
+        assert steps == list(range(1, 201)), "a training step was lost to the outage"
+        deadline = time.time() + 30
+        while 200 not in remote_steps(client, "job-2/") and time.time() < deadline:
+            time.sleep(0.5)
+        assert 200 in remote_steps(client, "job-2/"), "the newest checkpoint never reached S3 after the endpoint came back"
+
+
+def test_an_unreachable_endpoint_at_start_falls_back_to_the_local_tier(tmp_path, monkeypatch):
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    run(tmp_path, "max_steps=30", nproc=None)
+    dead = f"http://127.0.0.1:{free_port()}"
+    resumed = run(tmp_path, "max_steps=40", "checkpoint.s3_uri=s3://ckpt/job-3", f"checkpoint.s3_endpoint_url={dead}",
+                  "checkpoint.s3_close_timeout_s=3", nproc=None)
+    assert "resuming from the local tier only" in resumed.stderr
+    assert "the last checkpoint did not reach S3 within 3 s" in resumed.stderr
+    assert result(tmp_path)["resumed_from"] == 30
