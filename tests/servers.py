@@ -74,8 +74,10 @@ def prometheus(tmp: Path, targets: list[str], scrape_interval: str = "1s"):
         pytest.skip("the prometheus server is not installed (Debian package `prometheus`; .ci/run installs it)")
     port = free_port()
     config = tmp / "prometheus.yml"
+    # honor_labels: the runtime's own `job` label (the training job) must win over the scrape job's name,
+    # as it does on the cluster (PodMonitor honorLabels: true).
     config.write_text(f"global:\n  scrape_interval: {scrape_interval}\nscrape_configs:\n"
-                      f"  - job_name: trainforge\n    static_configs:\n      - targets: {targets}\n")
+                      f"  - job_name: trainforge\n    honor_labels: true\n    static_configs:\n      - targets: {targets}\n")
     cmd = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]
     with process(cmd, f"http://127.0.0.1:{port}/-/ready", 60, tmp / "prometheus.log"):
         yield f"http://127.0.0.1:{port}"
