@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(cfg.output_dir, "pids", f"rank{rank}.pid").write_text(str(os.getpid()))
     try:
         try:
-            task = bundled_task(cfg.task)
+            task = bundled_task(cfg.task, **cfg.task_args)
         except ValueError as exc:
             raise UserError(f"task: {exc}") from None
         env = init_distributed()

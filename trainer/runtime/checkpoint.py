@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainforge.trainer.runtime.config import CheckpointConfig
 
@@ -119,6 +120,8 @@ class CheckpointManager:
         # interleaving with the training loop's collectives on the default group.
         self.pg = process_group
         self._pending: _Pending | None = None
+        self._staging: Future | None = None
+        self._stager = None  # created on the first async save; keeps its staging buffers between saves
         self.last_blocking_s = 0.0
         self.last_commit: Committed | None = None
         self.on_commit: list = []  # callbacks (Committed, seconds from save start or None), on every rank
@@ -162,10 +165,35 @@ class CheckpointManager:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
             self._commit(step, path, metric, started)
         else:
-            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg)
+            response = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg, async_stager=self._async_stager())
+            if isinstance(response, AsyncSaveResponse):
+                self._staging, future = response.staging_completion, response.upload_completion
+            else:
+                future = response
             self._pending = _Pending(step, path, metric, future, started)
         self.last_blocking_s = time.perf_counter() - started
         return self.last_blocking_s
+
+    def _async_stager(self):
+        # The copy to staging buffers runs in the background too: forward and backward of the next step do not
+        # touch parameters or optimizer state, so only the next optimizer step has to wait (wait_for_staging).
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            on_gpu = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
+                                                        use_async_staging=True, use_non_blocking_copy=on_gpu))
+        return self._stager
+
+    def wait_for_staging(self) -> float:
+        """Block until the in-flight save has copied the state; call before anything mutates it. Returns seconds."""
+        if self._staging is None:
+            return 0.0
+        started = time.perf_counter()
+        self._staging.result()
+        self._staging = None
+        waited = time.perf_counter() - started
+        self.last_blocking_s += waited
+        return waited
 
     def poll(self) -> None:
         """Commit a finished async save without waiting for an unfinished one."""
@@ -173,6 +201,7 @@ class CheckpointManager:
             self.wait()
 
     def wait(self) -> None:
+        self.wait_for_staging()
         if self._pending is None:
             return
         pending, self._pending = self._pending, None

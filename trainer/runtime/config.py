@@ -44,6 +44,7 @@ class RunConfig(_Model):
     job_id: str = Field("adhoc", pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=63)
     team: str = Field("default", pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=63)
     task: str = "classifier"
+    task_args: dict[str, int | float | str] = Field({}, description="keyword arguments of the task factory, e.g. {width: 2048}")
     strategy: Literal["ddp", "fsdp"] = "ddp"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     seed: int = 0

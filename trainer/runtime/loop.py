@@ -241,6 +241,10 @@ class Trainer:
             total_loss += loss.item()
             for k, v in counts.items():
                 totals[k] = totals.get(k, 0) + v
+        # An async checkpoint may still be copying parameters and optimizer state: the step must not mutate them yet.
+        staging_wait = self.checkpoints.wait_for_staging()
+        if staging_wait:
+            self.metrics.checkpoint_blocking_seconds.observe(staging_wait)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.cfg.max_grad_norm is not None:
@@ -335,7 +339,8 @@ class Trainer:
         if "tokens" in counts:
             m.tokens_per_second.set(counts["tokens"] * world / step_s)
         if metrics_file:
-            metrics_file.write(json.dumps({"step": step, "loss": loss, "lr": lr, "step_s": step_s, "samples": counts["samples"] * world}) + "\n")
+            metrics_file.write(json.dumps({"step": step, "loss": loss, "lr": lr, "step_s": step_s, "samples": counts["samples"] * world,
+                                           "t": time.time()}) + "\n")
             metrics_file.flush()
         if step % self.cfg.log_every == 0:
             m.sample_gpu()
