@@ -90,6 +90,7 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_train_the_classifier_to_target(tmp_path, strategy):
+    """2-process torchrun, DDP and FSDP2: the bundled classifier reaches 90 % eval accuracy."""
     run(tmp_path, f"strategy={strategy}", "max_steps=300", "target_metric=0.9", "eval_every=25")
     outcome = result(tmp_path)
     assert outcome["stopped_because"] == "target_metric" and outcome["last_eval"]["accuracy"] >= 0.9
@@ -159,4 +160,16 @@ def test_user_errors_exit_with_the_non_retryable_code(tmp_path):
     bad_field = run(tmp_path, "max_stepz=5", nproc=None, check=False)
     assert bad_field.returncode == contract.EXIT_USER_ERROR
     assert "max_stepz: Extra inputs are not permitted (got 5)" in bad_field.stderr
-    assert "Traceback" not in bad_field.stderr + bad_precision.stderr
+    bad_metric = run(tmp_path, "task=char_lm", "metric=accuracy", nproc=None, check=False)
+    assert bad_metric.returncode == contract.EXIT_USER_ERROR
+    assert "task 'char_lm' reports ['loss', 'perplexity'], not 'accuracy'" in bad_metric.stderr
+    assert "Traceback" not in bad_field.stderr + bad_precision.stderr + bad_metric.stderr
+
+
+def test_the_language_model_learns_with_bf16_autocast(tmp_path):
+    """The bundled transformer LM, 2 ranks, bf16 autocast on CPU: eval loss well below the uniform-guess loss."""
+    run(tmp_path, "task=char_lm", "precision=bf16", "max_steps=150", "eval_every=50", "eval_batches=8", "lr=0.003")
+    outcome = result(tmp_path)
+    import math
+    uniform = math.log(95)  # printable ASCII vocabulary
+    assert outcome["last_eval"]["loss"] < 0.7 * uniform, outcome

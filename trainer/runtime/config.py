@@ -59,8 +59,8 @@ class RunConfig(_Model):
     max_grad_norm: float | None = Field(1.0, gt=0)
     eval_every: int = Field(50, ge=1)
     eval_batches: int | None = Field(None, ge=1, description="cap on eval batches per rank; None = whole eval set")
-    metric: str = Field("accuracy", description="eval metric that picks the best checkpoint and drives early stopping")
-    metric_mode: Literal["max", "min"] = "max"
+    metric: str | None = Field(None, description="eval metric that picks the best checkpoint and drives early stopping; default: the task's")
+    metric_mode: Literal["max", "min"] | None = Field(None, description="default: the task's for its default metric")
     early_stopping_patience: int | None = Field(None, ge=1, description="evals without improvement before stopping")
     target_metric: float | None = Field(None, description="stop once the eval metric reaches this")
     log_every: int = Field(10, ge=1)

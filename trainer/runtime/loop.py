@@ -128,10 +128,22 @@ class RunResult:
     stopped_because: str
 
 
+def resolve_metric(cfg: RunConfig, task: Task) -> RunConfig:
+    """Fill in the task's default metric and mode; refuse a metric the task does not report."""
+    name, mode = task.default_metric
+    metric = cfg.metric or name
+    if metric not in task.metrics:
+        raise UserError(f"metric: task {task.name!r} reports {list(task.metrics)}, not {metric!r}. Fix: pick one of those")
+    if cfg.metric_mode is None and metric != name:
+        raise UserError(f"metric_mode: say whether {metric!r} is better when higher (max) or lower (min)")
+    return cfg.model_copy(update={"metric": metric, "metric_mode": cfg.metric_mode or mode})
+
+
 class Trainer:
     def __init__(self, task: Task, cfg: RunConfig, env: Distributed):
         if cfg.precision == "fp16" and env.device.type != "cuda":
             raise UserError("precision: fp16 needs a CUDA device (its grad scaler exists for GPU underflow). Fix: use bf16 or fp32 on CPU")
+        cfg = resolve_metric(cfg, task)
         self.task, self.cfg, self.env = task, cfg, env
         seed_everything(cfg.seed, cfg.deterministic)
         self.model = wrap_model(task.build_model(), cfg, env)

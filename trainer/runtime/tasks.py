@@ -32,6 +32,8 @@ class Task:
     loss: Callable[[nn.Module, tuple], tuple[torch.Tensor, dict[str, int]]]
     eval_sums: Callable[[nn.Module, tuple], dict[str, torch.Tensor]]
     summarize: Callable[[dict[str, float]], dict[str, float]]
+    metrics: tuple[str, ...]  # the names `summarize` returns
+    default_metric: tuple[str, str]  # (name, "max" | "min") that picks the best checkpoint unless the run says otherwise
 
 
 # ---- classifier -------------------------------------------------------------------------------------------
@@ -79,6 +81,7 @@ def classifier(width: int = 256, depth: int = 2) -> Task:
         train_set=gaussian_mixture(16384, features, classes, seed=1234),
         eval_set=gaussian_mixture(2048, features, classes, seed=4321),
         loss=_classifier_loss, eval_sums=_classifier_eval, summarize=_classifier_summary,
+        metrics=("loss", "accuracy"), default_metric=("accuracy", "max"),
     )
 
 
@@ -163,6 +166,7 @@ def char_lm(context: int = 64) -> Task:
         build_model=lambda: TinyTransformerLM(len(vocab), context),
         train_set=CharWindows(ids[:split], context), eval_set=CharWindows(ids[split:], context),
         loss=_lm_loss, eval_sums=_lm_eval, summarize=_lm_summary,
+        metrics=("loss", "perplexity"), default_metric=("loss", "min"),
     )
 
 
