@@ -173,3 +173,37 @@ def test_the_language_model_learns_with_bf16_autocast(tmp_path):
     import math
     uniform = math.log(95)  # printable ASCII vocabulary
     assert outcome["last_eval"]["loss"] < 0.7 * uniform, outcome
+
+
+OWN_TASK = '''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from trainforge.trainer.runtime import Task
+
+def build(noise: float = 0.01) -> Task:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 4, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + noise * torch.randn(2048, 1, generator=g)
+    def loss(model, batch):
+        xb, yb = batch
+        return nn.functional.mse_loss(model(xb), yb), {"samples": len(xb)}
+    def sums(model, batch):
+        xb, yb = batch
+        return {"se": ((model(xb) - yb) ** 2).sum(), "n": torch.tensor(float(len(xb)))}
+    return Task(name="regression", build_model=lambda: nn.Linear(4, 1), train_set=TensorDataset(x[:1792], y[:1792]),
+                eval_set=TensorDataset(x[1792:], y[1792:]), loss=loss, eval_sums=sums,
+                summarize=lambda s: {"mse": s["se"] / s["n"]}, metrics=("mse",), default_metric=("mse", "min"))
+'''
+
+
+def test_a_researchers_own_model_and_data_run_through_module_factory(tmp_path, monkeypatch):
+    (tmp_path / "my_research.py").write_text(OWN_TASK)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    run(tmp_path / "work", "task=my_research:build", "task_args.noise=0.02", "max_steps=200", "eval_every=100", "lr=0.05")
+    assert result(tmp_path / "work")["last_eval"]["mse"] < 0.01
+
+
+def test_an_unloadable_task_is_a_user_error(tmp_path):
+    outcome = run(tmp_path, "task=no_such_module:build", nproc=None, check=False)
+    assert outcome.returncode == contract.EXIT_USER_ERROR and "cannot load task factory 'no_such_module:build'" in outcome.stderr

@@ -66,27 +66,19 @@ def main(argv: list[str] | None = None) -> int:
         return contract.EXIT_USER_ERROR
 
     # Imported after validation: a config typo should not wait for torch to load.
-    from trainforge.trainer.runtime.loop import Trainer, UserError, init_distributed
-    from trainforge.trainer.runtime.preemption import PreemptionGuard
-    from trainforge.trainer.runtime.tasks import bundled_task
+    from trainforge.trainer.runtime.api import train
+    from trainforge.trainer.runtime.loop import UserError
+    from trainforge.trainer.runtime.tasks import load_task
 
-    guard = PreemptionGuard(cfg.checkpoint.preemption_grace_s)
-    Path(cfg.output_dir, "pids").mkdir(parents=True, exist_ok=True)
-    Path(cfg.output_dir, "pids", f"rank{rank}.pid").write_text(str(os.getpid()))
     try:
         try:
-            task = bundled_task(cfg.task, **cfg.task_args)
+            task = load_task(cfg.task, **cfg.task_args)
         except ValueError as exc:
             raise UserError(f"task: {exc}") from None
-        env = init_distributed()
-        trainer = Trainer(task, cfg, env)
-        result = trainer.run(guard)
-        trainer.close({contract.EXIT_OK: "FINISHED", contract.EXIT_PREEMPTED: "KILLED"}.get(result.exit_code, "FAILED"))
+        result = train(task, cfg)
     except UserError as exc:
         log.error("%s", exc)
         return contract.EXIT_USER_ERROR
-    finally:
-        guard.done()
     if rank == 0:
         log.info("finished: %s", json.dumps(result.__dict__))
         Path(cfg.output_dir, "result.json").write_text(json.dumps(result.__dict__))

@@ -392,6 +392,11 @@ class Trainer:
             metrics_file.flush()
         if step % self.cfg.log_every == 0:
             m.sample_gpu()
+            if self.env.is_main:
+                rate = 1.0 / step_s if step_s > 0 else 0.0
+                eta = (self.cfg.max_steps - step) / rate if rate else 0.0
+                log.info("step %d/%d  loss %.4f  lr %.2e  %.1f steps/s  %.0f samples/s  ETA %.0f s", step, self.cfg.max_steps,
+                         loss, lr, rate, counts["samples"] * world * rate, eta)
             if self.tracker is not None:
                 self.tracker.log_metrics(step, {"loss": loss, "lr": lr, "samples_per_second": counts["samples"] * world / step_s})
 

@@ -188,12 +188,29 @@ def data_checksum(task: Task) -> str:
 BUNDLED: dict[str, Callable[[], Task]] = {"classifier": classifier, "char_lm": char_lm}
 
 
-def bundled_task(name: str, **args) -> Task:
-    if name not in BUNDLED:
-        raise ValueError(f"unknown task {name!r}; bundled tasks: {sorted(BUNDLED)}")
+def load_task(name: str, **args) -> Task:
+    """A bundled task by name, or a researcher's own: "package.module:factory" (a function returning a Task)."""
+    import importlib
     import inspect
-    accepted = set(inspect.signature(BUNDLED[name]).parameters)
+
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load task factory {name!r}: {exc}. Fix: an importable 'module:function' that returns a Task") from None
+    elif name in BUNDLED:
+        factory = BUNDLED[name]
+    else:
+        raise ValueError(f"unknown task {name!r}; bundled tasks: {sorted(BUNDLED)}, or 'module:factory' for your own")
+    accepted = set(inspect.signature(factory).parameters)
     unknown = sorted(set(args) - accepted)
     if unknown:
         raise ValueError(f"task_args {unknown} are not arguments of {name!r}; it takes {sorted(accepted)}")
-    return BUNDLED[name](**args)
+    task = factory(**args)
+    if not isinstance(task, Task):
+        raise ValueError(f"{name!r} returned {type(task).__name__}, not a trainforge Task")
+    return task
+
+
+bundled_task = load_task

@@ -1,0 +1,34 @@
+"""The researcher's Python API: train your own Task with a RunConfig, alone or under torchrun.
+
+    from trainforge.trainer.runtime import RunConfig, Task, train
+    result = train(my_task(), RunConfig(max_steps=1000, strategy="fsdp"))
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainforge import contract
+from trainforge.trainer.runtime.config import RunConfig
+from trainforge.trainer.runtime.loop import RunResult, Trainer, init_distributed
+from trainforge.trainer.runtime.preemption import PreemptionGuard
+from trainforge.trainer.runtime.tasks import Task
+
+STATUS = {contract.EXIT_OK: "FINISHED", contract.EXIT_PREEMPTED: "KILLED"}
+
+
+def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None) -> RunResult:
+    """Run `task` to completion, preemption or a stop rule. Call it from the main thread of every worker."""
+    guard = guard or PreemptionGuard(cfg.checkpoint.preemption_grace_s)
+    pids = Path(cfg.output_dir, "pids")
+    pids.mkdir(parents=True, exist_ok=True)
+    (pids / f"rank{os.environ.get('RANK', '0')}.pid").write_text(str(os.getpid()))
+    try:
+        env = init_distributed()
+        trainer = Trainer(task, cfg, env)
+        result = trainer.run(guard)
+        trainer.close(STATUS.get(result.exit_code, "FAILED"))
+        return result
+    finally:
+        guard.done()
