@@ -107,7 +107,13 @@ def team_s3_prefix(team: str) -> str:
 
 
 # Worker exit codes: the supervisor (local backend) and the job's restart policy (cluster) act on them.
+# training-operator's `restartPolicy: ExitCode` retries 128-255 and fails fast on 1-127, so "preempted" must
+# be >= 128: 143 is also what an unhandled SIGTERM gives, and both mean "interrupted, resume me".
 EXIT_OK = 0
-EXIT_USER_ERROR = 2  # bad config, bad code: retrying cannot help
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: interrupted (SIGTERM, spot notice), checkpoint taken — resume me
-RETRYABLE_EXIT_CODES = (EXIT_PREEMPTED,)
+EXIT_USER_ERROR = 2  # bad config, bad code: retrying cannot help (as is any other code from 1 to 127)
+EXIT_PREEMPTED = 143  # interrupted (SIGTERM: spot notice, eviction, cancel); the checkpoint is taken — resume me
+
+
+def is_retryable(exit_code: int) -> bool:
+    """Killed by a signal or preempted: restart from the last checkpoint. 1-127: a user error, do not retry."""
+    return exit_code >= 128 or exit_code < 0  # Popen reports death by signal N as -N

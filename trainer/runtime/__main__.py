@@ -1,6 +1,6 @@
 """Worker entry point: `torchrun --nproc_per_node=N -m trainforge.trainer.runtime run.yaml [--set key=value ...]`.
 
-Exit codes (trainforge.contract): 0 done, 2 user error (not retried), 75 preempted (resume me).
+Exit codes (trainforge.contract): 0 done, 2 user error (not retried), 143 preempted (resume me).
 """
 
 from __future__ import annotations
