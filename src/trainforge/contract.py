@@ -117,3 +117,18 @@ EXIT_PREEMPTED = 143  # interrupted (SIGTERM: spot notice, eviction, cancel); th
 def is_retryable(exit_code: int) -> bool:
     """Killed by a signal or preempted: restart from the last checkpoint. 1-127: a user error, do not retry."""
     return exit_code >= 128 or exit_code < 0  # Popen reports death by signal N as -N
+
+
+# Scheduling: Kueue labels on every job, WorkloadPriorityClasses and the training runtime the platform installs.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+PRIORITIES = ("low", "normal", "high")
+CLUSTER_TRAINING_RUNTIME = "trainforge-torch"  # a ClusterTrainingRuntime (Kubeflow Trainer v2)
+LABEL_JOB = f"{LABEL_DOMAIN}/job"
+SPOT_TERMINATION_GRACE_S = 120  # the EC2 spot notice: time for the emergency checkpoint and its upload
+METRICS_PORT = 9400
+MLFLOW_TRACKING_URI = "http://mlflow.mlflow.svc.cluster.local:5000"
+
+
+def priority_class_name(priority: str) -> str:
+    return f"trainforge-{priority}"

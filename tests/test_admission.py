@@ -1,0 +1,90 @@
+"""Quota, cost limit and budget are checked before anything starts, against the stack's teams, with the numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, STACKS
+
+from trainforge.contract import Flavour
+from trainforge.infra.config import load_stack_file
+from trainforge.trainer.admission import admit
+from trainforge.trainer.pricing import price_table
+from trainforge.trainer.spec import load_spec
+
+PROD = load_stack_file(STACKS / "Pulumi.prod.yaml")
+DEV = load_stack_file(STACKS / "Pulumi.dev.yaml")
+EFA_SPEC = load_spec(REPO / "examples" / "llm-pretrain-efa.yaml")
+QUICKSTART = load_spec(REPO / "examples" / "quickstart.yaml")
+
+
+def with_(spec, **changes):
+    data = spec.model_dump()
+    for path, value in changes.items():
+        node = data
+        *parents, leaf = path.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return type(spec).model_validate(data)
+
+
+def test_a_job_within_quota_and_budget_is_admitted_on_the_efa_flavour():
+    decision = admit(EFA_SPEC, PROD)
+    assert decision.admitted, decision.problems
+    assert decision.flavour is Flavour.GPU_EFA and decision.gpus == 32
+    hourly = price_table().hourly("p5.48xlarge", "on-demand", "us-east-1")
+    assert decision.cost.expected_usd == pytest.approx(4 * hourly * 12)
+
+
+def test_a_job_that_can_never_fit_the_quota_is_rejected_with_the_numbers():
+    decision = admit(with_(EFA_SPEC, workers__nodes=9, limits__max_cost_usd=None), PROD)
+    assert not decision.admitted
+    (problem,) = decision.problems
+    assert "72 gpu-efa GPUs needed (9 nodes x 8), team 'foundation' may use at most 64" in problem
+    assert "Fix:" in problem
+
+
+def test_spot_fallback_takes_on_demand_when_spot_quota_is_too_small():
+    spec = with_(QUICKSTART, team="applied", capacity="spot-fallback", workers__nodes=9, resources__instance_type="g6e.12xlarge",
+                 limits__max_cost_usd=None)
+    decision = admit(spec, PROD)  # applied: 32 spot GPUs, 16 on-demand -> 36 fit neither
+    assert not decision.admitted and "gpu-spot" in decision.problems[0] and "gpu-ondemand" in decision.problems[0]
+    decision = admit(with_(spec, workers__nodes=4), PROD)  # 16 GPUs: spot first
+    assert decision.admitted and decision.flavour is Flavour.GPU_SPOT
+
+
+def test_an_instance_type_no_group_of_the_flavour_offers_is_rejected():
+    decision = admit(with_(QUICKSTART, resources__instance_type="p5.48xlarge", resources__gpus_per_node=8, limits__max_cost_usd=None), DEV)
+    assert "no gpu-spot node group offers p5.48xlarge" in decision.problems[0]
+
+
+def test_max_cost_is_enforced_by_how_much():
+    decision = admit(with_(EFA_SPEC, limits__max_cost_usd=1000.0), PROD)
+    (problem,) = decision.problems
+    expected = decision.cost.expected_usd
+    assert f"the estimate is ${expected:,.2f}" in problem and f"${expected - 1000:,.2f} over the limit of $1,000.00" in problem
+
+
+def test_the_team_budget_left_this_month_is_enforced():
+    decision = admit(EFA_SPEC, PROD, spent_this_month_usd=248_000)
+    assert any("team 'foundation' has $2,000.00 left of $250,000.00 this month" in p for p in decision.problems)
+
+
+def test_an_unknown_team_is_named():
+    decision = admit(with_(QUICKSTART, team="nobody"), DEV)
+    assert "team: 'nobody' is not onboarded in the dev stack (teams: ['vision', 'language'])" in decision.problems[0]
+
+
+def test_check_command_exit_codes_and_json(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "check", "examples/quickstart.yaml", "--stack",
+                         "stacks/Pulumi.dev.yaml", "-o", "json"], capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout)
+    assert report["admitted"] and report["flavour"] == "gpu-spot" and report["spot_usd"] < report["on_demand_usd"]
+    no = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "check", "examples/llm-pretrain-efa.yaml", "--stack",
+                         "stacks/Pulumi.dev.yaml"], capture_output=True, text=True, cwd=REPO)
+    assert no.returncode == 3 and "not onboarded in the dev stack" in no.stderr and "Traceback" not in no.stderr

@@ -1,0 +1,97 @@
+"""Every example spec, every kind, every capacity: the rendered job validates against the CRD schemas and
+carries what the cluster needs to place, feed, restart and bill it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from test_spec import SPECS
+
+from trainforge import catalog, contract
+from trainforge.trainer.crd_schema import problems
+from trainforge.trainer.render import render
+from trainforge.trainer.spec import load_spec
+
+KINDS = ["trainjob", "pytorchjob"]
+CAPACITIES = ["on-demand", "spot", "spot-fallback"]
+
+
+def pod_of(manifest):
+    if manifest["kind"] == "TrainJob":
+        job = manifest["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod = job["template"]["spec"]["template"]["spec"]
+        return pod, manifest["spec"]["trainer"]["resourcesPerNode"]["limits"], manifest["spec"]["trainer"]
+    pod = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    return pod, pod["containers"][0]["resources"]["limits"], pod["containers"][0]
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_rendered_jobs_validate_and_carry_placement_resources_and_labels(path, kind, capacity):
+    spec = load_spec(path).model_copy(update={"capacity": capacity})
+    manifest = render(spec, kind, cost_centre="cc-1001-vision")
+    assert problems(manifest) == []
+    pod, limits, trainer = pod_of(manifest)
+    labels = manifest["metadata"]["labels"]
+    assert labels[contract.KUEUE_QUEUE_LABEL] == contract.queue_name(spec.team)
+    assert labels[contract.KUEUE_PRIORITY_LABEL] == contract.priority_class_name(spec.priority)
+    assert labels["trainforge.io/cost-centre"] == "cc-1001-vision" and labels["trainforge.io/team"] == spec.team
+    assert manifest["metadata"]["namespace"] == contract.namespace_name(spec.team)
+    assert limits[contract.RESOURCE_GPU] == spec.resources.gpus()
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["fsx"]["persistentVolumeClaim"]["claimName"] == contract.FSX_CLAIM_NAME
+    assert pod["serviceAccountName"] == contract.TRAINING_SERVICE_ACCOUNT
+    tolerated = {(t["key"], t["effect"]) for t in pod["tolerations"]}
+    assert (contract.TAINT_GPU, "NoSchedule") in tolerated
+    assert ((contract.TAINT_SPOT, "NoSchedule") in tolerated) == (capacity != "on-demand")
+    if capacity != "on-demand":
+        assert pod["terminationGracePeriodSeconds"] >= 120
+    if capacity == "spot":
+        assert pod["nodeSelector"][contract.LABEL_FLAVOUR] == "gpu-spot"
+    env = {e["name"]: e["value"] for e in trainer["env"]}
+    assert env["MLFLOW_TRACKING_URI"] == contract.MLFLOW_TRACKING_URI and env["TRAINFORGE_JOB_ID"] == spec.name
+    if spec.checkpoint.s3_uri:
+        assert env["TRAINFORGE_CHECKPOINT_S3_URI"] == spec.checkpoint.s3_uri
+    if kind == "pytorchjob":
+        for replica in manifest["spec"]["pytorchReplicaSpecs"].values():
+            assert replica["restartPolicy"] == "ExitCode", "preempted (143) must restart, user errors (1-127) must not"
+        assert sum(r["replicas"] for r in manifest["spec"]["pytorchReplicaSpecs"].values()) == spec.workers.nodes
+
+
+def test_efa_jobs_request_every_efa_device_of_the_instance_type():
+    spec = load_spec(next(p for p in SPECS if "efa" in p.name))
+    for kind in KINDS:
+        _, limits, _ = pod_of(render(spec, kind))
+        assert limits[contract.RESOURCE_EFA] == catalog.efa_device_count(catalog.lookup("p5.48xlarge")) == 32
+        assert limits[contract.RESOURCE_GPU] == 8
+
+
+def test_single_node_and_spot_jobs_request_no_efa():
+    for path in SPECS:
+        spec = load_spec(path).model_copy(update={"capacity": "spot"})
+        _, limits, _ = pod_of(render(spec, "trainjob"))
+        assert contract.RESOURCE_EFA not in limits
+
+
+def test_the_strict_schema_catches_a_misspelt_field():
+    manifest = render(load_spec(SPECS[0]), "trainjob")
+    broken = copy.deepcopy(manifest)
+    broken["spec"]["trainer"]["numProcsPerNode"] = broken["spec"]["trainer"].pop("numProcPerNode")
+    assert any("numProcsPerNode" in p for p in problems(broken))
+    broken = copy.deepcopy(manifest)
+    pod, _, _ = pod_of(broken)
+    pod["tolerations"][0]["efect"] = pod["tolerations"][0].pop("effect")
+    assert any("efect" in p for p in problems(broken))
+
+
+def test_runtime_arguments_carry_identity_paths_and_hyperparameters():
+    spec = load_spec(next(p for p in SPECS if p.name == "quickstart.yaml"))
+    _, _, trainer = pod_of(render(spec, "trainjob"))
+    sets = dict(a.split("=", 1) for a in trainer["args"][1::2])
+    assert sets["job_id"] == "quickstart" and sets["team"] == "vision" and sets["task"] == "char_lm"
+    assert sets["checkpoint.dir"] == "/fsx/teams/vision/jobs/quickstart/checkpoints"
+    assert sets["max_steps"] == "300" and sets["precision"] == "bf16"
+    assert int(sets["checkpoint.preemption_grace_s"]) < contract.SPOT_TERMINATION_GRACE_S

@@ -1,0 +1,205 @@
+"""Render a job spec as a Kubeflow Trainer v2 TrainJob (default) or a training-operator v1 PyTorchJob.
+
+Both carry the same pod: GPUs and EFA devices from the instance catalogue, /dev/shm in memory, the FSx claim,
+node selection and tolerations for the job's flavour, Kueue queue and priority labels, cost labels, the
+training service account (the team's IRSA role), and a termination grace period that fits a spot notice.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from trainforge import catalog, contract
+from trainforge.contract import Flavour
+from trainforge.trainer.spec import JobSpec
+
+Kind = Literal["trainjob", "pytorchjob"]
+CONTAINER = {"trainjob": "node", "pytorchjob": "pytorch"}  # the container name each controller expects
+FSX_ROOT = contract.FSX_MOUNT_PATH
+
+
+def job_paths(spec: JobSpec) -> dict[str, str]:
+    base = f"{FSX_ROOT}/teams/{spec.team}/jobs/{spec.name}"
+    return {"output_dir": f"{base}/run", "checkpoint_dir": f"{base}/checkpoints"}
+
+
+def runtime_args(spec: JobSpec) -> list[str]:
+    """The runtime's --set arguments: identity, task, paths, checkpointing, tracking, hyperparameters."""
+    paths = job_paths(spec)
+    values: dict[str, Any] = {
+        "job_id": spec.name, "team": spec.team, "output_dir": paths["output_dir"],
+        "checkpoint.dir": paths["checkpoint_dir"], "checkpoint.interval_steps": spec.checkpoint.interval_steps,
+        "checkpoint.keep_last": spec.checkpoint.keep_last,
+        "checkpoint.preemption_grace_s": contract.SPOT_TERMINATION_GRACE_S - 15,
+        "tracking.uri": contract.MLFLOW_TRACKING_URI, "tracking.experiment": spec.tracking.experiment,
+        "metrics.port": contract.METRICS_PORT,
+    }
+    if spec.entry.task:
+        values["task"] = spec.entry.task
+        values.update({f"task_args.{k}": v for k, v in spec.entry.args.items()})
+    if spec.checkpoint.s3_uri:
+        values["checkpoint.s3_uri"] = spec.checkpoint.s3_uri
+    values.update(spec.hyperparameters)
+    return [a for k, v in values.items() for a in ("--set", f"{k}={_yaml_scalar(v)}")]
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def flavour_of(spec: JobSpec) -> Flavour:
+    """Without the stack at hand: EFA for multi-node on-demand EFA types, else by capacity."""
+    instance = spec.resources.instance()
+    if spec.resources.gpus() == 0:
+        return Flavour.SYSTEM
+    if spec.capacity in ("spot", "spot-fallback"):
+        return Flavour.GPU_SPOT
+    return Flavour.GPU_EFA if instance is not None and instance.supports_efa and spec.workers.nodes > 1 else Flavour.GPU_ONDEMAND
+
+
+def labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
+    out = {contract.LABEL_JOB: spec.name, f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}": spec.team,
+           contract.KUEUE_QUEUE_LABEL: contract.queue_name(spec.team),
+           contract.KUEUE_PRIORITY_LABEL: contract.priority_class_name(spec.priority)}
+    if cost_centre:
+        out[f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"] = re.sub(r"[^A-Za-z0-9_.-]", "-", cost_centre)[:63]
+    return out
+
+
+def resources(spec: JobSpec, flavour: Flavour) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    gpus = spec.resources.gpus()
+    if gpus:
+        amounts[contract.RESOURCE_GPU] = gpus
+    instance = spec.resources.instance()
+    if flavour is Flavour.GPU_EFA and instance is not None and instance.supports_efa:
+        amounts[contract.RESOURCE_EFA] = catalog.efa_device_count(instance)
+    return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def pod_placement(spec: JobSpec, flavour: Flavour) -> dict[str, Any]:
+    """nodeSelector, tolerations, grace period, service account, volumes: the parts of the pod both kinds share."""
+    traits = contract.flavour_traits(flavour)
+    selector = dict(traits.labels)
+    instance = spec.resources.instance()
+    if instance is not None and spec.capacity != "spot-fallback":
+        selector["node.kubernetes.io/instance-type"] = instance.name
+    tolerations = [{"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect} for t in traits.taints]
+    if spec.capacity == "spot-fallback":  # may land on on-demand nodes too: let Kueue pick the flavour
+        selector.pop(contract.LABEL_CAPACITY, None)
+        selector.pop(contract.LABEL_FLAVOUR, None)
+    grace = contract.SPOT_TERMINATION_GRACE_S if spec.capacity != "on-demand" else 60
+    return {
+        "nodeSelector": selector,
+        "tolerations": tolerations,
+        "terminationGracePeriodSeconds": grace,
+        "serviceAccountName": contract.TRAINING_SERVICE_ACCOUNT,
+        "volumes": [
+            # NCCL and DataLoader workers share tensors through /dev/shm; the container default is 64 MiB.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.memory}},
+            {"name": "fsx", "persistentVolumeClaim": {"claimName": contract.FSX_CLAIM_NAME}},
+        ],
+    }
+
+
+def volume_mounts() -> list[dict[str, str]]:
+    return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "fsx", "mountPath": FSX_ROOT}]
+
+
+def env(spec: JobSpec) -> list[dict[str, str]]:
+    out = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team},
+           {"name": "TRAINFORGE_IMAGE", "value": spec.image}, {"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
+           {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.tracking.experiment}]
+    if spec.checkpoint.s3_uri:
+        out.append({"name": "TRAINFORGE_CHECKPOINT_S3_URI", "value": spec.checkpoint.s3_uri})
+    return out
+
+
+def command(spec: JobSpec) -> list[str]:
+    # torchrun reads nodes, processes per node, rank and rendezvous from the PET_* variables both controllers set.
+    return list(spec.entry.command) if spec.entry.command else ["torchrun", "-m", "trainforge.trainer.runtime"]
+
+
+def args(spec: JobSpec) -> list[str]:
+    return [] if spec.entry.command else runtime_args(spec)
+
+
+def metadata(spec: JobSpec, cost_centre: str | None) -> dict[str, Any]:
+    return {"name": spec.name, "namespace": contract.namespace_name(spec.team), "labels": labels(spec, cost_centre)}
+
+
+def max_runtime_seconds(spec: JobSpec) -> int:
+    return int(spec.limits.max_runtime_hours * 3600)
+
+
+def render_trainjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, Any]:
+    flavour = flavour_of(spec)
+    placement = pod_placement(spec, flavour)
+    pod_labels = labels(spec, cost_centre)
+    pod_labels.pop(contract.KUEUE_QUEUE_LABEL)
+    pod_labels.pop(contract.KUEUE_PRIORITY_LABEL)
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": metadata(spec, cost_centre),
+        "spec": {
+            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": contract.CLUSTER_TRAINING_RUNTIME},
+            "activeDeadlineSeconds": max_runtime_seconds(spec),
+            "trainer": {
+                "image": spec.image, "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
+                "command": command(spec), "args": args(spec), "env": env(spec), "resourcesPerNode": resources(spec, flavour),
+            },
+            # Placement and volumes go in through a runtime patch: the TrainJob's trainer section has no field for them.
+            "runtimePatches": [{
+                "manager": f"{contract.LABEL_DOMAIN}/submitter",
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                    "name": "node",
+                    "template": {"spec": {"template": {
+                        "metadata": {"labels": pod_labels},
+                        "spec": {**placement, "containers": [{"name": CONTAINER["trainjob"], "volumeMounts": volume_mounts()}]},
+                    }}},
+                }]}}},
+            }],
+        },
+    }
+
+
+def render_pytorchjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, Any]:
+    flavour = flavour_of(spec)
+    pod_labels = labels(spec, cost_centre)
+    pod_labels.pop(contract.KUEUE_QUEUE_LABEL)
+    pod_labels.pop(contract.KUEUE_PRIORITY_LABEL)
+    template = {
+        "metadata": {"labels": pod_labels},
+        "spec": {**pod_placement(spec, flavour), "containers": [{
+            "name": CONTAINER["pytorchjob"], "image": spec.image, "command": command(spec), "args": args(spec), "env": env(spec),
+            "resources": resources(spec, flavour), "volumeMounts": volume_mounts(),
+            "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
+        }]},
+    }
+
+    def replica(count: int) -> dict[str, Any]:
+        # ExitCode: 128-255 (signals, and our "preempted" 143) restart the pod; 1-127 (user errors) fail the job.
+        return {"replicas": count, "restartPolicy": "ExitCode", "template": template}
+
+    replicas = {"Master": replica(1)}
+    if spec.workers.nodes > 1:
+        replicas["Worker"] = replica(spec.workers.nodes - 1)
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": metadata(spec, cost_centre),
+        "spec": {
+            "nprocPerNode": str(spec.workers.procs_per_node),
+            "runPolicy": {"activeDeadlineSeconds": max_runtime_seconds(spec), "backoffLimit": 20 if spec.capacity != "on-demand" else 3,
+                          "cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
+
+
+def render(spec: JobSpec, kind: Kind = "trainjob", cost_centre: str | None = None) -> dict[str, Any]:
+    return {"trainjob": render_trainjob, "pytorchjob": render_pytorchjob}[kind](spec, cost_centre)

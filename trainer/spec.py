@@ -1,0 +1,191 @@
+"""The job spec: one YAML file that runs unchanged on this machine or on the cluster.
+
+Light on purpose: the CLI imports this module on every command, so it must not import torch, pulumi or mlflow.
+Every message names the field, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainforge import catalog
+
+DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+DURATION = re.compile(r"^(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
+GPU_TYPES = {row.gpu_model for row in catalog.CATALOG.values() if row.gpus}
+
+
+class SpecError(ValueError):
+    """A job spec that must not run. str() is the whole message: one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source, self.problems = source, problems
+        super().__init__(f"invalid job spec {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Entry(_Model):
+    task: str | None = Field(None, description="a bundled task (classifier, char_lm) or your own 'package.module:factory'")
+    command: list[str] | None = Field(None, min_length=1, description="or any command; it runs under torchrun's environment")
+    args: dict[str, Any] = Field({}, description="task factory arguments (task_args)")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Entry:
+        if (self.task is None) == (self.command is None):
+            raise ValueError("give exactly one of entry.task or entry.command. Fix: e.g. entry: {task: char_lm}")
+        return self
+
+
+class Workers(_Model):
+    nodes: int = Field(1, ge=1, le=512)
+    procs_per_node: int = Field(1, ge=1, le=64)
+
+
+class Resources(_Model):
+    instance_type: str | None = Field(None, description="e.g. p5.48xlarge; sets GPUs per node and the node flavour")
+    gpu_type: str | None = Field(None, description=f"or a GPU model: one of {sorted(GPU_TYPES)}")
+    gpus_per_node: int | None = Field(None, ge=0, le=16)
+    cpu: str = Field("4", pattern=QUANTITY)
+    memory: str = Field("16Gi", pattern=QUANTITY)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is not None:
+            try:
+                catalog.lookup(name)
+            except catalog.UnknownInstanceType as exc:
+                raise ValueError(f"{exc}. Fix: a type from trainforge.catalog") from None
+        return name
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu(cls, gpu: str | None) -> str | None:
+        if gpu is not None and gpu not in GPU_TYPES:
+            raise ValueError(f"{gpu!r} is not a GPU trainforge knows. Fix: one of {sorted(GPU_TYPES)}")
+        return gpu
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Resources:
+        if self.instance_type and self.gpu_type:
+            raise ValueError("give instance_type or gpu_type, not both. Fix: keep instance_type")
+        if self.instance_type and self.gpus_per_node is not None:
+            have = catalog.lookup(self.instance_type).gpus
+            if self.gpus_per_node > have:
+                raise ValueError(f"gpus_per_node: {self.instance_type} has {have} GPUs, asked for {self.gpus_per_node}. Fix: at most {have}")
+        return self
+
+    def instance(self) -> catalog.InstanceType | None:
+        """The instance type a node of this job runs on: given, or the smallest that holds the GPUs asked for."""
+        if self.instance_type:
+            return catalog.lookup(self.instance_type)
+        if self.gpu_type:
+            wanted = self.gpus_per_node or 1
+            fits = [r for r in catalog.CATALOG.values() if r.gpu_model == self.gpu_type and r.gpus >= wanted]
+            return min(fits, key=lambda r: (r.gpus, r.name)) if fits else None
+        return None
+
+    def gpus(self) -> int:
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        instance = self.instance()
+        return instance.gpus if instance else 0
+
+
+class Checkpointing(_Model):
+    interval_steps: int = Field(100, ge=1)
+    keep_last: int = Field(2, ge=1)
+    s3_uri: str | None = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+
+
+class Tracking(_Model):
+    experiment: str = "trainforge"
+
+
+class Limits(_Model):
+    max_runtime: str = Field("2h", description="e.g. 90m, 2h, 1h30m")
+    max_cost_usd: float | None = Field(None, gt=0)
+
+    @field_validator("max_runtime")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        m = DURATION.match(value)
+        if not value or m is None or not any(m.groupdict().values()):
+            raise ValueError(f"{value!r} is not a duration. Fix: e.g. 45m, 2h or 1h30m")
+        return value
+
+    @property
+    def max_runtime_hours(self) -> float:
+        m = DURATION.match(self.max_runtime)
+        assert m is not None
+        return int(m["h"] or 0) + int(m["m"] or 0) / 60 + int(m["s"] or 0) / 3600
+
+
+class JobSpec(_Model):
+    name: str = Field(..., pattern=DNS_LABEL, max_length=40)
+    team: str = Field(..., pattern=DNS_LABEL, max_length=40)
+    image: str = Field("ghcr.io/trainforge/runtime:0.1.0", pattern=r"^[\w.\-/:@]+$")
+    entry: Entry
+    workers: Workers = Workers()
+    resources: Resources = Resources()
+    capacity: Literal["on-demand", "spot", "spot-fallback"] = "spot"
+    checkpoint: Checkpointing = Checkpointing()
+    tracking: Tracking = Tracking()
+    hyperparameters: dict[str, Any] = Field({}, description="run config fields for the runtime, e.g. {lr: 3e-4, max_steps: 5000}")
+    limits: Limits = Limits()
+    priority: Literal["low", "normal", "high"] = "normal"
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _known_run_fields(cls, values: dict[str, Any]) -> dict[str, Any]:
+        reserved = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics"}
+        clash = sorted(reserved & set(values))
+        if clash:
+            raise ValueError(f"{clash} are set by the submitter from the spec itself. Fix: use entry, checkpoint or tracking instead")
+        return values
+
+
+def _location(loc: tuple) -> str:
+    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+
+
+def problems_of(exc: ValidationError) -> list[str]:
+    out = []
+    for error in exc.errors(include_url=False):
+        where = _location(error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        got = "" if error["type"] in ("missing", "value_error") else f" (got {error.get('input')!r})"
+        fix = " Fix: add it." if error["type"] == "missing" else " Fix: remove it or correct the spelling." if error["type"] == "extra_forbidden" else ""
+        out.append(f"{where}: {message}{got}{fix}" if where else f"{message}{got}")
+    return out
+
+
+def parse_spec(raw: Any, source: str = "<spec>") -> JobSpec:
+    if not isinstance(raw, dict):
+        raise SpecError(source, [f"a job spec is a mapping of fields, got {type(raw).__name__}. Fix: see examples/quickstart.yaml"])
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(source, problems_of(exc)) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(str(path), ["no such file. Fix: check the path"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), [f"cannot read it: {exc}"]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(str(path), [f"not valid YAML: {str(exc).splitlines()[0]}"]) from None
+    return parse_spec(raw, str(path))
