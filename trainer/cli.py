@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -101,6 +102,216 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
             typer.echo(f"  - {problem}", err=True)
     if not decision.admitted:
         raise typer.Exit(3)
+
+
+# ---- the local backend -----------------------------------------------------------------------------------------
+
+def _job_cost(state) -> dict:
+    """AWS-equivalent cost of the node-hours a job used: on-demand, spot, and as submitted."""
+    from trainforge.trainer.pricing import PriceUnknown, price_table
+    hours = state.nodes * state.run_seconds / 3600
+    out = {"node_hours": round(hours, 4), "on_demand_usd": None, "spot_usd": None, "cost_usd": None}
+    if state.instance_type:
+        try:
+            table = price_table()
+            on_demand = table.hourly(state.instance_type, "on-demand", table.regions[0]) * hours
+            spot = table.hourly(state.instance_type, "spot", table.regions[0]) * hours
+        except PriceUnknown:
+            return out
+        out.update(on_demand_usd=round(on_demand, 4), spot_usd=round(spot, 4),
+                   cost_usd=round(spot if state.capacity == "spot" else on_demand, 4), savings_usd=round(on_demand - spot, 4))
+    return out
+
+
+def _summary(spec, state) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainforge.trainer.local import job_dir, progress
+    info = progress(spec.name)
+    result = info.get("result") or {}
+    cost = _job_cost(state)
+    table = Table(title=f"{spec.name}: {state.state}", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("wall time", f"{state.run_seconds:.1f} s over {state.attempts} attempt(s), {state.restarts} restart(s)")
+    if info.get("step"):
+        table.add_row("steps", f"{info['step']} (last loss {info['loss']:.4f}, {info['samples'] / info['step_s']:.0f} samples/s at the end)")
+    if result.get("last_eval"):
+        table.add_row("final eval", ", ".join(f"{k} {v:.4f}" for k, v in result["last_eval"].items()))
+    table.add_row("checkpoints", f"{', '.join(info['checkpoints']) or 'none'} in {job_dir(spec.name) / 'checkpoints'}")
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        table.add_row("MLflow", f"{os.environ['MLFLOW_TRACKING_URI']}, experiment {spec.tracking.experiment!r}, tag trainforge.job_id={spec.name}")
+    if cost["on_demand_usd"] is not None:
+        table.add_row("on AWS", f"{cost['node_hours']:.3f} node-hours of {state.instance_type}: ${cost['on_demand_usd']:.2f} on-demand, "
+                      f"${cost['spot_usd']:.2f} spot")
+    if state.reason:
+        table.add_row("note", state.reason)
+    Console().print(table)
+
+
+@app.command()
+def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
+           detach: bool = typer.Option(False, "--detach", "-d", help="return at once; watch with status/logs"),
+           backend: str = typer.Option("local", help="local (this machine); kubernetes comes with a cluster context")) -> None:
+    """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
+    import os as _os
+    import signal
+    import threading
+
+    if backend != "local":
+        _fail(f"backend {backend!r}: only 'local' is available in this build. Fix: --backend local, or `trainforge render` for the cluster")
+    from trainforge.trainer.local import JobAlreadyActive, Supervisor, prepare, progress, start_detached
+    spec = _spec(spec_file)
+    try:
+        state = prepare(spec)
+    except JobAlreadyActive as exc:
+        _fail(str(exc))
+    if detach:
+        pid = start_detached(spec, state)
+        typer.echo(f"submitted {spec.name} (supervisor pid {pid}); `trainforge status {spec.name}`, `trainforge logs -f {spec.name}`")
+        return
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    supervisor = Supervisor(spec, state)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, supervisor.cancel)
+    runner = threading.Thread(target=supervisor.run, daemon=True)
+    max_steps = int(spec.hyperparameters.get("max_steps", 200))
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} steps"),
+                  TextColumn("{task.fields[detail]}"), TimeRemainingColumn()) as bar:
+        task = bar.add_task(spec.name, total=max_steps, detail="starting workers")
+        runner.start()
+        while runner.is_alive():
+            runner.join(0.5)
+            info = progress(spec.name)
+            if info.get("step"):
+                rate = info["samples"] / info["step_s"] if info.get("step_s") else 0
+                bar.update(task, completed=info["step"], detail=f"loss {info['loss']:.4f}  {rate:.0f} samples/s  [{supervisor.state.state}]")
+    _summary(spec, supervisor.state)
+    raise typer.Exit(0 if supervisor.state.state == "succeeded" else 1)
+
+
+def _state(name: str):
+    from trainforge.trainer.local import JobState, job_dir
+    if not (job_dir(name) / "state.json").exists():
+        _fail(f"no local job named {name!r}. Fix: `trainforge list` shows the jobs")
+    return JobState.load(name)
+
+
+@app.command()
+def status(name: str, output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+    """State, attempts, progress and cost of a job."""
+    from dataclasses import asdict
+
+    from trainforge.trainer.local import progress
+    state = _state(name)
+    report = {**asdict(state), "state": state.effective_state, "progress": progress(name), "cost": _job_cost(state)}
+    if output is Output.json:
+        typer.echo(json.dumps(report, indent=2, default=str))
+        return
+    info = report["progress"]
+    typer.echo(f"{name}: {report['state']}  attempts {state.attempts}, restarts {state.restarts}"
+               f"{', step ' + str(info['step']) if info.get('step') else ''}{', exit ' + str(state.exit_code) if state.exit_code is not None else ''}"
+               f"{'  (' + state.reason + ')' if state.reason else ''}")
+
+
+@app.command("list")
+def list_jobs(output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+    """Every local job, newest last."""
+    from trainforge.trainer.local import all_jobs, progress
+    jobs = all_jobs()
+    rows = [{"name": j.name, "team": j.team, "state": j.effective_state, "attempts": j.attempts, "restarts": j.restarts,
+             "step": progress(j.name).get("step"), "run_s": round(j.run_seconds, 1), **_job_cost(j)} for j in jobs]
+    if output is Output.json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title="trainforge jobs (local)", title_justify="left")
+    for column in ("name", "team", "state", "attempts", "restarts", "step", "run s", "$ as submitted"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["name"], r["team"], r["state"], str(r["attempts"]), str(r["restarts"]), str(r["step"] or "-"),
+                      f"{r['run_s']:.1f}", f"{r['cost_usd']:.2f}" if r["cost_usd"] is not None else "-")
+    Console().print(table)
+
+
+@app.command()
+def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends")) -> None:
+    """The job's log (all attempts)."""
+    import time
+
+    from trainforge.trainer.local import ACTIVE, job_dir
+    _state(name)
+    path = job_dir(name) / "job.log"
+    position = 0
+    while True:
+        if path.exists():
+            with open(path) as f:
+                f.seek(position)
+                chunk = f.read()
+                position = f.tell()
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        state = _state(name)
+        if not follow or state.effective_state not in ACTIVE:
+            break
+        time.sleep(0.5)
+
+
+@app.command()
+def cancel(name: str) -> None:
+    """SIGTERM the job: workers write a checkpoint and stop; `submit` of the same spec resumes it."""
+    from trainforge.trainer.local import cancel as cancel_job
+    state = _state(name)
+    if state.effective_state not in ("pending", "running", "restarting"):
+        _fail(f"job {name!r} is {state.effective_state}; nothing to cancel", code=1)
+    state = cancel_job(name)
+    typer.echo(f"{name}: {state.state}{' (' + state.reason + ')' if state.reason else ''}")
+
+
+@app.command()
+def cost(team: Optional[str] = typer.Option(None, help="only this team"),
+         since: Optional[str] = typer.Option(None, help="only jobs started on or after this date (YYYY-MM-DD)"),
+         output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+    """What jobs cost (node-hours x price, spot vs on-demand) and a per-team summary."""
+    import datetime
+
+    from trainforge.trainer.local import all_jobs
+    start = datetime.datetime.strptime(since, "%Y-%m-%d").timestamp() if since else 0.0
+    jobs = [j for j in all_jobs() if (team is None or j.team == team) and (j.started_at or j.created_at) >= start]
+    per_job = [{"name": j.name, "team": j.team, "state": j.effective_state, "instance_type": j.instance_type, "capacity": j.capacity,
+                **_job_cost(j)} for j in jobs]
+    teams: dict[str, dict] = {}
+    for r in per_job:
+        t = teams.setdefault(r["team"], {"team": r["team"], "jobs": 0, "node_hours": 0.0, "cost_usd": 0.0, "on_demand_usd": 0.0})
+        t["jobs"] += 1
+        t["node_hours"] += r["node_hours"]
+        t["cost_usd"] += r["cost_usd"] or 0.0
+        t["on_demand_usd"] += r["on_demand_usd"] or 0.0
+    summary = [{**t, "savings_usd": round(t["on_demand_usd"] - t["cost_usd"], 4)} for t in teams.values()]
+    if output is Output.json:
+        typer.echo(json.dumps({"jobs": per_job, "teams": summary}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    jobs_table = Table(title="cost per job (AWS-equivalent, dated price table)", title_justify="left")
+    for column in ("job", "team", "state", "instance", "capacity", "node-hours", "$ as submitted", "$ on-demand", "$ saved by spot"):
+        jobs_table.add_column(column)
+    for r in per_job:
+        money = lambda v: f"{v:.2f}" if v is not None else "-"  # noqa: E731
+        jobs_table.add_row(r["name"], r["team"], r["state"], r["instance_type"] or "-", r["capacity"], f"{r['node_hours']:.3f}",
+                           money(r["cost_usd"]), money(r["on_demand_usd"]), money(r.get("savings_usd")))
+    teams_table = Table(title="per team", title_justify="left")
+    for column in ("team", "jobs", "node-hours", "$ spent", "$ saved"):
+        teams_table.add_column(column)
+    for t in summary:
+        teams_table.add_row(t["team"], str(t["jobs"]), f"{t['node_hours']:.3f}", f"{t['cost_usd']:.2f}", f"{t['savings_usd']:.2f}")
+    console = Console()
+    console.print(jobs_table)
+    console.print(teams_table)
 
 
 def main() -> None:

@@ -24,17 +24,23 @@ def job_paths(spec: JobSpec) -> dict[str, str]:
     return {"output_dir": f"{base}/run", "checkpoint_dir": f"{base}/checkpoints"}
 
 
-def runtime_args(spec: JobSpec) -> list[str]:
-    """The runtime's --set arguments: identity, task, paths, checkpointing, tracking, hyperparameters."""
+def runtime_args(spec: JobSpec, *, output_dir: str | None = None, checkpoint_dir: str | None = None,
+                 tracking_uri: str | None = contract.MLFLOW_TRACKING_URI, metrics_port: int | None = contract.METRICS_PORT) -> list[str]:
+    """The runtime's --set arguments: identity, task, paths, checkpointing, tracking, hyperparameters.
+
+    Defaults are the cluster's (FSx paths, in-cluster MLflow, the metrics port); the local backend passes its own."""
     paths = job_paths(spec)
     values: dict[str, Any] = {
-        "job_id": spec.name, "team": spec.team, "output_dir": paths["output_dir"],
-        "checkpoint.dir": paths["checkpoint_dir"], "checkpoint.interval_steps": spec.checkpoint.interval_steps,
+        "job_id": spec.name, "team": spec.team, "output_dir": output_dir or paths["output_dir"],
+        "checkpoint.dir": checkpoint_dir or paths["checkpoint_dir"], "checkpoint.interval_steps": spec.checkpoint.interval_steps,
         "checkpoint.keep_last": spec.checkpoint.keep_last,
         "checkpoint.preemption_grace_s": contract.SPOT_TERMINATION_GRACE_S - 15,
-        "tracking.uri": contract.MLFLOW_TRACKING_URI, "tracking.experiment": spec.tracking.experiment,
-        "metrics.port": contract.METRICS_PORT,
+        "tracking.experiment": spec.tracking.experiment,
     }
+    if tracking_uri:
+        values["tracking.uri"] = tracking_uri
+    if metrics_port is not None:
+        values["metrics.port"] = metrics_port
     if spec.entry.task:
         values["task"] = spec.entry.task
         values.update({f"task_args.{k}": v for k, v in spec.entry.args.items()})

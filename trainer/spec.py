@@ -114,6 +114,7 @@ class Tracking(_Model):
 class Limits(_Model):
     max_runtime: str = Field("2h", description="e.g. 90m, 2h, 1h30m")
     max_cost_usd: float | None = Field(None, gt=0)
+    max_restarts: int = Field(5, ge=0, le=100, description="restarts after a worker dies or the job is preempted")
 
     @field_validator("max_runtime")
     @classmethod

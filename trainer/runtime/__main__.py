@@ -88,5 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     return result.exit_code
 
 
+def entry() -> int:
+    from trainforge.trainer.runtime.exit_record import record_exit
+
+    try:
+        code = main()
+    except BaseException as exc:
+        # An uncaught exception is a bug in the job: exit 1, which nobody retries.
+        record_exit(1 if not isinstance(exc, SystemExit) else int(exc.code or 0))
+        raise
+    record_exit(code)
+    return code
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

@@ -1,0 +1,109 @@
+"""The local backend end to end: real torchrun, real signals, the supervisor, the registry and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
+
+from trainforge import contract  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def spec_file(tmp: Path, name: str, **hyper) -> Path:
+    spec = {"name": name, "team": "vision", "entry": {"task": "classifier"}, "workers": {"nodes": 1, "procs_per_node": 2},
+            "resources": {"instance_type": "g6.xlarge"}, "capacity": "spot", "checkpoint": {"interval_steps": 10, "keep_last": 2},
+            "hyperparameters": {"max_steps": 150, "eval_every": 50, "batch_size": 32, "warmup_steps": 10, **hyper},
+            "limits": {"max_runtime": "10m", "max_restarts": 3}}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def cli(home: Path, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True,
+                            env={**os.environ, "TRAINFORGE_HOME": str(home)}, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def status(home: Path, name: str) -> dict:
+    return json.loads(cli(home, "status", name, "-o", "json").stdout)
+
+
+def wait_until(predicate, timeout: float = 180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError
+
+
+def test_a_killed_worker_is_restarted_from_the_checkpoint_and_the_job_succeeds(tmp_path):
+    home = tmp_path / "home"
+    cli(home, "submit", "--detach", str(spec_file(tmp_path, "kill-me", step_sleep_s=0.03)))
+    wait_until(lambda: (status(home, "kill-me")["progress"].get("step") or 0) >= 35)
+    rank1 = int((home / "jobs" / "kill-me" / "run" / "pids" / "rank1.pid").read_text())
+    os.kill(rank1, signal.SIGKILL)
+    final = wait_until(lambda: (s := status(home, "kill-me"))["state"] in ("succeeded", "failed") and s)
+    assert final["state"] == "succeeded", final
+    assert final["restarts"] == 1 and final["attempts"] == 2
+    assert final["history"][0]["outcome"] == "retry"
+    assert final["progress"]["result"]["resumed_from"] >= 30, "the restart must resume, not start over"
+    assert final["progress"]["step"] == 150
+    costs = json.loads(cli(home, "cost", "-o", "json").stdout)
+    (job,) = costs["jobs"]
+    assert job["name"] == "kill-me" and job["node_hours"] > 0 and 0 < job["cost_usd"] < job["on_demand_usd"]
+    assert costs["teams"][0]["team"] == "vision" and costs["teams"][0]["savings_usd"] > 0
+    assert "restart 1/3" in cli(home, "logs", "kill-me").stdout
+
+
+def test_cancel_leaves_a_committed_checkpoint_and_a_second_submit_resumes_from_it(tmp_path):
+    home = tmp_path / "home"
+    path = spec_file(tmp_path, "cancel-me", step_sleep_s=0.03, **{"checkpoint": None} if False else {})
+    cli(home, "submit", "--detach", str(path))
+    wait_until(lambda: (status(home, "cancel-me")["progress"].get("step") or 0) >= 25)
+    cancelled = cli(home, "cancel", "cancel-me")
+    assert "cancelled" in cancelled.stdout
+    report = status(home, "cancel-me")
+    assert report["state"] == "cancelled" and report["restarts"] == 0
+    preempted = json.loads((home / "jobs" / "cancel-me" / "run" / "preempted.json").read_text())
+    step = preempted["step"]
+    assert (home / "jobs" / "cancel-me" / "checkpoints" / f"step-{step:08d}" / "COMMITTED").exists()
+    assert cli(home, "list", "-o", "json").stdout.count('"cancelled"') == 1
+
+    resumed = cli(home, "submit", str(path))  # foreground this time: progress bar and summary
+    assert "succeeded" in resumed.stdout
+    report = status(home, "cancel-me")
+    assert report["state"] == "succeeded" and report["progress"]["result"]["resumed_from"] == step
+
+
+def test_a_user_error_is_not_retried(tmp_path):
+    home = tmp_path / "home"
+    outcome = cli(home, "submit", str(spec_file(tmp_path, "bad-precision", precision="fp16")), check=False)
+    assert outcome.returncode == 1
+    report = status(home, "bad-precision")
+    assert report["state"] == "failed" and report["restarts"] == 0 and report["exit_code"] == contract.EXIT_USER_ERROR
+    assert "fp16 needs a CUDA device" in cli(home, "logs", "bad-precision").stdout
+
+
+def test_an_active_job_cannot_be_submitted_twice(tmp_path):
+    home = tmp_path / "home"
+    path = spec_file(tmp_path, "twice", step_sleep_s=0.05)
+    cli(home, "submit", "--detach", str(path))
+    second = cli(home, "submit", str(path), check=False)
+    assert second.returncode == 2 and "is pending" in second.stderr or "is running" in second.stderr
+    cli(home, "cancel", "twice")

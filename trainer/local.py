@@ -1,0 +1,284 @@
+"""The local backend: run a job spec on this machine under torchrun, supervised, recorded, resumable.
+
+A job lives in `$TRAINFORGE_HOME/jobs/<name>/` (default ~/.trainforge): the spec, `state.json`, `job.log`,
+`run/` (the runtime's output) and `checkpoints/`. The supervisor starts the whole worker group with a fresh
+rendezvous; when a worker dies or the job is preempted it restarts the whole group from the last committed
+checkpoint (with backoff, up to `limits.max_restarts`); a user error (exit 1-127) is not retried.
+Submitting a job whose name exists resumes it from its checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainforge import contract
+from trainforge.trainer.render import runtime_args
+from trainforge.trainer.spec import JobSpec, parse_spec
+
+ACTIVE = ("pending", "running", "restarting")
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+
+
+def home() -> Path:
+    return Path(os.environ.get("TRAINFORGE_HOME", Path.home() / ".trainforge"))
+
+
+def job_dir(name: str) -> Path:
+    return home() / "jobs" / name
+
+
+@dataclass
+class JobState:
+    name: str
+    team: str
+    state: str = "pending"  # pending | running | restarting | succeeded | failed | cancelled
+    supervisor_pid: int | None = None
+    attempts: int = 0
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    ended_at: float | None = None
+    run_seconds: float = 0.0  # wall time workers ran, over all attempts
+    nodes: int = 1
+    instance_type: str | None = None
+    capacity: str = "spot"
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, name: str) -> JobState:
+        return cls(**json.loads((job_dir(name) / "state.json").read_text()))
+
+    def save(self) -> None:
+        path = job_dir(self.name) / "state.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)  # readers never see half a state
+
+    def supervisor_alive(self) -> bool:
+        if self.supervisor_pid is None:
+            return False
+        try:
+            os.kill(self.supervisor_pid, 0)
+            return True
+        except OSError:
+            return False
+
+    @property
+    def effective_state(self) -> str:
+        """`lost` when the record says active but its supervisor is gone (machine reboot, kill -9)."""
+        if self.state in ACTIVE and self.supervisor_pid is not None and not self.supervisor_alive():
+            return "lost"
+        return self.state
+
+
+def all_jobs() -> list[JobState]:
+    root = home() / "jobs"
+    if not root.exists():
+        return []
+    return sorted((JobState.load(p.name) for p in root.iterdir() if (p / "state.json").exists()), key=lambda s: s.created_at)
+
+
+class JobAlreadyActive(RuntimeError):
+    pass
+
+
+def prepare(spec: JobSpec) -> JobState:
+    """Create or reopen the job's record. A finished job of the same name is resumed from its checkpoints."""
+    directory = job_dir(spec.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "state.json").exists():
+        previous = JobState.load(spec.name)
+        if previous.effective_state in ACTIVE:
+            raise JobAlreadyActive(f"job {spec.name!r} is {previous.state} (supervisor pid {previous.supervisor_pid}). "
+                                   f"Fix: `trainforge cancel {spec.name}` first, or give the spec another name")
+        state = previous
+        state.state, state.exit_code, state.reason, state.ended_at = "pending", None, "", None
+    else:
+        instance = spec.resources.instance()
+        state = JobState(spec.name, spec.team, nodes=spec.workers.nodes, instance_type=instance.name if instance else None,
+                         capacity=spec.capacity)
+    (directory / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    state.save()
+    return state
+
+
+def worker_command(spec: JobSpec) -> list[str]:
+    directory = job_dir(spec.name)
+    processes = spec.workers.nodes * spec.workers.procs_per_node  # every worker of every node, on this machine
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={processes}"]
+    if spec.entry.command:
+        return [*launcher, "--no-python", *spec.entry.command] if spec.entry.command[0] != "python" else [*launcher, *spec.entry.command[1:]]
+    return [*launcher, "-m", "trainforge.trainer.runtime",
+            *runtime_args(spec, output_dir=str(directory / "run"), checkpoint_dir=str(directory / "checkpoints"),
+                          tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), metrics_port=_metrics_port())]
+
+
+def _metrics_port() -> int | None:
+    value = os.environ.get("TRAINFORGE_METRICS_PORT")
+    return int(value) if value else None
+
+
+def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int]:
+    """('ok' | 'user_error' | 'retry', code) from torchrun's code and the codes its workers recorded.
+
+    A worker with no record was killed (SIGKILL, OOM, node loss). That is the root cause: the errors its peers
+    then hit in collectives ("connection reset by peer") are consequences, so the attempt is retried. Only
+    when every worker recorded a code and one of them is 1-127 is it a user error.
+    """
+    if returncode == 0:
+        return "ok", 0
+    codes = [int(p.read_text()) for p in sorted(exit_dir.glob("rank*.code"))] if exit_dir.exists() else []
+    if len(codes) < world_size:
+        return "retry", -signal.SIGKILL
+    user_errors = [c for c in codes if c != 0 and not contract.is_retryable(c)]
+    if user_errors:
+        return "user_error", user_errors[0]
+    return "retry", next((c for c in codes if c == contract.EXIT_PREEMPTED), returncode)
+
+
+class Supervisor:
+    """Runs attempts of one job until it succeeds, fails for good, runs out of restarts or is cancelled."""
+
+    def __init__(self, spec: JobSpec, state: JobState, on_attempt=None):
+        self.spec, self.state, self.on_attempt = spec, state, on_attempt
+        self.directory = job_dir(spec.name)
+        self.cancelled = False
+        self.child: subprocess.Popen | None = None
+
+    def cancel(self, *_: Any) -> None:
+        """SIGTERM to the workers (via torchrun): they checkpoint and exit; no restart follows."""
+        self.cancelled = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+    def run(self) -> JobState:
+        state = self.state
+        state.supervisor_pid = os.getpid()
+        state.started_at = state.started_at or time.time()
+        state.save()
+        max_restarts = self.spec.limits.max_restarts
+        while True:
+            outcome, code = self._attempt()
+            state.history.append({"attempt": state.attempts, "outcome": outcome, "exit_code": code, "ended_at": time.time()})
+            if self.cancelled:
+                return self._finish("cancelled", code, "cancelled by user; checkpoint kept for resume")
+            if outcome == "ok":
+                return self._finish("succeeded", 0, "")
+            if outcome == "user_error":
+                return self._finish("failed", code, f"worker exited {code}: a user error, not retried (see job.log)")
+            if state.restarts >= max_restarts:
+                return self._finish("failed", code, f"still failing after {state.restarts} restarts (limits.max_restarts)")
+            delay = BACKOFF_S[min(state.restarts, len(BACKOFF_S) - 1)]
+            state.restarts += 1
+            state.state, state.reason = "restarting", f"worker exited {code}; restart {state.restarts}/{max_restarts} in {delay:.0f} s"
+            state.save()
+            self._log(f"--- trainforge: {state.reason}\n")
+            deadline = time.time() + delay
+            while time.time() < deadline and not self.cancelled:
+                time.sleep(0.1)
+            if self.cancelled:
+                return self._finish("cancelled", code, "cancelled while waiting to restart")
+
+    def _log(self, text: str) -> None:
+        with open(self.directory / "job.log", "a") as log:
+            log.write(text)
+
+    def _attempt(self) -> tuple[str, int]:
+        state = self.state
+        state.attempts += 1
+        exit_dir = self.directory / "exit" / f"attempt-{state.attempts}"
+        env = {**os.environ, "TRAINFORGE_EXIT_DIR": str(exit_dir), "PYTHONUNBUFFERED": "1"}
+        self._log(f"--- trainforge: attempt {state.attempts} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        started = time.time()
+        with open(self.directory / "job.log", "a") as log:
+            self.child = subprocess.Popen(worker_command(self.spec), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          cwd=self.directory, start_new_session=True)
+        state.state, state.reason = "running", ""
+        state.save()
+        if self.on_attempt:
+            self.on_attempt(state)
+        returncode = self.child.wait()
+        state.run_seconds += time.time() - started
+        return classify(returncode, exit_dir, self.spec.workers.nodes * self.spec.workers.procs_per_node)
+
+    def _finish(self, final: str, code: int, reason: str) -> JobState:
+        state = self.state
+        state.state, state.exit_code, state.reason, state.ended_at = final, code, reason, time.time()
+        state.save()
+        self._log(f"--- trainforge: {final}{': ' + reason if reason else ''}\n")
+        return state
+
+
+def supervise(name: str) -> int:
+    """Entry of a detached supervisor: `python -m trainforge.trainer.local <name>`."""
+    spec = parse_spec(yaml.safe_load((job_dir(name) / "spec.yaml").read_text()), f"{name}/spec.yaml")
+    supervisor = Supervisor(spec, JobState.load(name))
+    signal.signal(signal.SIGTERM, supervisor.cancel)
+    state = supervisor.run()
+    return 0 if state.state == "succeeded" else 1
+
+
+def start_detached(spec: JobSpec, state: JobState) -> int:
+    """Start the supervisor in its own session so the job outlives the shell that submitted it."""
+    with open(job_dir(spec.name) / "supervisor.log", "a") as log:
+        process = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.local", spec.name], stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env={**os.environ})
+    state.supervisor_pid = process.pid
+    state.save()
+    return process.pid
+
+
+def cancel(name: str, wait_s: float = 60.0) -> JobState:
+    state = JobState.load(name)
+    if state.effective_state not in ACTIVE or state.supervisor_pid is None:
+        return state
+    os.kill(state.supervisor_pid, signal.SIGTERM)
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        state = JobState.load(name)
+        if state.state not in ACTIVE:
+            break
+        time.sleep(0.2)
+    return state
+
+
+def progress(name: str) -> dict[str, Any]:
+    """The newest step record, the last eval and the committed checkpoints of a job."""
+    directory = job_dir(name)
+    last: dict[str, Any] = {}
+    metrics = directory / "run" / "metrics.jsonl"
+    if metrics.exists():
+        with open(metrics, "rb") as f:
+            offset = max(0, metrics.stat().st_size - 8192)
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+            for line in lines[1:] if offset else lines:  # a read from mid-file starts with a partial line
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                last.setdefault("eval", None)
+                if "loss" in record:
+                    last.update(step=record["step"], loss=record["loss"], step_s=record["step_s"], samples=record["samples"])
+                elif "eval" in record:
+                    last["eval"] = record["eval"]
+    checkpoints = sorted(p.name for p in (directory / "checkpoints").glob("step-*") if (p / "COMMITTED").exists()) \
+        if (directory / "checkpoints").exists() else []
+    result = directory / "run" / "result.json"
+    return {**last, "checkpoints": checkpoints, "result": json.loads(result.read_text()) if result.exists() else None}
+
+
+if __name__ == "__main__":
+    raise SystemExit(supervise(sys.argv[1]))
