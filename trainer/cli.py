@@ -150,19 +150,92 @@ def _summary(spec, state) -> None:
     Console().print(table)
 
 
+class Backend(str, Enum):
+    local = "local"
+    kubernetes = "kubernetes"
+
+
+def _admit_or_exit(spec, stack: Path, spent: float) -> None:
+    from trainforge.trainer.admission import admit
+    decision = admit(spec, _platform(stack), spent_this_month_usd=spent)
+    if not decision.admitted:
+        for problem in decision.problems:
+            typer.echo(f"  - {problem}", err=True)
+        _fail(f"job {spec.name!r} not admitted; nothing was started", code=3)
+
+
+def _local_spent_this_month(team: str) -> float:
+    import datetime
+
+    from trainforge.trainer.local import all_jobs
+    month = datetime.date.today().replace(day=1)
+    start = datetime.datetime.combine(month, datetime.time()).timestamp()
+    return sum(_job_cost(j)["cost_usd"] or 0.0 for j in all_jobs() if j.team == team and (j.started_at or j.created_at) >= start)
+
+
+def _cluster(context: Optional[str]):
+    from trainforge.trainer.kube import Cluster, ClusterError
+    try:
+        return Cluster(context)
+    except ClusterError as exc:
+        _fail(str(exc))
+
+
+def _submit_kubernetes(spec, kind: Kind, context: Optional[str], stack: Optional[Path], spent: float) -> None:
+    from trainforge.trainer.admission import admit
+    from trainforge.trainer.kube import ClusterError
+    from trainforge.trainer.render import render as render_spec
+    if stack is None:
+        _fail("the kubernetes backend checks quota and budget against the environment's stack before creating anything. "
+              "Fix: --stack stacks/Pulumi.<env>.yaml")
+    platform = _platform(stack)
+    decision = admit(spec, platform, spent_this_month_usd=spent)
+    cluster = _cluster(context)
+    if decision.admitted and decision.flavour is not None:
+        try:  # the live ClusterQueue wins over the stack file if they disagree
+            live = cluster.gpu_quota(spec.team).get(decision.flavour.value)
+        except ClusterError as exc:
+            live = None
+            typer.echo(f"warning: could not read the team's ClusterQueue ({exc}); using the stack's quota", err=True)
+        if live is not None and decision.gpus > live:
+            decision.problems.append(f"resources: {decision.gpus} {decision.flavour.value} GPUs needed, the cluster's quota for "
+                                     f"team {spec.team!r} is {live}. Fix: fewer GPUs, or a larger quota")
+    if not decision.admitted:
+        for problem in decision.problems:
+            typer.echo(f"  - {problem}", err=True)
+        _fail(f"job {spec.name!r} not admitted; nothing was created", code=3)
+    team = next(t for t in platform.teams if t.name == spec.team)
+    manifest = render_spec(spec, kind.value, team.cost_centre)
+    try:
+        cluster.create(manifest)
+    except ClusterError as exc:
+        _fail(str(exc), code=1)
+    cost = decision.cost
+    typer.echo(f"created {manifest['kind']} {manifest['metadata']['namespace']}/{spec.name} on {decision.flavour.value if decision.flavour else 'cpu'}"
+               + (f"; estimate ${cost.expected_usd:,.2f} for {spec.limits.max_runtime}" if cost else "")
+               + ". Kueue admits it when the team's quota has room.")
+
+
 @app.command()
 def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
-           detach: bool = typer.Option(False, "--detach", "-d", help="return at once; watch with status/logs"),
-           backend: str = typer.Option("local", help="local (this machine); kubernetes comes with a cluster context")) -> None:
+           detach: bool = typer.Option(False, "--detach", "-d", help="local: return at once; watch with status/logs"),
+           backend: Backend = typer.Option(Backend.local, help="local (this machine) or kubernetes (the kubeconfig's cluster)"),
+           kind: Kind = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob or PyTorchJob"),
+           context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
+           stack: Optional[Path] = typer.Option(None, help="stack file: quota, cost limit and budget are checked first (required for kubernetes)"),
+           spent: Optional[float] = typer.Option(None, help="team spend this month in USD (default: local jobs' cost this month)")) -> None:
     """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
-    import os as _os
     import signal
     import threading
 
-    if backend != "local":
-        _fail(f"backend {backend!r}: only 'local' is available in this build. Fix: --backend local, or `trainforge render` for the cluster")
-    from trainforge.trainer.local import JobAlreadyActive, Supervisor, prepare, progress, start_detached
     spec = _spec(spec_file)
+    spent_usd = spent if spent is not None else _local_spent_this_month(spec.team)
+    if backend is Backend.kubernetes:
+        _submit_kubernetes(spec, kind, context, stack, spent_usd)
+        return
+    if stack is not None:
+        _admit_or_exit(spec, stack, spent_usd)
+    from trainforge.trainer.local import JobAlreadyActive, Supervisor, prepare, progress, start_detached
     try:
         state = prepare(spec)
     except JobAlreadyActive as exc:
@@ -199,11 +272,27 @@ def _state(name: str):
     return JobState.load(name)
 
 
+def _kube_target(team: Optional[str]):
+    if team is None:
+        _fail("the kubernetes backend needs the job's team (its namespace). Fix: --team <team>")
+
+
 @app.command()
-def status(name: str, output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+def status(name: str, output: Output = typer.Option(Output.table, "--output", "-o"),
+           backend: Backend = typer.Option(Backend.local), team: Optional[str] = typer.Option(None, help="kubernetes: the job's team"),
+           kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
     """State, attempts, progress and cost of a job."""
     from dataclasses import asdict
 
+    if backend is Backend.kubernetes:
+        from trainforge.trainer.kube import ClusterError, conditions
+        _kube_target(team)
+        try:
+            obj = _cluster(context).get({"trainjob": "TrainJob", "pytorchjob": "PyTorchJob"}[kind.value], team, name)
+        except ClusterError as exc:
+            _fail(str(exc), code=1)
+        typer.echo(json.dumps(obj.get("status", {}), indent=2) if output is Output.json else f"{name}: {conditions(obj)}")
+        return
     from trainforge.trainer.local import progress
     state = _state(name)
     report = {**asdict(state), "state": state.effective_state, "progress": progress(name), "cost": _job_cost(state)}
@@ -238,10 +327,21 @@ def list_jobs(output: Output = typer.Option(Output.table, "--output", "-o")) -> 
 
 
 @app.command()
-def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends")) -> None:
+def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
+         backend: Backend = typer.Option(Backend.local), team: Optional[str] = typer.Option(None, help="kubernetes: the job's team"),
+         kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
     """The job's log (all attempts)."""
     import time
 
+    if backend is Backend.kubernetes:
+        from trainforge.trainer.kube import ClusterError
+        _kube_target(team)
+        try:
+            for pod, text in _cluster(context).logs({"trainjob": "TrainJob", "pytorchjob": "PyTorchJob"}[kind.value], team, name).items():
+                typer.echo(f"==> {pod} <==\n{text}")
+        except ClusterError as exc:
+            _fail(str(exc), code=1)
+        return
     from trainforge.trainer.local import ACTIVE, job_dir
     _state(name)
     path = job_dir(name) / "job.log"
@@ -262,8 +362,18 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="k
 
 
 @app.command()
-def cancel(name: str) -> None:
+def cancel(name: str, backend: Backend = typer.Option(Backend.local), team: Optional[str] = typer.Option(None, help="kubernetes: the job's team"),
+           kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
     """SIGTERM the job: workers write a checkpoint and stop; `submit` of the same spec resumes it."""
+    if backend is Backend.kubernetes:
+        from trainforge.trainer.kube import ClusterError
+        _kube_target(team)
+        try:
+            _cluster(context).cancel({"trainjob": "TrainJob", "pytorchjob": "PyTorchJob"}[kind.value], team, name)
+        except ClusterError as exc:
+            _fail(str(exc), code=1)
+        typer.echo(f"{name}: deleted; its pods checkpoint within their grace period")
+        return
     from trainforge.trainer.local import cancel as cancel_job
     state = _state(name)
     if state.effective_state not in ("pending", "running", "restarting"):

@@ -132,3 +132,8 @@ MLFLOW_TRACKING_URI = "http://mlflow.mlflow.svc.cluster.local:5000"
 
 def priority_class_name(priority: str) -> str:
     return f"trainforge-{priority}"
+
+
+def cluster_queue_name(team: str) -> str:
+    """The Kueue ClusterQueue holding a team's quota (its LocalQueue points at it)."""
+    return f"team-{team}"
