@@ -21,6 +21,9 @@ class Kind(str, Enum):
     pytorchjob = "pytorchjob"
 
 
+KIND_NAMES = {Kind.trainjob: "TrainJob", Kind.pytorchjob: "PyTorchJob"}
+
+
 class Output(str, Enum):
     table = "table"
     json = "json"
@@ -288,7 +291,7 @@ def status(name: str, output: Output = typer.Option(Output.table, "--output", "-
         from trainforge.trainer.kube import ClusterError, conditions
         _kube_target(team)
         try:
-            obj = _cluster(context).get({"trainjob": "TrainJob", "pytorchjob": "PyTorchJob"}[kind.value], team, name)
+            obj = _cluster(context).get(KIND_NAMES[kind], team, name)
         except ClusterError as exc:
             _fail(str(exc), code=1)
         typer.echo(json.dumps(obj.get("status", {}), indent=2) if output is Output.json else f"{name}: {conditions(obj)}")
@@ -337,7 +340,7 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="k
         from trainforge.trainer.kube import ClusterError
         _kube_target(team)
         try:
-            for pod, text in _cluster(context).logs({"trainjob": "TrainJob", "pytorchjob": "PyTorchJob"}[kind.value], team, name).items():
+            for pod, text in _cluster(context).logs(KIND_NAMES[kind], team, name).items():
                 typer.echo(f"==> {pod} <==\n{text}")
         except ClusterError as exc:
             _fail(str(exc), code=1)
@@ -369,7 +372,7 @@ def cancel(name: str, backend: Backend = typer.Option(Backend.local), team: Opti
         from trainforge.trainer.kube import ClusterError
         _kube_target(team)
         try:
-            _cluster(context).cancel({"trainjob": "TrainJob", "pytorchjob": "PyTorchJob"}[kind.value], team, name)
+            _cluster(context).cancel(KIND_NAMES[kind], team, name)
         except ClusterError as exc:
             _fail(str(exc), code=1)
         typer.echo(f"{name}: deleted; its pods checkpoint within their grace period")
