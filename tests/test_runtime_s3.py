@@ -83,3 +83,29 @@ def test_an_unreachable_endpoint_at_start_falls_back_to_the_local_tier(tmp_path,
     assert "resuming from the local tier only" in resumed.stderr
     assert "the last checkpoint did not reach S3 within 3 s" in resumed.stderr
     assert result(tmp_path)["resumed_from"] == 30
+
+
+def test_the_uploader_survives_a_missing_bucket_and_uploads_once_it_exists(tmp_path, monkeypatch):
+    """S3 answers but the bucket is not there yet (boto3 raises S3UploadFailedError): retried, never fatal."""
+    from trainforge.trainer.runtime.checkpoint import COMMIT_MARKER, Committed
+    from trainforge.trainer.runtime.s3 import S3Tier
+
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    step_dir = tmp_path / "step-00000007"
+    step_dir.mkdir()
+    (step_dir / "shard.bin").write_bytes(b"x" * 1000)
+    (step_dir / COMMIT_MARKER).write_text(json.dumps({"step": 7, "files": {"shard.bin": 1000}, "committed_at": time.time()}))
+    events = []
+    with moto_s3(tmp_path) as endpoint:
+        tier = S3Tier("s3://late-bucket/job", endpoint_url=endpoint, backoff_s=0.2, on_event=lambda name, value: events.append(name))
+        tier.enqueue(Committed(7, step_dir, None, time.time()))
+        deadline = time.time() + 20
+        while "upload_failures" not in events and time.time() < deadline:
+            time.sleep(0.05)
+        assert "upload_failures" in events, "the upload to a missing bucket should have failed"
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket="late-bucket")
+        assert tier.flush(timeout=30), "the uploader stopped after the first failure"
+        assert client.head_object(Bucket="late-bucket", Key="job/step-00000007/COMMITTED")["ContentLength"] > 0
+        tier.close(5)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -30,7 +31,8 @@ from trainforge.trainer.runtime.checkpoint import COMMIT_MARKER, STEP_PREFIX, Co
 
 log = logging.getLogger("trainforge.runtime")
 S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(?P<prefix>.*))?$")
-TRANSFER_ERRORS = (BotoCoreError, ClientError, OSError)
+# upload_file wraps S3's own errors (NoSuchBucket, AccessDenied...) in S3UploadFailedError, outside botocore's tree.
+TRANSFER_ERRORS = (BotoCoreError, ClientError, S3UploadFailedError, OSError)
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,13 @@ class S3Tier:
                 if self._wanted is None:
                     return
                 target = self._wanted
-            self._upload_with_retries(target)
+            try:
+                self._upload_with_retries(target)
+            except Exception:  # noqa: BLE001 - a dead uploader would silently stop every later upload
+                log.exception("unexpected error uploading step %d; will retry with the next checkpoint", target.step)
+                self.on_event("upload_failures", 1)
+                with self._cv:
+                    self._cv.wait(self.backoff_s)
 
     def _upload_with_retries(self, target: Committed) -> None:
         attempt = 0
