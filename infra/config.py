@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainforge import catalog
 from trainforge.contract import GPU_FLAVOURS, Flavour
+from trainforge import errors
 
 CONFIG_KEY = "trainforge:platform"
 STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.yaml$")
@@ -367,47 +368,10 @@ class PlatformConfig(_Model):
         return self.availability_zones[0]
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith("function-") or part in ("dict", "list"):
-            continue  # pydantic's internal validator names carry no meaning for the reader
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _fix_hint(error: dict[str, Any]) -> str:
-    kind = error["type"]
-    if kind == "missing":
-        return " Fix: add this field to the stack file."
-    if kind == "extra_forbidden":
-        return " Fix: remove it or correct its spelling (see infra/config.py for the fields)."
-    if kind == "enum" or kind == "literal_error":
-        return ""  # pydantic already lists the allowed values
-    return ""
-
-
-_FIELD_PREFIX = re.compile(r"^[a-z_][\w.\[\]-]*: ")
-
-
-def _problems(exc: ValidationError) -> list[str]:
-    problems = []
-    for error in exc.errors(include_url=False):
-        where = _location(error["loc"])
-        message = str(error["msg"]).removeprefix("Value error, ")
-        # Our own validators put the value in the message; pydantic's built-in ones need it shown.
-        got = "" if error["type"] in ("missing", "value_error") else f" (got {error.get('input')!r})"
-        for line in message.split("\n"):
-            if not where:
-                problems.append(line)
-            elif _FIELD_PREFIX.match(line):
-                problems.append(f"{where}.{line}")
-            else:
-                problems.append(f"{where}: {line}{got}{_fix_hint(error)}")
-    return problems
+STACK_FIXES = {
+    "missing": " Fix: add this field to the stack file.",
+    "extra_forbidden": " Fix: remove it or correct its spelling (see infra/config.py for the fields).",
+}
 
 
 def parse(raw: Any, *, environment: str, source: str) -> PlatformConfig:
@@ -420,7 +384,7 @@ def parse(raw: Any, *, environment: str, source: str) -> PlatformConfig:
     try:
         return PlatformConfig.model_validate({**raw, "environment": environment})
     except ValidationError as exc:
-        raise ConfigError(source, _problems(exc)) from None
+        raise ConfigError(source, errors.problems(exc, STACK_FIXES)) from None
 
 
 def load_stack_file(path: str | Path) -> PlatformConfig:

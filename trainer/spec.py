@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainforge import catalog
+from trainforge import errors
 
 DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
@@ -155,19 +156,7 @@ class JobSpec(_Model):
         return values
 
 
-def _location(loc: tuple) -> str:
-    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
-
-
-def problems_of(exc: ValidationError) -> list[str]:
-    out = []
-    for error in exc.errors(include_url=False):
-        where = _location(error["loc"])
-        message = str(error["msg"]).removeprefix("Value error, ")
-        got = "" if error["type"] in ("missing", "value_error") else f" (got {error.get('input')!r})"
-        fix = " Fix: add it." if error["type"] == "missing" else " Fix: remove it or correct the spelling." if error["type"] == "extra_forbidden" else ""
-        out.append(f"{where}: {message}{got}{fix}" if where else f"{message}{got}")
-    return out
+SPEC_FIXES = {"missing": " Fix: add it.", "extra_forbidden": " Fix: remove it or correct the spelling."}
 
 
 def parse_spec(raw: Any, source: str = "<spec>") -> JobSpec:
@@ -176,7 +165,7 @@ def parse_spec(raw: Any, source: str = "<spec>") -> JobSpec:
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(source, problems_of(exc)) from None
+        raise SpecError(source, errors.problems(exc, SPEC_FIXES)) from None
 
 
 def load_spec(path: str | Path) -> JobSpec:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from trainforge import contract
+from trainforge import errors
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -56,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         raw = yaml.safe_load(args.config.read_text()) if args.config else {}
         cfg = RunConfig.model_validate(merge(raw or {}, parse_overrides(args.overrides)))
     except ValidationError as exc:
-        for error in exc.errors(include_url=False):
-            where = " " + ".".join(str(p) for p in error["loc"]) if error["loc"] else ""
-            got = "" if error["type"] == "value_error" else f" (got {error.get('input')!r})"
-            print(f"error: run config{where}: {str(error['msg']).removeprefix('Value error, ')}{got}", file=sys.stderr)
+        for line in errors.problems(exc):
+            print(f"error: run config {line}", file=sys.stderr)
         return contract.EXIT_USER_ERROR
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"error: invalid run config: {exc}", file=sys.stderr)
