@@ -77,15 +77,15 @@ def bench_throughput(repeats: int) -> list[tuple]:
     from trainforge.trainer.runtime.config import RunConfig
     from trainforge.trainer.runtime.loop import init_distributed
     from trainforge.trainer.runtime.preemption import PreemptionGuard
-    from trainforge.trainer.runtime.tasks import bundled_task
+    from trainforge.trainer.runtime.tasks import load_task
 
     env, guard = init_distributed(), PreemptionGuard(30)
     steps, warmup = 150, 20
     rows = []
     for task_name, batch in (("char_lm", 32), ("classifier", 256)):
-        task = bundled_task(task_name)
+        task = load_task(task_name)
         plain, runtime = [], []
-        for i in range(repeats):  # interleaved, so drift on a shared machine hits both alike
+        for _ in range(repeats):  # interleaved, so drift on a shared machine hits both alike
             with tempfile.TemporaryDirectory() as tmp:
                 cfg = RunConfig.model_validate({"task": task_name, "max_steps": steps, "batch_size": batch, "eval_every": 10_000,
                                                 "eval_batches": 1, "output_dir": f"{tmp}/run", "warmup_steps": 10,
@@ -109,11 +109,11 @@ def bench_checkpoint(repeats: int) -> list[tuple]:
     from trainforge.trainer.runtime.checkpoint import CheckpointManager
     from trainforge.trainer.runtime.config import CheckpointConfig
     from trainforge.trainer.runtime.loop import init_distributed
-    from trainforge.trainer.runtime.tasks import bundled_task
+    from trainforge.trainer.runtime.tasks import load_task
 
     env = init_distributed() if not dist.is_initialized() else None
     group = env.checkpoint_group if env else dist.new_group(backend="gloo")
-    task = bundled_task("classifier", **BIG_MODEL)
+    task = load_task("classifier", **BIG_MODEL)
     model = task.build_model()
     optimizer = torch.optim.AdamW(model.parameters())
     batch = next(iter(torch.utils.data.DataLoader(task.train_set, batch_size=256)))
@@ -208,7 +208,7 @@ def bench_sigkill(repeats: int) -> list[tuple]:
 
 
 def bench_sigterm(repeats: int) -> list[tuple]:
-    from trainforge.trainer.runtime.tasks import bundled_task
+    from trainforge.trainer.runtime.tasks import load_task
     seconds = []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
@@ -220,7 +220,7 @@ def bench_sigterm(repeats: int) -> list[tuple]:
             job.wait(120)
             preempted = json.loads((workdir / "run" / "preempted.json").read_text())
             seconds.append(preempted["sigterm_to_commit_s"])
-    mb = _state_mb(bundled_task("classifier", **BIG_MODEL))
+    mb = _state_mb(load_task("classifier", **BIG_MODEL))
     return [(f"SIGTERM -> committed emergency checkpoint, {mb:.0f} MB, 2 ranks",
              f"runs: {', '.join(f'{s:.2f}' for s in seconds)} s", f"{statistics.median(seconds):.2f} s", "<= 5 s")]
 

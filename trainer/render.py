@@ -75,6 +75,13 @@ def labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
     return out
 
 
+def pod_labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
+    """The job's labels minus Kueue's: those belong on the job object, which Kueue admits as a whole."""
+    out = labels(spec, cost_centre)
+    del out[contract.KUEUE_QUEUE_LABEL], out[contract.KUEUE_PRIORITY_LABEL]
+    return out
+
+
 def resources(spec: JobSpec, flavour: Flavour) -> dict[str, Any]:
     amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
     gpus = spec.resources.gpus()
@@ -144,9 +151,6 @@ def max_runtime_seconds(spec: JobSpec) -> int:
 def render_trainjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, Any]:
     flavour = flavour_of(spec)
     placement = pod_placement(spec, flavour)
-    pod_labels = labels(spec, cost_centre)
-    pod_labels.pop(contract.KUEUE_QUEUE_LABEL)
-    pod_labels.pop(contract.KUEUE_PRIORITY_LABEL)
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -164,7 +168,7 @@ def render_trainjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, 
                 "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
                     "name": "node",
                     "template": {"spec": {"template": {
-                        "metadata": {"labels": pod_labels},
+                        "metadata": {"labels": pod_labels(spec, cost_centre)},
                         "spec": {**placement, "containers": [{"name": CONTAINER["trainjob"], "volumeMounts": volume_mounts()}]},
                     }}},
                 }]}}},
@@ -175,11 +179,8 @@ def render_trainjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, 
 
 def render_pytorchjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, Any]:
     flavour = flavour_of(spec)
-    pod_labels = labels(spec, cost_centre)
-    pod_labels.pop(contract.KUEUE_QUEUE_LABEL)
-    pod_labels.pop(contract.KUEUE_PRIORITY_LABEL)
     template = {
-        "metadata": {"labels": pod_labels},
+        "metadata": {"labels": pod_labels(spec, cost_centre)},
         "spec": {**pod_placement(spec, flavour), "containers": [{
             "name": CONTAINER["pytorchjob"], "image": spec.image, "command": command(spec), "args": args(spec), "env": env(spec),
             "resources": resources(spec, flavour), "volumeMounts": volume_mounts(),

@@ -211,6 +211,3 @@ def load_task(name: str, **args) -> Task:
     if not isinstance(task, Task):
         raise ValueError(f"{name!r} returned {type(task).__name__}, not a trainforge Task")
     return task
-
-
-bundled_task = load_task
