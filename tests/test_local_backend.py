@@ -73,7 +73,7 @@ def test_a_killed_worker_is_restarted_from_the_checkpoint_and_the_job_succeeds(t
 
 def test_cancel_leaves_a_committed_checkpoint_and_a_second_submit_resumes_from_it(tmp_path):
     home = tmp_path / "home"
-    path = spec_file(tmp_path, "cancel-me", step_sleep_s=0.03, **{"checkpoint": None} if False else {})
+    path = spec_file(tmp_path, "cancel-me", step_sleep_s=0.03)
     cli(home, "submit", "--detach", str(path))
     wait_until(lambda: (status(home, "cancel-me")["progress"].get("step") or 0) >= 25)
     cancelled = cli(home, "cancel", "cancel-me")
@@ -105,5 +105,5 @@ def test_an_active_job_cannot_be_submitted_twice(tmp_path):
     path = spec_file(tmp_path, "twice", step_sleep_s=0.05)
     cli(home, "submit", "--detach", str(path))
     second = cli(home, "submit", str(path), check=False)
-    assert second.returncode == 2 and "is pending" in second.stderr or "is running" in second.stderr
+    assert second.returncode == 2 and ("is pending" in second.stderr or "is running" in second.stderr)
     cli(home, "cancel", "twice")
