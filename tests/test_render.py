@@ -4,16 +4,21 @@ carries what the cluster needs to place, feed, restart and bill it."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 from test_spec import SPECS
 
 from trainforge import catalog, contract
-from trainforge.trainer.crd_schema import problems
+from trainforge.infra.config import load_stack_file
+from trainforge.trainer.crd_schema import core_problems, pod_templates, problems
 from trainforge.trainer.render import render
 from trainforge.trainer.spec import load_spec
 
 KINDS = ["trainjob", "pytorchjob"]
+STACKS = sorted((Path(__file__).resolve().parents[1] / "stacks").glob("Pulumi.*.yaml"))
+# The Kubernetes versions the platform's stacks run: rendered pods must be valid on each.
+KUBERNETES_VERSIONS = sorted({load_stack_file(p).cluster.version for p in STACKS})
 CAPACITIES = ["on-demand", "spot", "spot-fallback"]
 
 
@@ -33,6 +38,8 @@ def test_rendered_jobs_validate_and_carry_placement_resources_and_labels(path, k
     spec = load_spec(path).model_copy(update={"capacity": capacity})
     manifest = render(spec, kind, cost_centre="cc-1001-vision")
     assert problems(manifest) == []
+    for version in KUBERNETES_VERSIONS:
+        assert core_problems(manifest, version) == []
     pod, limits, trainer = pod_of(manifest)
     labels = manifest["metadata"]["labels"]
     assert labels[contract.KUEUE_QUEUE_LABEL] == contract.queue_name(spec.team)
@@ -85,6 +92,28 @@ def test_the_strict_schema_catches_a_misspelt_field():
     pod, _, _ = pod_of(broken)
     pod["tolerations"][0]["efect"] = pod["tolerations"][0].pop("effect")
     assert any("efect" in p for p in problems(broken))
+
+
+def test_the_core_schemas_check_the_merged_pod_for_the_clusters_kubernetes_version():
+    # The controller merges the TrainJob's trainer section into the patched pod: a bad env entry is a bad pod.
+    manifest = render(load_spec(SPECS[0]), "trainjob")
+    broken = copy.deepcopy(manifest)
+    broken["spec"]["trainer"]["env"].append({"name": "NCCL_DEBUG", "valeu": "INFO"})
+    assert [p for p in core_problems(broken, KUBERNETES_VERSIONS[0]) if p.startswith("node:") and "valeu" in p]
+    # PodSpec.hostnameOverride exists from Kubernetes 1.34: a pod carrying it is valid there and not on 1.33.
+    newer = copy.deepcopy(manifest)
+    pod_of(newer)[0]["hostnameOverride"] = "worker-0"
+    assert core_problems(newer, "1.35") == []
+    assert any("hostnameOverride" in p for p in core_problems(newer, "1.33"))
+
+
+def test_every_replica_of_a_pytorchjob_is_a_valid_core_pod():
+    spec = load_spec(next(p for p in SPECS if "efa" in p.name))
+    manifest = render(spec, "pytorchjob")
+    assert set(pod_templates(manifest)) == {"Master", "Worker"}
+    broken = copy.deepcopy(manifest)
+    broken["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "9400"
+    assert any(p.startswith("Worker:") for p in core_problems(broken, KUBERNETES_VERSIONS[0]))
 
 
 def test_runtime_arguments_carry_identity_paths_and_hyperparameters():
