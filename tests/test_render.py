@@ -124,3 +124,14 @@ def test_runtime_arguments_carry_identity_paths_and_hyperparameters():
     assert sets["checkpoint.dir"] == "/fsx/teams/vision/jobs/quickstart/checkpoints"
     assert sets["max_steps"] == "300" and sets["precision"] == "bf16"
     assert int(sets["checkpoint.preemption_grace_s"]) < contract.SPOT_TERMINATION_GRACE_S
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pods_run_the_launcher_so_the_exit_code_reaches_the_restart_rules(kind):
+    # torchrun alone exits 1 for a spot notice too, which ExitCode / podFailurePolicy would read as a user error.
+    for path in SPECS:
+        spec = load_spec(path)
+        _, _, trainer = pod_of(render(spec, kind))
+        assert trainer["command"][:3] == ["python", "-m", "trainforge.trainer.launch"]
+        if spec.entry.command:
+            assert trainer["command"][-len(spec.entry.command) - 2:] == ["--rank", "--", *spec.entry.command]

@@ -1,9 +1,16 @@
-"""How the supervisor reads an attempt's end: from the codes each worker recorded (torchrun always says 1)."""
+"""How an attempt's end is read: from the codes each worker recorded (torchrun always says 1), by the node
+launcher that is both the cluster pod's command and the local supervisor's."""
+
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from trainforge import contract
-from trainforge.trainer.local import classify
+from trainforge.trainer.launch import EXIT_WORKER_LOST, classify, node_exit_code
+from trainforge.trainer.local import outcome_of
 
 
 def record(tmp_path, **codes):
@@ -12,14 +19,59 @@ def record(tmp_path, **codes):
     return tmp_path
 
 
-@pytest.mark.parametrize("codes, expected", [
-    ({"rank0": 0, "rank1": 0}, ("ok", 0)),
-    ({"rank0": 2, "rank1": 2}, ("user_error", 2)),
-    ({"rank0": 1, "rank1": contract.EXIT_PREEMPTED}, ("user_error", 1)),  # rank 0 crashed, torchrun stopped rank 1
-    ({"rank0": contract.EXIT_PREEMPTED, "rank1": contract.EXIT_PREEMPTED}, ("retry", contract.EXIT_PREEMPTED)),
-    ({"rank0": 1}, ("retry", -9)),  # rank 1 was killed; rank 0's collective then failed: the kill is the cause
-    ({}, ("retry", -9)),
+@pytest.mark.parametrize("codes, expected, node_code", [
+    ({"rank0": 0, "rank1": 0}, ("ok", 0), 0),
+    ({"rank0": 2, "rank1": 2}, ("user_error", 2), 2),
+    ({"rank0": 1, "rank1": contract.EXIT_PREEMPTED}, ("user_error", 1), 1),  # rank 0 crashed, torchrun stopped rank 1
+    ({"rank0": contract.EXIT_PREEMPTED, "rank1": contract.EXIT_PREEMPTED}, ("retry", contract.EXIT_PREEMPTED), 143),
+    ({"rank0": 1}, ("retry", -9), EXIT_WORKER_LOST),  # rank 1 was killed; rank 0's collective then failed: the kill is the cause
+    ({}, ("retry", -9), EXIT_WORKER_LOST),
 ])
-def test_attempt_outcomes(tmp_path, codes, expected):
+def test_attempt_outcomes(tmp_path, codes, expected, node_code):
     returncode = 0 if expected[0] == "ok" else 1
     assert classify(returncode, record(tmp_path, **codes), world_size=2) == expected
+    node = node_exit_code(returncode, tmp_path, world_size=2)
+    assert node == node_code
+    # The node's code alone carries the decision: Kubernetes' restart rules and the supervisor read only it.
+    assert outcome_of(node) == expected[0]
+
+
+def launch(*command, nproc=2):
+    return [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", "--", "--standalone",
+            "-m", "trainforge.trainer.launch", "--rank", "--", *command]
+
+
+def python(code):
+    return ["python", "-c", code]
+
+
+@pytest.mark.slow
+def test_the_launcher_exits_with_a_users_own_code_not_torchruns_1():
+    crash = "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"
+    assert subprocess.run(launch(*python(crash)), capture_output=True, timeout=120).returncode == 3
+
+
+@pytest.mark.slow
+def test_a_worker_killed_by_a_signal_makes_the_node_retryable():
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL) if os.environ['RANK'] == '0' else None"
+    code = subprocess.run(launch(*python(kill)), capture_output=True, timeout=120).returncode
+    assert code == EXIT_WORKER_LOST and contract.is_retryable(code)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_node_is_forwarded_and_reported_as_preempted():
+    node = subprocess.Popen(launch(*python("import time; time.sleep(60)")), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(4)  # torchrun up, both ranks sleeping
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(timeout=60) == contract.EXIT_PREEMPTED
+
+
+def test_a_missing_command_is_a_user_error(tmp_path):
+    code = subprocess.run(launch("no-such-program-trainforge", nproc=1), capture_output=True, text=True, timeout=120)
+    assert code.returncode == 127 and "no-such-program-trainforge" in code.stderr
+
+
+def test_the_launcher_refuses_to_start_without_a_worker_count():
+    out = subprocess.run([sys.executable, "-m", "trainforge.trainer.launch", "--", "-m", "x"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2 and "--nproc-per-node" in out.stderr

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from trainforge import contract
-from trainforge.trainer.render import runtime_args
+from trainforge.trainer.render import rank_command, runtime_args
 from trainforge.trainer.spec import JobSpec, parse_spec
 
 ACTIVE = ("pending", "running", "restarting")
@@ -114,12 +114,14 @@ def prepare(spec: JobSpec) -> JobState:
     return state
 
 
-def worker_command(spec: JobSpec) -> list[str]:
+def worker_command(spec: JobSpec, exit_dir: Path) -> list[str]:
+    """The node launcher (trainer/launch.py) around torchrun: the same command a cluster pod runs, on one node."""
     directory = job_dir(spec.name)
     processes = spec.workers.nodes * spec.workers.procs_per_node  # every worker of every node, on this machine
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={processes}"]
+    launcher = [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={processes}", f"--exit-dir={exit_dir}",
+                "--", "--standalone", "--nnodes=1"]
     if spec.entry.command:
-        return [*launcher, "--no-python", *spec.entry.command] if spec.entry.command[0] != "python" else [*launcher, *spec.entry.command[1:]]
+        return [*launcher, *rank_command(spec.entry.command)]
     return [*launcher, "-m", "trainforge.trainer.runtime",
             *runtime_args(spec, output_dir=str(directory / "run"), checkpoint_dir=str(directory / "checkpoints"),
                           tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), metrics_port=_metrics_port())]
@@ -130,22 +132,11 @@ def _metrics_port() -> int | None:
     return int(value) if value else None
 
 
-def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int]:
-    """('ok' | 'user_error' | 'retry', code) from torchrun's code and the codes its workers recorded.
-
-    A worker with no record was killed (SIGKILL, OOM, node loss). That is the root cause: the errors its peers
-    then hit in collectives ("connection reset by peer") are consequences, so the attempt is retried. Only
-    when every worker recorded a code and one of them is 1-127 is it a user error.
-    """
-    if returncode == 0:
-        return "ok", 0
-    codes = [int(p.read_text()) for p in sorted(exit_dir.glob("rank*.code"))] if exit_dir.exists() else []
-    if len(codes) < world_size:
-        return "retry", -signal.SIGKILL
-    user_errors = [c for c in codes if c != 0 and not contract.is_retryable(c)]
-    if user_errors:
-        return "user_error", user_errors[0]
-    return "retry", next((c for c in codes if c == contract.EXIT_PREEMPTED), returncode)
+def outcome_of(code: int) -> str:
+    """The launcher's exit code says it all: 0 done, 1-127 a user error, >= 128 retry from the checkpoint."""
+    if code == 0:
+        return "ok"
+    return "retry" if contract.is_retryable(code) else "user_error"
 
 
 class Supervisor:
@@ -199,11 +190,11 @@ class Supervisor:
         state = self.state
         state.attempts += 1
         exit_dir = self.directory / "exit" / f"attempt-{state.attempts}"
-        env = {**os.environ, "TRAINFORGE_EXIT_DIR": str(exit_dir), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._log(f"--- trainforge: attempt {state.attempts} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         started = time.time()
         with open(self.directory / "job.log", "a") as log:
-            self.child = subprocess.Popen(worker_command(self.spec), stdout=log, stderr=subprocess.STDOUT, env=env,
+            self.child = subprocess.Popen(worker_command(self.spec, exit_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
                                           cwd=self.directory, start_new_session=True)
         state.state, state.reason = "running", ""
         state.save()
@@ -211,7 +202,7 @@ class Supervisor:
             self.on_attempt(state)
         returncode = self.child.wait()
         state.run_seconds += time.time() - started
-        return classify(returncode, exit_dir, self.spec.workers.nodes * self.spec.workers.procs_per_node)
+        return outcome_of(returncode), returncode
 
     def _finish(self, final: str, code: int, reason: str) -> JobState:
         state = self.state

@@ -131,9 +131,21 @@ def env(spec: JobSpec) -> list[dict[str, str]]:
     return out
 
 
+LAUNCHER = ["python", "-m", "trainforge.trainer.launch"]
+
+
+def rank_command(user_command: list[str]) -> list[str]:
+    """torchrun's arguments for an `entry.command` job: every rank runs the command under a wrapper that records
+    its exit code, so a user's crash (1-127) fails fast and a kill or preemption (>= 128) is retried."""
+    return ["-m", "trainforge.trainer.launch", "--rank", "--", *user_command]
+
+
 def command(spec: JobSpec) -> list[str]:
-    # torchrun reads nodes, processes per node, rank and rendezvous from the PET_* variables both controllers set.
-    return list(spec.entry.command) if spec.entry.command else ["torchrun", "-m", "trainforge.trainer.runtime"]
+    # The launcher runs torchrun and exits with the contract's code (torchrun alone always exits 1, which the
+    # restart rules would read as a user error). torchrun reads nodes, processes per node, rank and rendezvous
+    # from the PET_* variables both controllers set.
+    target = rank_command(spec.entry.command) if spec.entry.command else ["-m", "trainforge.trainer.runtime"]
+    return [*LAUNCHER, "--", *target]
 
 
 def args(spec: JobSpec) -> list[str]:

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> int:
-    from trainforge.trainer.runtime.exit_record import record_exit
+    from trainforge.trainer.launch import record_exit
 
     try:
         code = main()

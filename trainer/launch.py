@@ -1,0 +1,134 @@
+"""The node launcher: torchrun under a wrapper whose exit code tells the truth.
+
+torchrun exits 1 whatever happened to its workers: a user's bug, a spot notice, a worker killed by the OOM
+killer. Kubernetes restart rules read the container's exit code (PyTorchJob `restartPolicy: ExitCode`, the
+Job `podFailurePolicy` of the `trainforge-torch` runtime), so a bare torchrun would turn every preemption
+into a permanent failure. This wrapper is the container's command on the cluster and the supervisor's
+command locally (one code path): each worker records its own exit code (`record_exit`), and the
+node exits with the contract's code for the attempt:
+
+    0    every worker finished
+    1-127  a worker's own error (user error: not retried), the first one recorded
+    143  preempted: every worker that stopped took the emergency checkpoint (retried)
+    137  a worker vanished without a record (SIGKILL, OOM, node loss): the root cause, retried
+
+Usage:
+    python -m trainforge.trainer.launch [--nproc-per-node N] [--exit-dir D] -- TORCHRUN_ARGS...
+    python -m trainforge.trainer.launch --rank -- COMMAND...   (per-rank wrapper for `entry.command` jobs)
+
+Light on purpose (no torch import): it only starts, forwards signals to, and judges processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from trainforge import contract
+
+EXIT_WORKER_LOST = 128 + signal.SIGKILL  # 137
+EXIT_DIR_ENV = "TRAINFORGE_EXIT_DIR"
+
+
+def record_exit(code: int) -> None:
+    """Called by each worker as it exits. A rank with no record was killed: the launcher treats that as the cause."""
+    directory = os.environ.get(EXIT_DIR_ENV)
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        Path(directory, f"rank{os.environ.get('RANK', '0')}.code").write_text(str(code))
+
+
+def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int]:
+    """('ok' | 'user_error' | 'retry', code) from torchrun's code and the codes its workers recorded.
+
+    A worker with no record was killed (SIGKILL, OOM, node loss). That is the root cause: the errors its peers
+    then hit in collectives ("connection reset by peer") are consequences, so the attempt is retried. Only
+    when every worker recorded a code and one of them is 1-127 is it a user error.
+    """
+    if returncode == 0:
+        return "ok", 0
+    codes = [int(p.read_text()) for p in sorted(exit_dir.glob("rank*.code"))] if exit_dir.exists() else []
+    if len(codes) < world_size:
+        return "retry", -signal.SIGKILL
+    user_errors = [c for c in codes if c != 0 and not contract.is_retryable(c)]
+    if user_errors:
+        return "user_error", user_errors[0]
+    return "retry", next((c for c in codes if c == contract.EXIT_PREEMPTED), returncode)
+
+
+def node_exit_code(returncode: int, exit_dir: Path, world_size: int) -> int:
+    """The one number Kubernetes and the supervisor read: 0, a user error 1-127, or a retryable >= 128."""
+    outcome, code = classify(returncode, exit_dir, world_size)
+    if outcome == "retry":
+        return contract.EXIT_PREEMPTED if code == contract.EXIT_PREEMPTED else EXIT_WORKER_LOST
+    return code
+
+
+def _forward_signals(child: subprocess.Popen) -> None:
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+
+
+def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | None = None) -> int:
+    """Run torchrun with `nproc_per_node` workers; return the node's exit code (see the module doc)."""
+    exit_dir = exit_dir or Path(tempfile.mkdtemp(prefix="trainforge-exit-"))
+    env = {**os.environ, EXIT_DIR_ENV: str(exit_dir)}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *torchrun_args]
+    child = subprocess.Popen(command, env=env)
+    _forward_signals(child)
+    returncode = child.wait()
+    return node_exit_code(returncode, exit_dir, nproc_per_node)
+
+
+def run_rank(command: list[str]) -> int:
+    """Run one rank's own command and record its exit code, as the bundled runtime records its own."""
+    if command[0] in ("python", "python3"):  # the job's interpreter, not whichever python is first on PATH
+        command = [sys.executable, *command[1:]]
+    try:
+        child = subprocess.Popen(command)
+    except OSError as exc:  # not found, not executable: the spec's fault
+        print(f"error: entry.command {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        record_exit(127)
+        return 127
+    _forward_signals(child)
+    code = child.wait()
+    if code < 0:  # killed by signal N: the shell's convention, 128 + N, keeps it retryable
+        code = 128 - code
+    record_exit(code)
+    return code
+
+
+def _nproc_from_env() -> int | None:
+    value = os.environ.get("PET_NPROC_PER_NODE", "")  # set by both Kubeflow controllers from the job's spec
+    return int(value) if value.isdigit() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainforge.trainer.launch", description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc-per-node", type=int, default=None, help="workers on this node (default: $PET_NPROC_PER_NODE)")
+    parser.add_argument("--exit-dir", type=Path, default=None, help="where workers record their exit codes (default: a temp dir)")
+    parser.add_argument("--rank", action="store_true", help="wrap one rank's command instead of launching a node")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help="after --: torchrun's arguments, or with --rank the command")
+    args = parser.parse_args(argv)
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    if not rest:
+        parser.error("nothing to run: give torchrun's arguments (or, with --rank, a command) after --")
+    if args.rank:
+        return run_rank(rest)
+    nproc = args.nproc_per_node or _nproc_from_env()
+    if not nproc or nproc < 1:
+        parser.error("--nproc-per-node: give a positive number of workers (or set PET_NPROC_PER_NODE)")
+    return run_node(rest, nproc, args.exit_dir)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
