@@ -15,7 +15,8 @@ def test_stdlib_platform_is_not_shadowed_from_the_repository_root():
 
 
 def test_one_import_root_for_the_design_card_folders():
-    code = "import trainforge.infra.config, trainforge.policies, trainforge.contract; import importlib.util as u; print(u.find_spec('infra'))"
+    code = ("import trainforge.infra.config, trainforge.policies, trainforge.contract, trainforge.platform.training.runtime, "
+            "trainforge.trainer.launch; import importlib.util as u; print(u.find_spec('infra'))")
     result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "None", "a top-level `infra` package leaks out of the install"
 
@@ -26,3 +27,13 @@ def test_stack_config_reads_without_pulumi_or_torch():
             "heavy = [m for m in ('pulumi', 'pulumi_aws', 'torch') if m in sys.modules]; print(heavy)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_every_python_package_folder_is_installed():
+    """A subpackage missing from pyproject's `packages` imports in an editable checkout and vanishes from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    folders = {str(p.parent.relative_to(REPO)) for top in ("infra", "platform", "policies", "trainer", "src/trainforge")
+               for p in (REPO / top).rglob("__init__.py") if ".venv" not in p.parts}
+    assert folders <= listed, f"not in pyproject package-dir/packages: {sorted(folders - listed)}"

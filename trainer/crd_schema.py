@@ -48,6 +48,7 @@ def crd_validator(file_name: str, version: str):
 KINDS = {
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
     ("kubeflow.org/v1", "PyTorchJob"): ("kubeflow.org_pytorchjobs.yaml", "v1"),
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): ("trainer.kubeflow.org_clustertrainingruntimes.yaml", "v1alpha1"),
 }
 
 
@@ -83,16 +84,26 @@ def _trainjob_pod(trainer: dict[str, Any], patch: dict[str, Any]) -> dict[str, A
     return pod
 
 
+def core_objects(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The core objects `obj` stands for, by name: a PodTemplate per replica of a job, a batch/v1 Job per
+    replicated job of a training runtime (its Job spec carries the pod failure policy)."""
+    base = obj["metadata"]["name"].lower()
+    if obj["kind"] == "ClusterTrainingRuntime":
+        return {job["name"]: {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{base}-{job['name']}", **job["template"].get("metadata", {})},
+                              "spec": job["template"]["spec"]}
+                for job in obj["spec"]["template"]["spec"]["replicatedJobs"]}
+    return {name: {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"{base}-{name}".lower()}, "template": template}
+            for name, template in pod_templates(obj).items()}
+
+
 def core_problems(obj: dict[str, Any], kubernetes_version: str) -> list[str]:
-    """Core-schema violations of the pods `obj` will create, for a cluster at `kubernetes_version` (e.g. '1.33')."""
+    """Core-schema violations of what `obj` will create, for a cluster at `kubernetes_version` (e.g. '1.33')."""
     import kubernetes_validate
 
     out = []
-    for name, template in pod_templates(obj).items():
-        wrapper = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"{obj['metadata']['name']}-{name}".lower()},
-                   "template": template}
+    for name, core in core_objects(obj).items():
         try:
-            kubernetes_validate.validate(wrapper, f"{kubernetes_version}.0", strict=True)
+            kubernetes_validate.validate(core, f"{kubernetes_version}.0", strict=True)
         except kubernetes_validate.ValidationError as e:
             where = "/".join(str(p) for p in e.path)
             out.append(f"{name}: {where or '<root>'}: {e.message}")

@@ -15,7 +15,7 @@ from trainforge.contract import Flavour
 from trainforge.trainer.spec import JobSpec
 
 Kind = Literal["trainjob", "pytorchjob"]
-CONTAINER = {"trainjob": "node", "pytorchjob": "pytorch"}  # the container name each controller expects
+CONTAINER = {"trainjob": contract.TRAINJOB_CONTAINER, "pytorchjob": "pytorch"}  # the container name each controller expects
 FSX_ROOT = contract.FSX_MOUNT_PATH
 
 
@@ -178,7 +178,7 @@ def render_trainjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, 
             "runtimePatches": [{
                 "manager": f"{contract.LABEL_DOMAIN}/submitter",
                 "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
-                    "name": "node",
+                    "name": contract.TRAINJOB_REPLICATED_JOB,
                     "template": {"spec": {"template": {
                         "metadata": {"labels": pod_labels(spec, cost_centre)},
                         "spec": {**placement, "containers": [{"name": CONTAINER["trainjob"], "volumeMounts": volume_mounts()}]},

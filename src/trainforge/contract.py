@@ -124,6 +124,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 PRIORITIES = ("low", "normal", "high")
 CLUSTER_TRAINING_RUNTIME = "trainforge-torch"  # a ClusterTrainingRuntime (Kubeflow Trainer v2)
+# The runtime's replicated job and container: the TrainJob's runtime patch and its restart rules name them.
+TRAINJOB_REPLICATED_JOB = "node"
+TRAINJOB_CONTAINER = "node"
 LABEL_JOB = f"{LABEL_DOMAIN}/job"
 SPOT_TERMINATION_GRACE_S = 120  # the EC2 spot notice: time for the emergency checkpoint and its upload
 METRICS_PORT = 9400

@@ -1,0 +1,1 @@
+"""Cluster-wide training objects the platform installs and every TrainJob relies on."""
