@@ -47,8 +47,8 @@ def process(cmd: list[str], health_url: str, timeout: float, log: Path):
 
 
 @contextmanager
-def moto_s3(tmp: Path, port: int | None = None):
-    """moto's S3 server; yields its endpoint URL."""
+def moto_server(tmp: Path, port: int | None = None):
+    """moto's server (one endpoint for S3, EC2 and the other services it implements); yields its URL."""
     port = port or free_port()
     cmd = [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)]
     with process(cmd, f"http://127.0.0.1:{port}/moto-api/", 20, tmp / f"moto-{port}.log"):
@@ -81,3 +81,77 @@ def prometheus(tmp: Path, targets: list[str], scrape_interval: str = "1s"):
     cmd = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]
     with process(cmd, f"http://127.0.0.1:{port}/-/ready", 60, tmp / "prometheus.log"):
         yield f"http://127.0.0.1:{port}"
+
+
+class PricingAPI:
+    """The AWS Price List Query API (JSON 1.1, `AWSPriceListService.GetProducts`) on loopback.
+
+    moto does not implement this service, so this serves the documents it is given (the real price list's
+    shape), filtered by TERM_MATCH on product attributes exactly as the service does, one product per page so
+    callers must follow NextToken. `requests` keeps what clients sent.
+    """
+
+    def __init__(self, products: list[dict]):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.products = products
+        self.requests: list[dict] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                if self.headers.get("X-Amz-Target") != "AWSPriceListService.GetProducts":
+                    return self._send(400, {"__type": "InvalidParameterException", "message": "unsupported operation"})
+                api.requests.append(body)
+                matches = [p for p in api.products if body.get("ServiceCode") == p["serviceCode"] and all(
+                    p["product"]["attributes"].get(f["Field"]) == f["Value"] for f in body.get("Filters", []))]
+                start = int(body.get("NextToken") or 0)
+                page = {"FormatVersion": "aws_v1", "PriceList": [json.dumps(p) for p in matches[start:start + 1]]}
+                if start + 1 < len(matches):
+                    page["NextToken"] = str(start + 1)
+                self._send(200, page)
+
+            def _send(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.1")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def ec2_product(instance_type: str, region: str, usd_per_hour: float, **attributes) -> dict:
+    """One price list document in the shape AWS publishes for an EC2 on-demand instance-hour."""
+    sku = f"SKU{abs(hash((instance_type, region, tuple(attributes.items())))) % 10**10:010d}"
+    attrs = {"instanceType": instance_type, "regionCode": region, "operatingSystem": "Linux", "tenancy": "Shared",
+             "preInstalledSw": "NA", "capacitystatus": "Used", "licenseModel": "No License required", "servicecode": "AmazonEC2",
+             **attributes}
+    dimension = f"{sku}.JRTCKXETXF.6YS6EN2CT7"
+    return {
+        "product": {"productFamily": "Compute Instance", "attributes": attrs, "sku": sku},
+        "serviceCode": "AmazonEC2",
+        "terms": {"OnDemand": {f"{sku}.JRTCKXETXF": {
+            "priceDimensions": {dimension: {"unit": "Hrs", "endRange": "Inf", "beginRange": "0", "rateCode": dimension, "appliesTo": [],
+                                            "description": f"${usd_per_hour} per On Demand Linux {instance_type} Instance Hour",
+                                            "pricePerUnit": {"USD": f"{usd_per_hour:.10f}"}}},
+            "sku": sku, "effectiveDate": "2026-11-01T00:00:00Z", "offerTermCode": "JRTCKXETXF", "termAttributes": {}}}},
+        "version": "20261101000000", "publicationDate": "2026-11-01T00:00:00Z",
+    }

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 boto3 = pytest.importorskip("boto3")
 
-from servers import free_port, moto_s3  # noqa: E402
+from servers import free_port, moto_server  # noqa: E402
 from test_runtime import result, run, start, wait_for_step  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 def s3(tmp_path, monkeypatch):
     for k, v in CREDENTIALS.items():
         monkeypatch.setenv(k, v)
-    with moto_s3(tmp_path) as endpoint:
+    with moto_server(tmp_path) as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket="ckpt")
         yield endpoint, client
@@ -58,7 +58,7 @@ def test_training_goes_on_while_the_endpoint_is_down_and_catches_up_when_it_retu
     job = start(tmp_path, "checkpoint.s3_uri=s3://ckpt/job-2", f"checkpoint.s3_endpoint_url=http://127.0.0.1:{port}",
                 "max_steps=200", "step_sleep_s=0.05", nproc=None)
     wait_for_step(tmp_path, 40)
-    with moto_s3(tmp_path, port) as endpoint:
+    with moto_server(tmp_path, port) as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket="ckpt")
         output, _ = job.communicate(timeout=180)
@@ -97,7 +97,7 @@ def test_the_uploader_survives_a_missing_bucket_and_uploads_once_it_exists(tmp_p
     (step_dir / "shard.bin").write_bytes(b"x" * 1000)
     (step_dir / COMMIT_MARKER).write_text(json.dumps({"step": 7, "files": {"shard.bin": 1000}, "committed_at": time.time()}))
     events = []
-    with moto_s3(tmp_path) as endpoint:
+    with moto_server(tmp_path) as endpoint:
         tier = S3Tier("s3://late-bucket/job", endpoint_url=endpoint, backoff_s=0.2, on_event=lambda name, value: events.append(name))
         tier.enqueue(Committed(7, step_dir, None, time.time()))
         deadline = time.time() + 20

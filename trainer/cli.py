@@ -427,6 +427,88 @@ def cost(team: Optional[str] = typer.Option(None, help="only this team"),
     console.print(teams_table)
 
 
+# ---- prices -------------------------------------------------------------------------------------------------------
+
+prices_app = typer.Typer(no_args_is_help=True, help="The price table estimates use: show it, refresh it from AWS.")
+app.add_typer(prices_app, name="prices")
+
+
+@prices_app.command("show")
+def prices_show(region: str = typer.Option("us-east-1", help="AWS region"),
+                output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+    """Per instance type: on-demand and spot USD per hour in a region, and where each number comes from."""
+    from trainforge.trainer.pricing import PriceUnknown, price_table
+    table = price_table()
+    fresh = table.refreshed.get(region)
+    names = sorted(set(table.on_demand) | set(fresh.on_demand if fresh else ()))
+    rows = []
+    for name in names:
+        try:
+            quote = table.quote(name, region)
+        except PriceUnknown:
+            continue
+        rows.append({"instance_type": name, "on_demand_usd_per_hour": quote.on_demand, "spot_usd_per_hour": round(quote.spot, 6),
+                     "spot_discount": round(1 - quote.spot / quote.on_demand, 3), "as_of": quote.as_of,
+                     "source": "refreshed" if quote.refreshed else "shipped table"})
+    if not rows:
+        _fail(f"no prices for region {region!r}. Fix: `trainforge prices refresh --region {region}`")
+    if output is Output.json:
+        typer.echo(json.dumps({"region": region, "prices": rows}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    view = Table(title=f"prices in {region} (USD per instance-hour)", title_justify="left")
+    for column in ("instance", "on-demand", "spot", "spot discount", "as of", "source"):
+        view.add_column(column)
+    for r in rows:
+        view.add_row(r["instance_type"], f"{r['on_demand_usd_per_hour']:.4f}", f"{r['spot_usd_per_hour']:.4f}",
+                     f"{r['spot_discount']:.0%}", r["as_of"], r["source"])
+    Console().print(view)
+
+
+@prices_app.command("refresh")
+def prices_refresh(region: str = typer.Option("us-east-1", help="AWS region to price"),
+                   instance_type: Optional[list[str]] = typer.Option(None, "--instance-type", help="repeatable; default: every type in the table"),
+                   lookback_hours: float = typer.Option(24.0, min=0.1, help="spot price history window")) -> None:
+    """Fetch on-demand prices (AWS Pricing API) and spot prices (EC2 spot price history) for a region."""
+    import datetime as dt
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from trainforge.trainer import price_refresh
+    from trainforge.trainer.pricing import PriceUnknown, price_table
+    types = list(dict.fromkeys(instance_type or price_refresh.default_instance_types()))
+    before = price_table()
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"pricing {len(types)} instance types in {region}", total=len(types) + 1)
+        try:
+            refresh = price_refresh.fetch(region, types, dt.timedelta(hours=lookback_hours),
+                                          on_progress=lambda what: progress.update(task, advance=1, description=f"{region}: {what}"))
+        except price_refresh.PriceRefreshError as exc:
+            progress.stop()
+            _fail(f"{exc}. Nothing was changed.", code=1)
+    path = price_refresh.save(refresh)
+    from rich.table import Table
+    view = Table(title=f"refreshed {region} as of {refresh.as_of} -> {path}", title_justify="left")
+    for column in ("instance", "on-demand", "was", "spot (median)", "spot low", "AZs"):
+        view.add_column(column)
+    for name in types:
+        if name not in refresh.on_demand:
+            continue
+        try:
+            was = f"{before.quote(name, region).on_demand:.4f}"
+        except PriceUnknown:
+            was = "-"
+        spot = refresh.spot.get(name)
+        view.add_row(name, f"{refresh.on_demand[name]:.4f}", was, f"{spot.median:.4f}" if spot else "-",
+                     f"{spot.low:.4f}" if spot else "-", str(spot.zones) if spot else "0")
+    console = Console()
+    console.print(view)
+    if refresh.not_offered:
+        console.print(f"not offered in {region} (kept out of the file): {', '.join(refresh.not_offered)}")
+
+
 def main() -> None:
     app()
 

@@ -1,8 +1,9 @@
-"""What a job costs: a dated price table shipped with the project, and the estimate the submitter checks."""
+"""What a job costs: a dated price table shipped with the project, overridden per region by `trainforge prices
+refresh` (trainer/price_refresh.py), and the estimate the submitter checks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -17,29 +18,79 @@ class PriceUnknown(LookupError):
     pass
 
 
+def refreshed_dir() -> Path:
+    """Where `trainforge prices refresh` keeps one file per region; it overrides the shipped table there."""
+    from trainforge.trainer.local import home
+    return home() / "prices"
+
+
+@dataclass(frozen=True)
+class RefreshedPrices:
+    """One region's prices as fetched from AWS (on-demand list price; spot: median of the latest price per AZ)."""
+    region: str
+    as_of: str
+    source: str
+    on_demand: dict[str, float]
+    spot: dict[str, float]
+
+    @classmethod
+    def load(cls, path: Path) -> RefreshedPrices:
+        raw = yaml.safe_load(path.read_text())
+        return cls(raw["region"], str(raw["as_of"]), raw["source"], dict(raw.get("on_demand") or {}), dict(raw.get("spot") or {}))
+
+
+@dataclass(frozen=True)
+class Quote:
+    on_demand: float  # USD per node-hour
+    spot: float
+    as_of: str
+    refreshed: bool  # from a refresh, not the shipped table
+
+
 @dataclass(frozen=True)
 class PriceTable:
     as_of: str
     regions: tuple[str, ...]
     on_demand: dict[str, float]
     spot_fraction: dict[str, float]
+    refreshed: dict[str, RefreshedPrices] = field(default_factory=dict)  # by region
+
+    def typical_spot(self, instance_type: str, on_demand: float) -> float:
+        family = instance_type.split(".", 1)[0]
+        return on_demand * self.spot_fraction.get(family, self.spot_fraction["default"])
+
+    def _shipped_on_demand(self, instance_type: str, region: str) -> float:
+        if region not in self.regions:
+            raise PriceUnknown(f"no prices for region {region!r} (the table covers {list(self.regions)}, as of {self.as_of}). "
+                               f"Fix: `trainforge prices refresh --region {region}`")
+        if instance_type not in self.on_demand:
+            raise PriceUnknown(f"no price for {instance_type!r} in the table of {self.as_of}. "
+                               f"Fix: `trainforge prices refresh --region {region} --instance-type {instance_type}`, or add it to trainer/prices.yaml")
+        return self.on_demand[instance_type]
+
+    def quote(self, instance_type: str, region: str) -> Quote:
+        """A refreshed price where there is one for this region and type, else the shipped table's."""
+        fresh = self.refreshed.get(region)
+        on_demand = fresh.on_demand.get(instance_type) if fresh else None
+        spot = fresh.spot.get(instance_type) if fresh else None
+        used_fresh = on_demand is not None or spot is not None
+        if on_demand is None:
+            on_demand = self._shipped_on_demand(instance_type, region)
+        if spot is None:
+            spot = self.typical_spot(instance_type, on_demand)
+        return Quote(on_demand, spot, fresh.as_of if used_fresh and fresh else self.as_of, used_fresh)
 
     def hourly(self, instance_type: str, capacity: Literal["on-demand", "spot"], region: str) -> float:
-        if region not in self.regions:
-            raise PriceUnknown(f"no prices for region {region!r} (the table covers {list(self.regions)}, as of {self.as_of})")
-        if instance_type not in self.on_demand:
-            raise PriceUnknown(f"no price for {instance_type!r} in the table of {self.as_of}; add it to trainer/prices.yaml")
-        price = self.on_demand[instance_type]
-        if capacity == "spot":
-            family = instance_type.split(".", 1)[0]
-            price *= self.spot_fraction.get(family, self.spot_fraction["default"])
-        return price
+        quote = self.quote(instance_type, region)
+        return quote.spot if capacity == "spot" else quote.on_demand
 
 
 @lru_cache(maxsize=1)
 def price_table(path: Path = PRICES) -> PriceTable:
     raw = yaml.safe_load(path.read_text())
-    return PriceTable(str(raw["as_of"]), tuple(raw["regions"]), dict(raw["on_demand"]), dict(raw["spot_fraction"]))
+    directory = refreshed_dir()
+    refreshed = {r.region: r for r in (RefreshedPrices.load(p) for p in sorted(directory.glob("*.yaml")))} if directory.exists() else {}
+    return PriceTable(str(raw["as_of"]), tuple(raw["regions"]), dict(raw["on_demand"]), dict(raw["spot_fraction"]), refreshed)
 
 
 @dataclass(frozen=True)
@@ -68,6 +119,5 @@ class CostEstimate:
 
 
 def estimate(instance_type: str, nodes: int, hours: float, capacity: Capacity, region: str) -> CostEstimate:
-    table = price_table()
-    return CostEstimate(instance_type, nodes, hours, table.hourly(instance_type, "on-demand", region),
-                        table.hourly(instance_type, "spot", region), capacity, table.as_of)
+    quote = price_table().quote(instance_type, region)
+    return CostEstimate(instance_type, nodes, hours, quote.on_demand, quote.spot, capacity, quote.as_of)
