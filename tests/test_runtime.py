@@ -207,3 +207,49 @@ def test_a_researchers_own_model_and_data_run_through_module_factory(tmp_path, m
 def test_an_unloadable_task_is_a_user_error(tmp_path):
     outcome = run(tmp_path, "task=no_such_module:build", nproc=None, check=False)
     assert outcome.returncode == contract.EXIT_USER_ERROR and "cannot load task factory 'no_such_module:build'" in outcome.stderr
+
+
+def descendants(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = [int(c) for c in children.read_text().split()] if children.exists() else []
+    return [k for kid in kids for k in (kid, *descendants(kid))]
+
+
+def test_a_lost_node_makes_the_survivors_retry_not_fail(tmp_path):
+    """Two nodes on loopback, each under the node launcher as on the cluster. Node 1's worker is SIGKILLed: node 0's
+    worker then fails in a collective, which is not its own bug. Exit 1 would fail the job for good under
+    PyTorchJob's ExitCode policy; both nodes must exit with a retryable code instead."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from servers import free_port
+
+    from trainforge.trainer.launch import EXIT_WORKER_LOST
+
+    port = free_port()
+    sets = [a for o in [*BASE, "max_steps=100000", "step_sleep_s=0.05"] for a in ("--set", o)]
+
+    def node(rank: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "trainforge.trainer.launch", "--nproc-per-node=1", f"--exit-dir={tmp_path}/exit{rank}",
+                                 "--", "--nnodes=2", f"--node-rank={rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                                 "--rdzv-id=lost-node", "-m", "trainforge.trainer.runtime", *sets],
+                                cwd=tmp_path, stdout=open(tmp_path / f"node{rank}.log", "w"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def worker_of(launcher: subprocess.Popen) -> int:  # launcher -> torchrun -> `python -u -m trainforge.trainer.runtime`
+        return next(p for p in descendants(launcher.pid)
+                    if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[1:4] == [b"-u", b"-m", b"trainforge.trainer.runtime"])
+
+    nodes = [node(0), node(1)]
+    try:
+        wait_for_step(tmp_path, 5)
+        os.kill(worker_of(nodes[1]), signal.SIGKILL)
+        codes = [n.wait(timeout=90) for n in nodes]
+    finally:
+        for n in nodes:  # the whole tree: a killed agent would leave its worker training on
+            try:
+                os.killpg(n.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert codes[1] == EXIT_WORKER_LOST, "the node whose worker vanished"
+    assert [p.read_text() for p in (tmp_path / "exit0").glob("rank*.code")] == [str(contract.EXIT_PEER_LOST)], \
+        (tmp_path / "node0.log").read_text()[-2000:]
+    assert contract.is_retryable(codes[0]), f"the surviving node exited {codes[0]}: the job would fail instead of resuming"

@@ -7,10 +7,11 @@ into a permanent failure. This wrapper is the container's command on the cluster
 command locally (one code path): each worker records its own exit code (`record_exit`), and the
 node exits with the contract's code for the attempt:
 
-    0    every worker finished
+    0      every worker finished
     1-127  a worker's own error (user error: not retried), the first one recorded
-    143  preempted: every worker that stopped took the emergency checkpoint (retried)
-    137  a worker vanished without a record (SIGKILL, OOM, node loss): the root cause, retried
+    143    preempted: every worker that stopped took the emergency checkpoint (retried)
+    137    a worker vanished without a record (SIGKILL, OOM, node loss), or workers failed only because a peer
+           on another node did (they record contract.EXIT_PEER_LOST): retried
 
 Usage:
     python -m trainforge.trainer.launch [--nproc-per-node N] [--exit-dir D] -- TORCHRUN_ARGS...

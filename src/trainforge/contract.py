@@ -112,6 +112,7 @@ def team_s3_prefix(team: str) -> str:
 EXIT_OK = 0
 EXIT_USER_ERROR = 2  # bad config, bad code: retrying cannot help (as is any other code from 1 to 127)
 EXIT_PREEMPTED = 143  # interrupted (SIGTERM: spot notice, eviction, cancel); the checkpoint is taken — resume me
+EXIT_PEER_LOST = 200  # a collective failed because another rank or the network went away — not this rank's fault: retry
 
 
 def is_retryable(exit_code: int) -> bool:

@@ -87,14 +87,37 @@ def main(argv: list[str] | None = None) -> int:
     return result.exit_code
 
 
+# What gloo says when the rank at the other end of a collective is gone (NCCL raises DistBackendError, or its
+# watchdog aborts the process, which leaves no record and reads as a lost worker).
+PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in PEER_FAILURE_MESSAGES)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """An uncaught exception is a bug in the job (1, not retried), unless a peer's loss caused it (retried)."""
+    if isinstance(exc, SystemExit):
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    return contract.EXIT_PEER_LOST if is_peer_failure(exc) else 1
+
+
 def entry() -> int:
     from trainforge.trainer.launch import record_exit
 
     try:
         code = main()
     except BaseException as exc:
-        # An uncaught exception is a bug in the job: exit 1, which nobody retries.
-        record_exit(1 if not isinstance(exc, SystemExit) else int(exc.code or 0))
+        code = exit_code_for(exc)
+        record_exit(code)
+        if code == contract.EXIT_PEER_LOST:
+            logging.getLogger("trainforge.runtime").error("a collective failed because a peer is gone (%s); exiting %d to be "
+                                                          "restarted from the last checkpoint", str(exc).splitlines()[0][:200], code)
+            return code
         raise
     record_exit(code)
     return code
