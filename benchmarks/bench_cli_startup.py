@@ -22,6 +22,7 @@ CASES = {
     "trainforge render examples/quickstart.yaml": [sys.executable, "-m", "trainforge.trainer.cli", "render", "examples/quickstart.yaml"],
     "trainforge check (reads the dev stack)": [sys.executable, "-m", "trainforge.trainer.cli", "check", "examples/quickstart.yaml",
                                                "--stack", "stacks/Pulumi.dev.yaml", "-o", "json"],
+    "trainforge prices show": [sys.executable, "-m", "trainforge.trainer.cli", "prices", "show", "-o", "json"],
 }
 
 
