@@ -75,3 +75,14 @@ def test_the_launcher_refuses_to_start_without_a_worker_count():
     out = subprocess.run([sys.executable, "-m", "trainforge.trainer.launch", "--", "-m", "x"], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 2 and "--nproc-per-node" in out.stderr
+
+
+def test_only_a_collective_failing_on_a_lost_peer_is_not_the_ranks_fault():
+    pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
+    from trainforge.trainer.runtime.__main__ import exit_code_for
+
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:2792: Connection reset by peer")
+    assert exit_code_for(gloo) == contract.EXIT_PEER_LOST and contract.is_retryable(contract.EXIT_PEER_LOST)
+    assert exit_code_for(RuntimeError("my database: Connection reset by peer")) == 1, "the user's own socket is the user's error"
+    assert exit_code_for(ValueError("shapes do not match")) == 1
+    assert exit_code_for(SystemExit(contract.EXIT_USER_ERROR)) == contract.EXIT_USER_ERROR

@@ -87,16 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     return result.exit_code
 
 
-# What gloo says when the rank at the other end of a collective is gone (NCCL raises DistBackendError, or its
-# watchdog aborts the process, which leaves no record and reads as a lost worker).
-PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused")
+# What gloo's TCP transport says when the rank at the other end of a collective is gone, e.g. "[.../gloo/transport/
+# tcp/pair.cc:537] Read error [...]: Connection reset by peer". NCCL raises DistBackendError, or its watchdog aborts
+# the process, which leaves no record and reads as a lost worker. Only gloo's own messages count: a user's code
+# that hits "connection reset" on its own socket is still the user's error.
+PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
 def is_peer_failure(exc: BaseException) -> bool:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in PEER_FAILURE_MESSAGES)
+    message = str(exc)
+    return isinstance(exc, RuntimeError) and "gloo" in message and any(m in message for m in PEER_FAILURE_MESSAGES)
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -116,7 +119,7 @@ def entry() -> int:
         record_exit(code)
         if code == contract.EXIT_PEER_LOST:
             logging.getLogger("trainforge.runtime").error("a collective failed because a peer is gone (%s); exiting %d to be "
-                                                          "restarted from the last checkpoint", str(exc).splitlines()[0][:200], code)
+                                                          "restarted from the last checkpoint", (str(exc).splitlines() or [type(exc).__name__])[0][:200], code)
             return code
         raise
     record_exit(code)
