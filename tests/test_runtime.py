@@ -22,7 +22,9 @@ BASE = ["max_steps=60", "checkpoint.interval_steps=10", "eval_every=20", "batch_
 
 def command(workdir: Path, overrides: list[str], nproc: int | None = 2) -> list[str]:
     sets = [a for o in [*BASE, *overrides] for a in ("--set", o)]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
+    # Under the node launcher, as every pod and the local supervisor run it: its exit code is the contract's.
+    launcher = [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", "--", "--standalone"] if nproc \
+        else [sys.executable]
     return [*launcher, "-m", "trainforge.trainer.runtime", *sets]
 
 

@@ -56,6 +56,10 @@ def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int
     codes = [int(p.read_text()) for p in sorted(exit_dir.glob("rank*.code"))] if exit_dir.exists() else []
     if len(codes) < world_size:
         return "retry", -signal.SIGKILL
+    if all(c == 0 for c in codes):
+        # Every worker finished and said so; a crash after that (seen: SIGABRT "terminate called without an active
+        # exception" in interpreter teardown after an FSDP run) must not re-run a finished job.
+        return "ok", 0
     user_errors = [c for c in codes if c != 0 and not contract.is_retryable(c)]
     if user_errors:
         return "user_error", user_errors[0]
