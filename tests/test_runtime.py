@@ -14,7 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 
+from servers import free_port  # noqa: E402
+
 from trainforge import contract  # noqa: E402
+from trainforge.trainer.launch import EXIT_WORKER_LOST  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BASE = ["max_steps=60", "checkpoint.interval_steps=10", "eval_every=20", "batch_size=32", "checkpoint.keep_last=3"]
@@ -221,11 +224,6 @@ def test_a_lost_node_makes_the_survivors_retry_not_fail(tmp_path):
     """Two nodes on loopback, each under the node launcher as on the cluster. Node 1's worker is SIGKILLed: node 0's
     worker then fails in a collective, which is not its own bug. Exit 1 would fail the job for good under
     PyTorchJob's ExitCode policy; both nodes must exit with a retryable code instead."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from servers import free_port
-
-    from trainforge.trainer.launch import EXIT_WORKER_LOST
-
     port = free_port()
     sets = [a for o in [*BASE, "max_steps=100000", "step_sleep_s=0.05"] for a in ("--set", o)]
 

@@ -117,8 +117,8 @@ def _job_cost(state) -> dict:
     if state.instance_type:
         try:
             table = price_table()
-            on_demand = table.hourly(state.instance_type, "on-demand", table.regions[0]) * hours
-            spot = table.hourly(state.instance_type, "spot", table.regions[0]) * hours
+            quote = table.quote(state.instance_type, table.regions[0])
+            on_demand, spot = quote.on_demand * hours, quote.spot * hours
         except PriceUnknown:
             return out
         out.update(on_demand_usd=round(on_demand, 4), spot_usd=round(spot, 4),

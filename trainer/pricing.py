@@ -78,7 +78,7 @@ class PriceTable:
             on_demand = self._shipped_on_demand(instance_type, region)
         if spot is None:
             spot = self.typical_spot(instance_type, on_demand)
-        return Quote(on_demand, spot, fresh.as_of if used_fresh and fresh else self.as_of, used_fresh)
+        return Quote(on_demand, spot, fresh.as_of if fresh and used_fresh else self.as_of, used_fresh)
 
     def hourly(self, instance_type: str, capacity: Literal["on-demand", "spot"], region: str) -> float:
         quote = self.quote(instance_type, region)
