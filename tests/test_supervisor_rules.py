@@ -24,6 +24,10 @@ def record(tmp_path, **codes):
     ({"rank0": 2, "rank1": 2}, ("user_error", 2), 2),
     ({"rank0": 1, "rank1": contract.EXIT_PREEMPTED}, ("user_error", 1), 1),  # rank 0 crashed, torchrun stopped rank 1
     ({"rank0": contract.EXIT_PREEMPTED, "rank1": contract.EXIT_PREEMPTED}, ("retry", contract.EXIT_PREEMPTED), 143),
+    # rank 0 was killed; torchrun then stopped rank 1 with SIGTERM, which looks like a preemption but is not one
+    ({"rank0": EXIT_WORKER_LOST, "rank1": contract.EXIT_PREEMPTED}, ("retry", EXIT_WORKER_LOST), EXIT_WORKER_LOST),
+    ({"rank0": contract.EXIT_PEER_LOST, "rank1": contract.EXIT_PREEMPTED}, ("retry", contract.EXIT_PEER_LOST), EXIT_WORKER_LOST),
+    ({"rank0": 0, "rank1": contract.EXIT_PREEMPTED}, ("retry", contract.EXIT_PREEMPTED), 143),  # rank 0 had finished
     ({"rank0": 1}, ("retry", -9), EXIT_WORKER_LOST),  # rank 1 was killed; rank 0's collective then failed: the kill is the cause
     ({}, ("retry", -9), EXIT_WORKER_LOST),
 ])
@@ -59,7 +63,9 @@ def test_the_launcher_exits_with_a_users_own_code_not_torchruns_1():
 
 @pytest.mark.slow
 def test_a_worker_killed_by_a_signal_makes_the_node_retryable():
-    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL) if os.environ['RANK'] == '0' else None"
+    # Rank 1 is still running when rank 0 dies, so torchrun stops it with SIGTERM and it records 143: the node must
+    # still say "worker lost" (counted against restarts), not "preempted" (uncounted), or an OOM loop never ends.
+    kill = "import os, signal, time; os.kill(os.getpid(), signal.SIGKILL) if os.environ['RANK'] == '0' else time.sleep(60)"
     code = subprocess.run(launch(*python(kill)), capture_output=True, timeout=120).returncode
     assert code == EXIT_WORKER_LOST and contract.is_retryable(code)
 

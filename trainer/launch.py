@@ -63,7 +63,13 @@ def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int
     user_errors = [c for c in codes if c != 0 and not contract.is_retryable(c)]
     if user_errors:
         return "user_error", user_errors[0]
-    return "retry", next((c for c in codes if c == contract.EXIT_PREEMPTED), returncode)
+    # Preempted only when every worker that stopped was preempted. When one worker is killed (OOM, a signal)
+    # torchrun stops the others with SIGTERM and they record 143 too: that attempt is a lost worker, which
+    # the cluster counts against maxRestarts, not a preemption, which it does not (an OOM loop must end).
+    failures = [c for c in codes if c != 0]
+    if all(c == contract.EXIT_PREEMPTED for c in failures):
+        return "retry", contract.EXIT_PREEMPTED
+    return "retry", next((c for c in failures if c != contract.EXIT_PREEMPTED), returncode)
 
 
 def node_exit_code(returncode: int, exit_dir: Path, world_size: int) -> int:
