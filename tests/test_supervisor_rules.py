@@ -5,12 +5,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from trainforge import contract
 from trainforge.trainer.launch import EXIT_WORKER_LOST, classify, node_exit_code
 from trainforge.trainer.local import outcome_of
+
+from servers import free_port
 
 
 def record(tmp_path, **codes):
@@ -46,8 +49,9 @@ def test_workers_that_all_recorded_success_make_a_success_whatever_torchrun_says
     assert node_exit_code(1, tmp_path, world_size=2) == 0
 
 
-def launch(*command, nproc=2):
-    return [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", "--", "--standalone",
+def launch(*command, nproc=2, exit_dir=None):
+    exit_dir = [f"--exit-dir={exit_dir}"] if exit_dir else []
+    return [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", *exit_dir, "--", "--standalone",
             "-m", "trainforge.trainer.launch", "--rank", "--", *command]
 
 
@@ -71,9 +75,34 @@ def test_a_worker_killed_by_a_signal_makes_the_node_retryable():
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_node_is_forwarded_and_reported_as_preempted():
-    node = subprocess.Popen(launch(*python("import time; time.sleep(60)")), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    time.sleep(4)  # torchrun up, both ranks sleeping
+def test_sigterm_to_the_node_is_forwarded_and_reported_as_preempted(tmp_path):
+    started = tmp_path / "started"
+    started.mkdir()
+    sleeper = f"import os, pathlib, time; pathlib.Path({str(started)!r}, os.environ['RANK']).touch(); time.sleep(60)"
+    node = subprocess.Popen(launch(*python(sleeper), exit_dir=tmp_path / "exits"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(timeout=60) == contract.EXIT_PREEMPTED
+    # Both ranks got the signal (the runtime's emergency checkpoint depends on it) and said so.
+    assert sorted(p.read_text() for p in (tmp_path / "exits").glob("rank*.code")) == ["143", "143"]
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.slow
+def test_sigterm_before_the_workers_are_up_is_still_a_preemption():
+    # Node 0 of 2 waits in the rendezvous for a node that never comes, so no worker ever starts or records a code.
+    node = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.launch", "--nproc-per-node=1", "--", "--nnodes=2",
+                             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "json.tool"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not children_of(node.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the launcher is up (its handlers are set before torchrun starts)
     node.send_signal(signal.SIGTERM)
     assert node.wait(timeout=60) == contract.EXIT_PREEMPTED
 

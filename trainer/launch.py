@@ -9,7 +9,8 @@ node exits with the contract's code for the attempt:
 
     0      every worker finished
     1-127  a worker's own error (user error: not retried), the first one recorded
-    143    preempted: every worker that stopped took the emergency checkpoint (retried)
+    143    preempted: the node was told to stop (SIGTERM/SIGINT), or every worker that stopped took the
+           emergency checkpoint (retried)
     137    a worker vanished without a record (SIGKILL, OOM, node loss), or workers failed only because a peer
            on another node did (they record contract.EXIT_PEER_LOST): retried
 
@@ -80,13 +81,35 @@ def node_exit_code(returncode: int, exit_dir: Path, world_size: int) -> int:
     return code
 
 
-def _forward_signals(child: subprocess.Popen) -> None:
-    def forward(signum, _frame):
-        if child.poll() is None:
-            child.send_signal(signum)
+class SignalForwarder:
+    """Passes SIGTERM/SIGINT on to the child process, once, and remembers that they came.
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, forward)
+    Installed before the child starts, so a signal that arrives while it is starting is held and passed on as
+    soon as it exists, instead of killing this process with nobody told.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._child: subprocess.Popen | None = None
+        self._forwarded = 0
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def start(self, command: list[str], **popen_kwargs) -> subprocess.Popen:
+        self._child = subprocess.Popen(command, **popen_kwargs)
+        self._forward()
+        return self._child
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self.received.append(signum)
+        self._forward()
+
+    def _forward(self) -> None:
+        while self._child is not None and self._forwarded < len(self.received):
+            signum = self.received[self._forwarded]
+            self._forwarded += 1  # before sending: a signal handled meanwhile must not send this one again
+            if self._child.poll() is None:
+                self._child.send_signal(signum)
 
 
 def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | None = None) -> int:
@@ -94,10 +117,14 @@ def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | Non
     exit_dir = exit_dir or Path(tempfile.mkdtemp(prefix="trainforge-exit-"))
     env = {**os.environ, EXIT_DIR_ENV: str(exit_dir)}
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *torchrun_args]
-    child = subprocess.Popen(command, env=env)
-    _forward_signals(child)
-    returncode = child.wait()
-    return node_exit_code(returncode, exit_dir, nproc_per_node)
+    signals = SignalForwarder()
+    returncode = signals.start(command, env=env).wait()
+    code = node_exit_code(returncode, exit_dir, nproc_per_node)
+    if signals.received and contract.is_retryable(code):
+        # The node itself was stopped (kubelet on a spot notice or eviction, `trainforge cancel`): a preemption,
+        # even when it came before the workers were up to record one.
+        return contract.EXIT_PREEMPTED
+    return code
 
 
 def run_rank(command: list[str]) -> int:
@@ -105,12 +132,11 @@ def run_rank(command: list[str]) -> int:
     if command[0] in ("python", "python3"):  # the job's interpreter, not whichever python is first on PATH
         command = [sys.executable, *command[1:]]
     try:
-        child = subprocess.Popen(command)
+        child = SignalForwarder().start(command)
     except OSError as exc:  # not found, not executable: the spec's fault
         print(f"error: entry.command {command[0]!r}: {exc.strerror}", file=sys.stderr)
         record_exit(127)
         return 127
-    _forward_signals(child)
     code = child.wait()
     if code < 0:  # killed by signal N: the shell's convention, 128 + N, keeps it retryable
         code = 128 - code
