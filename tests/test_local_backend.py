@@ -100,6 +100,22 @@ def test_a_user_error_is_not_retried(tmp_path):
     assert "fp16 needs a CUDA device" in cli(home, "logs", "bad-precision").stdout
 
 
+def test_a_job_admitted_against_a_stack_is_priced_in_the_stacks_region(tmp_path):
+    home = tmp_path / "home"
+    repo = Path(__file__).resolve().parents[1]
+    # A refreshed us-west-2 price (the dev stack's region) that no other region has: the cost must use it.
+    (home / "prices").mkdir(parents=True)
+    (home / "prices" / "us-west-2.yaml").write_text(yaml.safe_dump({
+        "region": "us-west-2", "as_of": "2026-11-01", "source": "test", "on_demand": {"g6.xlarge": 100.0}, "spot": {"g6.xlarge": 40.0}}))
+    cli(home, "submit", "--stack", str(repo / "stacks" / "Pulumi.dev.yaml"), "--spent", "0",
+        str(spec_file(tmp_path, "priced", max_steps=20, eval_every=10)))
+    (job,) = json.loads(cli(home, "cost", "-o", "json").stdout)["jobs"]
+    assert job["priced_in"] == "us-west-2"
+    # node_hours is rounded to 4 places, so allow 0.00005 node-hours at the price; the shipped price (~$0.80/h) is far off
+    assert job["on_demand_usd"] == pytest.approx(job["node_hours"] * 100.0, abs=0.006)
+    assert job["cost_usd"] == pytest.approx(job["node_hours"] * 40.0, abs=0.003)  # submitted as spot
+
+
 def test_an_active_job_cannot_be_submitted_twice(tmp_path):
     home = tmp_path / "home"
     path = spec_file(tmp_path, "twice", step_sleep_s=0.05)

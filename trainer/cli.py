@@ -110,14 +110,19 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
 # ---- the local backend -----------------------------------------------------------------------------------------
 
 def _job_cost(state) -> dict:
-    """AWS-equivalent cost of the node-hours a job used: on-demand, spot, and as submitted."""
+    """AWS-equivalent cost of the node-hours a job used: on-demand, spot, and as submitted.
+
+    Priced in the region of the stack the job was admitted against; a job submitted without a stack has no
+    region, so the price table's first (reference) region stands in, and the output says which was used.
+    """
     from trainforge.trainer.pricing import PriceUnknown, price_table
     hours = state.nodes * state.run_seconds / 3600
-    out = {"node_hours": round(hours, 4), "on_demand_usd": None, "spot_usd": None, "cost_usd": None}
+    out = {"node_hours": round(hours, 4), "on_demand_usd": None, "spot_usd": None, "cost_usd": None, "priced_in": None}
     if state.instance_type:
         try:
             table = price_table()
-            quote = table.quote(state.instance_type, table.regions[0])
+            out["priced_in"] = state.region or table.regions[0]
+            quote = table.quote(state.instance_type, out["priced_in"])
             on_demand, spot = quote.on_demand * hours, quote.spot * hours
         except PriceUnknown:
             return out
@@ -147,7 +152,7 @@ def _summary(spec, state) -> None:
         table.add_row("MLflow", f"{os.environ['MLFLOW_TRACKING_URI']}, experiment {spec.tracking.experiment!r}, tag trainforge.job_id={spec.name}")
     if cost["on_demand_usd"] is not None:
         table.add_row("on AWS", f"{cost['node_hours']:.3f} node-hours of {state.instance_type}: ${cost['on_demand_usd']:.2f} on-demand, "
-                      f"${cost['spot_usd']:.2f} spot")
+                      f"${cost['spot_usd']:.2f} spot ({cost['priced_in']} prices)")
     if state.reason:
         table.add_row("note", state.reason)
     Console().print(table)
@@ -158,13 +163,16 @@ class Backend(str, Enum):
     kubernetes = "kubernetes"
 
 
-def _admit_or_exit(spec, stack: Path, spent: float) -> None:
+def _admit_or_exit(spec, stack: Path, spent: float) -> str:
+    """Check quota, max cost and budget against the stack; return the stack's region (where the job is priced)."""
     from trainforge.trainer.admission import admit
-    decision = admit(spec, _platform(stack), spent_this_month_usd=spent)
+    platform = _platform(stack)
+    decision = admit(spec, platform, spent_this_month_usd=spent)
     if not decision.admitted:
         for problem in decision.problems:
             typer.echo(f"  - {problem}", err=True)
         _fail(f"job {spec.name!r} not admitted; nothing was started", code=3)
+    return platform.region
 
 
 def _local_spent_this_month(team: str) -> float:
@@ -236,11 +244,10 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     if backend is Backend.kubernetes:
         _submit_kubernetes(spec, kind, context, stack, spent_usd)
         return
-    if stack is not None:
-        _admit_or_exit(spec, stack, spent_usd)
+    region = _admit_or_exit(spec, stack, spent_usd) if stack is not None else None
     from trainforge.trainer.local import JobAlreadyActive, Supervisor, prepare, progress, start_detached
     try:
-        state = prepare(spec)
+        state = prepare(spec, region)
     except JobAlreadyActive as exc:
         _fail(str(exc))
     if detach:
@@ -411,11 +418,11 @@ def cost(team: Optional[str] = typer.Option(None, help="only this team"),
     from rich.console import Console
     from rich.table import Table
     jobs_table = Table(title="cost per job (AWS-equivalent, dated price table)", title_justify="left")
-    for column in ("job", "team", "state", "instance", "capacity", "node-hours", "$ as submitted", "$ on-demand", "$ saved by spot"):
+    for column in ("job", "team", "state", "instance", "capacity", "region", "node-hours", "$ as submitted", "$ on-demand", "$ saved by spot"):
         jobs_table.add_column(column)
     for r in per_job:
         money = lambda v: f"{v:.2f}" if v is not None else "-"  # noqa: E731
-        jobs_table.add_row(r["name"], r["team"], r["state"], r["instance_type"] or "-", r["capacity"], f"{r['node_hours']:.3f}",
+        jobs_table.add_row(r["name"], r["team"], r["state"], r["instance_type"] or "-", r["capacity"], r["priced_in"] or "-", f"{r['node_hours']:.3f}",
                            money(r["cost_usd"]), money(r["on_demand_usd"]), money(r.get("savings_usd")))
     teams_table = Table(title="per team", title_justify="left")
     for column in ("team", "jobs", "node-hours", "$ spent", "$ saved"):

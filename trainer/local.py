@@ -54,6 +54,7 @@ class JobState:
     nodes: int = 1
     instance_type: str | None = None
     capacity: str = "spot"
+    region: str | None = None  # the stack's region when admitted against one: where its cost is priced
     history: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -94,7 +95,7 @@ class JobAlreadyActive(RuntimeError):
     pass
 
 
-def prepare(spec: JobSpec) -> JobState:
+def prepare(spec: JobSpec, region: str | None = None) -> JobState:
     """Create or reopen the job's record. A finished job of the same name is resumed from its checkpoints."""
     directory = job_dir(spec.name)
     directory.mkdir(parents=True, exist_ok=True)
@@ -105,10 +106,11 @@ def prepare(spec: JobSpec) -> JobState:
                                    f"Fix: `trainforge cancel {spec.name}` first, or give the spec another name")
         state = previous
         state.state, state.exit_code, state.reason, state.ended_at = "pending", None, "", None
+        state.region = region or state.region
     else:
         instance = spec.resources.instance()
         state = JobState(spec.name, spec.team, nodes=spec.workers.nodes, instance_type=instance.name if instance else None,
-                         capacity=spec.capacity)
+                         capacity=spec.capacity, region=region)
     (directory / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     state.save()
     return state
