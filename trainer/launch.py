@@ -57,27 +57,31 @@ def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int
     codes = [int(p.read_text()) for p in sorted(exit_dir.glob("rank*.code"))] if exit_dir.exists() else []
     if len(codes) < world_size:
         return "retry", -signal.SIGKILL
-    if all(c == 0 for c in codes):
+    failures = [c for c in codes if c != 0]
+    if not failures:
         # Every worker finished and said so; a crash after that (seen: SIGABRT "terminate called without an active
         # exception" in interpreter teardown after an FSDP run) must not re-run a finished job.
         return "ok", 0
-    user_errors = [c for c in codes if c != 0 and not contract.is_retryable(c)]
+    user_errors = [c for c in failures if not contract.is_retryable(c)]
     if user_errors:
         return "user_error", user_errors[0]
     # Preempted only when every worker that stopped was preempted. When one worker is killed (OOM, a signal)
     # torchrun stops the others with SIGTERM and they record 143 too: that attempt is a lost worker, which
     # the cluster counts against maxRestarts, not a preemption, which it does not (an OOM loop must end).
-    failures = [c for c in codes if c != 0]
     if all(c == contract.EXIT_PREEMPTED for c in failures):
         return "retry", contract.EXIT_PREEMPTED
     return "retry", next((c for c in failures if c != contract.EXIT_PREEMPTED), returncode)
 
 
-def node_exit_code(returncode: int, exit_dir: Path, world_size: int) -> int:
-    """The one number Kubernetes and the supervisor read: 0, a user error 1-127, or a retryable >= 128."""
+def node_exit_code(returncode: int, exit_dir: Path, world_size: int, told_to_stop: bool = False) -> int:
+    """The one number Kubernetes and the supervisor read: 0, a user error 1-127, or a retryable >= 128.
+
+    A node that was itself told to stop (kubelet on a spot notice or eviction, `trainforge cancel`) was
+    preempted, even when the signal came before its workers were up to record it.
+    """
     outcome, code = classify(returncode, exit_dir, world_size)
     if outcome == "retry":
-        return contract.EXIT_PREEMPTED if code == contract.EXIT_PREEMPTED else EXIT_WORKER_LOST
+        return contract.EXIT_PREEMPTED if told_to_stop or code == contract.EXIT_PREEMPTED else EXIT_WORKER_LOST
     return code
 
 
@@ -119,12 +123,7 @@ def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | Non
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *torchrun_args]
     signals = SignalForwarder()
     returncode = signals.start(command, env=env).wait()
-    code = node_exit_code(returncode, exit_dir, nproc_per_node)
-    if signals.received and contract.is_retryable(code):
-        # The node itself was stopped (kubelet on a spot notice or eviction, `trainforge cancel`): a preemption,
-        # even when it came before the workers were up to record one.
-        return contract.EXIT_PREEMPTED
-    return code
+    return node_exit_code(returncode, exit_dir, nproc_per_node, told_to_stop=bool(signals.received))
 
 
 def run_rank(command: list[str]) -> int:
