@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from trainforge.infra.config import CONFIG_KEY, parse
+from trainforge.stackconfig import CONFIG_KEY, parse
 from trainforge.infra.offline import evaluate, stack_config
 
 PROD = Path(__file__).resolve().parents[1] / "stacks" / "Pulumi.prod.yaml"

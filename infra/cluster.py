@@ -7,7 +7,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from trainforge.infra.config import PlatformConfig
+from trainforge.stackconfig import PlatformConfig
 from trainforge.infra.iam import irsa_role, service_role
 from trainforge.infra.tags import named
 

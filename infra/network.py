@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from trainforge.infra.config import PlatformConfig
+from trainforge.stackconfig import PlatformConfig
 from trainforge.infra.tags import named
 
 

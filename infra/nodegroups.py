@@ -6,7 +6,7 @@ import pulumi
 import pulumi_aws as aws
 
 from trainforge import catalog, contract
-from trainforge.infra.config import NodeGroupConfig
+from trainforge.stackconfig import NodeGroupConfig
 from trainforge.infra.tags import named
 
 # Kubernetes spells taint effects NoSchedule; the EKS API spells them NO_SCHEDULE.

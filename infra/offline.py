@@ -25,7 +25,7 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from trainforge.infra.config import CONFIG_KEY, STACK_FILE_PATTERN, ConfigError
+from trainforge.stackconfig import CONFIG_KEY, STACK_FILE_PATTERN, ConfigError
 
 PROJECT = "trainforge"
 MOCK_ACCOUNT = "123456789012"

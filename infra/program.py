@@ -9,7 +9,7 @@ import pulumi_aws as aws
 
 from trainforge import catalog, contract
 from trainforge.infra.cluster import Addons, Cluster
-from trainforge.infra.config import CONFIG_KEY, ConfigError, PlatformConfig, parse
+from trainforge.stackconfig import CONFIG_KEY, ConfigError, PlatformConfig, parse
 from trainforge.infra.keys import Keys
 from trainforge.infra.network import Network
 from trainforge.infra.nodegroups import EfaSecurityGroup, NodePool

@@ -5,7 +5,7 @@ instances, volumes and interfaces that node groups create (node-group tags do no
 from __future__ import annotations
 
 from trainforge import contract
-from trainforge.infra.config import PlatformConfig
+from trainforge.stackconfig import PlatformConfig
 
 
 def cost_tags(cfg: PlatformConfig) -> dict[str, str]:

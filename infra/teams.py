@@ -8,7 +8,7 @@ import pulumi
 import pulumi_aws as aws
 
 from trainforge import contract
-from trainforge.infra.config import TeamConfig
+from trainforge.stackconfig import TeamConfig
 from trainforge.infra.iam import irsa_role
 from trainforge.infra.tags import named
 

@@ -27,6 +27,6 @@ def evaluations():
 @pytest.fixture(params=STACK_FILES, ids=[p.name for p in STACK_FILES])
 def stack(request, evaluations):
     """One evaluated stack (a new file in stacks/ is picked up with no test edit) and its typed config."""
-    from trainforge.infra.config import load_stack_file
+    from trainforge.stackconfig import load_stack_file
 
     return evaluations(request.param), load_stack_file(request.param)

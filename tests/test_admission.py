@@ -10,9 +10,9 @@ import pytest
 from conftest import REPO, STACKS
 
 from trainforge.contract import Flavour
-from trainforge.infra.config import load_stack_file
+from trainforge.stackconfig import load_stack_file
 from trainforge.trainer.admission import admit
-from trainforge.trainer.pricing import price_table
+from trainforge.pricing import price_table
 from trainforge.trainer.spec import load_spec
 
 PROD = load_stack_file(STACKS / "Pulumi.prod.yaml")

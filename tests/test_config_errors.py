@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import REPO, STACKS
 
-from trainforge.infra.config import CONFIG_KEY, ConfigError, load_stack_file, parse
+from trainforge.stackconfig import CONFIG_KEY, ConfigError, load_stack_file, parse
 
 
 def prod() -> dict:

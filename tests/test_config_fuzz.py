@@ -9,7 +9,7 @@ from conftest import STACKS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainforge.infra.config import CONFIG_KEY, ConfigError, PlatformConfig, parse
+from trainforge.stackconfig import CONFIG_KEY, ConfigError, PlatformConfig, parse
 
 BASE = yaml.safe_load((STACKS / "Pulumi.prod.yaml").read_text())["config"][CONFIG_KEY]
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True), st.text(max_size=20))

@@ -15,7 +15,7 @@ def test_stdlib_platform_is_not_shadowed_from_the_repository_root():
 
 
 def test_one_import_root_for_the_design_card_folders():
-    code = ("import trainforge.infra.config, trainforge.policies, trainforge.contract, trainforge.platform.training.runtime, "
+    code = ("import trainforge.stackconfig, trainforge.policies, trainforge.contract, trainforge.platform.training.runtime, "
             "trainforge.trainer.launch; import importlib.util as u; print(u.find_spec('infra'))")
     result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "None", "a top-level `infra` package leaks out of the install"
@@ -23,7 +23,7 @@ def test_one_import_root_for_the_design_card_folders():
 
 def test_stack_config_reads_without_pulumi_or_torch():
     """The submitter reads quotas from stack files offline; that path must stay light."""
-    code = ("import sys; from trainforge.infra.config import load_stack_file; load_stack_file('stacks/Pulumi.prod.yaml');"
+    code = ("import sys; from trainforge.stackconfig import load_stack_file; load_stack_file('stacks/Pulumi.prod.yaml');"
             "heavy = [m for m in ('pulumi', 'pulumi_aws', 'torch') if m in sys.modules]; print(heavy)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -10,9 +10,15 @@ import pytest
 from test_spec import SPECS
 
 from trainforge import catalog, contract
-from trainforge.infra.config import load_stack_file
-from trainforge.trainer.crd_schema import core_problems, pod_templates, problems
-from trainforge.trainer.render import render
+from trainforge.stackconfig import load_stack_file
+from trainforge.k8s_schema import core_problems, pod_templates, problems
+from trainforge.trainer.placement import decide
+from trainforge.trainer.render import render as render_placed
+
+
+def render(spec, kind="trainjob", cost_centre=None, platform=None):
+    """The manifest as submitted: placed once (against the stack when given), then rendered."""
+    return render_placed(spec, decide(spec, platform), kind, cost_centre)
 from trainforge.trainer.spec import load_spec
 
 KINDS = ["trainjob", "pytorchjob"]

@@ -304,7 +304,7 @@ def test_prod_has_the_shape_the_platform_promises():
     """The shipped prod stack: 3 AZs, NAT per AZ, p5 EFA on demand, diversified spot, on-demand GPU, PERSISTENT_2 + DRA."""
     from conftest import STACKS
 
-    from trainforge.infra.config import load_stack_file
+    from trainforge.stackconfig import load_stack_file
 
     cfg = load_stack_file(STACKS / "Pulumi.prod.yaml")
     assert len(cfg.availability_zones) == 3 and cfg.network.nat_gateways == "per-az"

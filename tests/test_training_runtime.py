@@ -11,8 +11,14 @@ from test_render import KUBERNETES_VERSIONS, SPECS
 
 from trainforge import contract
 from trainforge.platform.training.runtime import cluster_training_runtime
-from trainforge.trainer.crd_schema import core_problems, problems
-from trainforge.trainer.render import render
+from trainforge.k8s_schema import core_problems, problems
+from trainforge.trainer.placement import decide
+from trainforge.trainer.render import render as render_placed
+
+
+def render(spec, kind="trainjob", cost_centre=None, platform=None):
+    """The manifest as submitted: placed once (against the stack when given), then rendered."""
+    return render_placed(spec, decide(spec, platform), kind, cost_centre)
 from trainforge.trainer.spec import load_spec
 
 RUNTIME = cluster_training_runtime("ghcr.io/example/trainforge:1.0", max_restarts=5)

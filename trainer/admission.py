@@ -10,78 +10,95 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainforge.contract import Flavour
-from trainforge.infra.config import PlatformConfig, TeamConfig
-from trainforge.trainer.pricing import CostEstimate, PriceUnknown, estimate
+from trainforge.errors import EXIT_NOT_ADMITTED, TrainforgeError
+from trainforge.pricing import CostEstimate, PriceUnknown, estimate
+from trainforge.stackconfig import PlatformConfig, TeamConfig
+from trainforge.trainer import placement as placing
+from trainforge.trainer.placement import Placement
 from trainforge.trainer.spec import JobSpec
 
 
 @dataclass
 class Admission:
-    flavour: Flavour | None
-    gpus: int
+    placement: Placement
+    flavour: Flavour | None  # the flavour whose quota the job is charged to (Kueue may pick another candidate with room)
     cost: CostEstimate | None
     problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
     @property
     def admitted(self) -> bool:
         return not self.problems
 
-
-def candidate_flavours(spec: JobSpec, platform: PlatformConfig) -> list[Flavour]:
-    """Flavours the job may run on, in order of preference."""
-    if spec.resources.gpus() == 0:
-        return [Flavour.SYSTEM]
-    instance = spec.resources.instance()
-    efa_groups = [g for g in platform.node_groups if g.efa and instance is not None and instance.name in g.instance_types]
-    on_demand = Flavour.GPU_EFA if (efa_groups and spec.workers.nodes > 1) else Flavour.GPU_ONDEMAND
-    return {"spot": [Flavour.GPU_SPOT], "on-demand": [on_demand], "spot-fallback": [Flavour.GPU_SPOT, on_demand]}[spec.capacity]
+    @property
+    def gpus(self) -> int:
+        return self.placement.gpus
 
 
-def _offered(platform: PlatformConfig, flavour: Flavour, instance_type: str | None) -> bool:
-    groups = [g for g in platform.node_groups if g.flavour is flavour]
-    return bool(groups) and (instance_type is None or any(instance_type in g.instance_types for g in groups))
+class NotAdmitted(TrainforgeError):
+    """The job would break a rule (quota, cost limit, budget): nothing was created or started."""
+
+    exit_code = EXIT_NOT_ADMITTED
+
+    def __init__(self, name: str, problems: list[str], nothing_was: str = "created"):
+        super().__init__(name, problems)
+        self.nothing_was = nothing_was
+
+    def _message(self) -> str:
+        return f"job {self.source!r} not admitted; nothing was {getattr(self, 'nothing_was', 'created')}:\n" + \
+            "\n".join(f"  - {p}" for p in self.problems)
+
+
+def unchecked(spec: JobSpec) -> Admission:
+    """A local job run without a stack: placed by the catalogue, no quota or budget to check."""
+    where = placing.decide(spec, None)
+    return Admission(where, where.preferred, None, [])
+
+
+def team_of(spec: JobSpec, platform: PlatformConfig) -> TeamConfig | None:
+    return next((t for t in platform.teams if t.name == spec.team), None)
 
 
 def _team(spec: JobSpec, platform: PlatformConfig, problems: list[str]) -> TeamConfig | None:
-    team = next((t for t in platform.teams if t.name == spec.team), None)
+    team = team_of(spec, platform)
     if team is None:
         problems.append(f"team: {spec.team!r} is not onboarded in the {platform.environment} stack "
                         f"(teams: {[t.name for t in platform.teams]}). Fix: use your team's name, or ask the platform team to add it")
     return team
 
 
+def _charged_flavour(spec: JobSpec, platform: PlatformConfig, team: TeamConfig, where: Placement, problems: list[str]) -> Flavour | None:
+    """The first candidate flavour whose quota holds the job; every other candidate's reason when none does."""
+    reasons = []
+    offered = set(where.flavours)
+    for flavour in placing.preferred_flavours(spec, platform):
+        quota = team.gpu_quota.get(flavour, 0)
+        if flavour not in offered:
+            reasons.append(f"no {flavour.value} node group offers {where.instance_type or 'GPUs'}")
+        elif where.gpus > quota:
+            reasons.append(f"{where.gpus} {flavour.value} GPUs needed ({where.nodes} nodes x {where.gpus_per_node}), "
+                           f"team {team.name!r} may use at most {quota}")
+        else:
+            return flavour
+    problems.append("resources: the job can never be scheduled: " + "; ".join(reasons) +
+                    ". Fix: fewer nodes or GPUs per node, another capacity, or a larger quota from the platform team")
+    return None
+
+
 def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: float = 0.0) -> Admission:
     problems: list[str] = []
-    instance = spec.resources.instance()
-    per_node = spec.resources.gpus()
-    gpus = per_node * spec.workers.nodes
+    where = placing.decide(spec, platform)
+    instance = where.instance
     team = _team(spec, platform, problems)
-
-    chosen: Flavour | None = None
-    if team is not None and per_node > 0:
-        reasons = []
-        for flavour in candidate_flavours(spec, platform):
-            quota = team.gpu_quota.get(flavour, 0)
-            if not _offered(platform, flavour, instance.name if instance else None):
-                reasons.append(f"no {flavour.value} node group offers {instance.name if instance else 'GPUs'}")
-            elif gpus > quota:
-                reasons.append(f"{gpus} {flavour.value} GPUs needed ({spec.workers.nodes} nodes x {per_node}), team {team.name!r} may use at most {quota}")
-            else:
-                chosen = flavour
-                break
-        if chosen is None:
-            problems.append("resources: the job can never be scheduled: " + "; ".join(reasons) +
-                            ". Fix: fewer nodes or GPUs per node, another capacity, or a larger quota from the platform team")
+    chosen = _charged_flavour(spec, platform, team, where, problems) if team is not None and where.gpus_per_node > 0 else None
 
     cost = None
     if instance is not None:
         try:
-            cost = estimate(instance.name, spec.workers.nodes, spec.limits.max_runtime_hours, spec.capacity, platform.region)
+            cost = estimate(instance.name, where.nodes, spec.limits.max_runtime_hours, spec.capacity, platform.region)
         except PriceUnknown as exc:
             problems.append(f"resources.instance_type: cannot estimate the cost: {exc}")
-    elif per_node > 0:
-        problems.append(f"resources.gpu_type: no catalogue instance has {per_node} x {spec.resources.gpu_type}. Fix: fewer GPUs per node")
+    elif where.gpus_per_node > 0:
+        problems.append(f"resources.gpu_type: no catalogue instance has {where.gpus_per_node} x {spec.resources.gpu_type}. Fix: fewer GPUs per node")
 
     if cost is not None:
         expected = cost.expected_usd
@@ -96,4 +113,4 @@ def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: floa
                 problems.append(f"team budget: the estimate is ${expected:,.2f} but team {team.name!r} has ${remaining:,.2f} left of "
                                 f"${team.monthly_budget_usd:,.2f} this month (${expected - remaining:,.2f} short). "
                                 "Fix: a cheaper job, or a budget increase from the team's cost-centre owner")
-    return Admission(chosen, gpus, cost, problems)
+    return Admission(where, chosen, cost, problems)

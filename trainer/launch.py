@@ -4,7 +4,7 @@ torchrun exits 1 whatever happened to its workers: a user's bug, a spot notice, 
 killer. Kubernetes restart rules read the container's exit code (PyTorchJob `restartPolicy: ExitCode`, the
 Job `podFailurePolicy` of the `trainforge-torch` runtime), so a bare torchrun would turn every preemption
 into a permanent failure. This wrapper is the container's command on the cluster and the supervisor's
-command locally (one code path): each worker records its own exit code (`record_exit`), and the
+command locally (one code path): each worker records its own exit code (`contract.record_exit`), and the
 node exits with the contract's code for the attempt:
 
     0      every worker finished
@@ -33,16 +33,11 @@ from pathlib import Path
 
 from trainforge import contract
 
-EXIT_WORKER_LOST = 128 + signal.SIGKILL  # 137
-EXIT_DIR_ENV = "TRAINFORGE_EXIT_DIR"
+from trainforge.contract import EXIT_DIR_ENV, EXIT_WORKER_LOST, read_exits, record_exit
 
-
-def record_exit(code: int) -> None:
-    """Called by each worker as it exits. A rank with no record was killed: the launcher treats that as the cause."""
-    directory = os.environ.get(EXIT_DIR_ENV)
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        Path(directory, f"rank{os.environ.get('RANK', '0')}.code").write_text(str(code))
+# Kubernetes shows this file's content as the container's termination message (`kubectl describe`, the job's
+# status): the one line that says why a user error failed the job.
+TERMINATION_LOG = Path("/dev/termination-log")
 
 
 def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int]:
@@ -54,7 +49,7 @@ def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int
     """
     if returncode == 0:
         return "ok", 0
-    codes = [int(p.read_text()) for p in sorted(exit_dir.glob("rank*.code"))] if exit_dir.exists() else []
+    codes = [r.code for r in read_exits(exit_dir)]
     if len(codes) < world_size:
         return "retry", -signal.SIGKILL
     failures = [c for c in codes if c != 0]
@@ -71,6 +66,26 @@ def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int
     if all(c == contract.EXIT_PREEMPTED for c in failures):
         return "retry", contract.EXIT_PREEMPTED
     return "retry", next((c for c in failures if c != contract.EXIT_PREEMPTED), returncode)
+
+
+def user_error_message(exit_dir: Path) -> str:
+    """The message of the first rank that failed with a user error (1-127), as 'rank R: message'; '' if none."""
+    for record in read_exits(exit_dir):
+        if record.code != 0 and not contract.is_retryable(record.code) and record.message:
+            return f"rank {record.rank}: {record.message}"
+    return ""
+
+
+def report_user_error(exit_dir: Path) -> None:
+    message = user_error_message(exit_dir)
+    if not message:
+        return
+    print(f"trainforge: user error, not retried: {message}", file=sys.stderr)
+    if TERMINATION_LOG.exists():
+        try:
+            TERMINATION_LOG.write_text(message)
+        except OSError:
+            pass  # read-only outside Kubernetes; the stderr line is enough
 
 
 def node_exit_code(returncode: int, exit_dir: Path, world_size: int, told_to_stop: bool = False) -> int:
@@ -123,7 +138,10 @@ def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | Non
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *torchrun_args]
     signals = SignalForwarder()
     returncode = signals.start(command, env=env).wait()
-    return node_exit_code(returncode, exit_dir, nproc_per_node, told_to_stop=bool(signals.received))
+    code = node_exit_code(returncode, exit_dir, nproc_per_node, told_to_stop=bool(signals.received))
+    if 0 < code < 128:
+        report_user_error(exit_dir)
+    return code
 
 
 def run_rank(command: list[str]) -> int:
@@ -133,13 +151,14 @@ def run_rank(command: list[str]) -> int:
     try:
         child = SignalForwarder().start(command)
     except OSError as exc:  # not found, not executable: the spec's fault
-        print(f"error: entry.command {command[0]!r}: {exc.strerror}", file=sys.stderr)
-        record_exit(127)
+        message = f"entry.command {command[0]!r}: {exc.strerror}"
+        print(f"error: {message}", file=sys.stderr)
+        record_exit(127, message)
         return 127
     code = child.wait()
     if code < 0:  # killed by signal N: the shell's convention, 128 + N, keeps it retryable
         code = 128 - code
-    record_exit(code)
+    record_exit(code, f"entry.command {' '.join(command)[:200]!r} exited {code}" if 0 < code < 128 else "")
     return code
 
 

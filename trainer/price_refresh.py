@@ -1,7 +1,7 @@
 """Refresh the price table from AWS: on-demand list prices from the Pricing API, spot from EC2 spot price history.
 
 The result is one file per region under `$TRAINFORGE_HOME/prices/`, which overrides the shipped table for
-that region (trainer/pricing.py). Everything is fetched before anything is written, and the file is replaced
+that region (trainforge.pricing). Everything is fetched before anything is written, and the file is replaced
 atomically: a failed refresh leaves the previous prices as they were.
 
 Endpoints follow boto3's configuration, including AWS_ENDPOINT_URL_PRICING / AWS_ENDPOINT_URL_EC2 (the tests
@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from trainforge.trainer import pricing
+from trainforge import paths, pricing
+from trainforge.errors import EXIT_FAILED, TrainforgeError
 
 PRICING_API_REGION = "us-east-1"  # one of the Pricing API's own endpoints; it serves every region's prices
 SERVICE_CODE = "AmazonEC2"
@@ -32,8 +33,13 @@ PRODUCT_FILTERS = {"operatingSystem": "Linux", "tenancy": "Shared", "preInstalle
 SPOT_PRODUCT = "Linux/UNIX"
 
 
-class PriceRefreshError(RuntimeError):
-    pass
+class PriceRefreshError(TrainforgeError):
+    """AWS could not be asked (no credentials, access denied, unreachable): nothing was written."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str):
+        super().__init__("", [message])
 
 
 def _filters(instance_type: str, region: str) -> list[dict[str, str]]:
@@ -151,7 +157,7 @@ def fetch(region: str, instance_types: list[str], lookback: dt.timedelta = dt.ti
 
 def save(refresh: Refresh) -> Path:
     """Replace the region's file atomically and make the next estimate use it."""
-    directory = pricing.refreshed_dir()
+    directory = paths.refreshed_prices_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{refresh.region}.yaml"
     tmp = path.with_suffix(".tmp")

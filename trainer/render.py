@@ -1,8 +1,8 @@
 """Render a job spec as a Kubeflow Trainer v2 TrainJob (default) or a training-operator v1 PyTorchJob.
 
-Both carry the same pod: GPUs and EFA devices from the instance catalogue, /dev/shm in memory, the FSx claim,
-node selection and tolerations for the job's flavour, Kueue queue and priority labels, cost labels, the
-training service account (the team's IRSA role), and a termination grace period that fits a spot notice.
+Both carry the same pod: GPUs, EFA devices, node selection, tolerations and grace period from the job's
+`Placement` (decided once, trainer/placement.py, and charged by admission), /dev/shm in memory, the FSx claim,
+Kueue queue and priority labels, cost labels, and the training service account (the team's IRSA role).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from trainforge import catalog, contract
-from trainforge.contract import Flavour
+from trainforge import contract
+from trainforge.trainer.placement import Placement
 from trainforge.trainer.spec import JobSpec
 
 Kind = Literal["trainjob", "pytorchjob"]
@@ -56,16 +56,6 @@ def _yaml_scalar(value: Any) -> str:
     return str(value)
 
 
-def flavour_of(spec: JobSpec) -> Flavour:
-    """Without the stack at hand: EFA for multi-node on-demand EFA types, else by capacity."""
-    instance = spec.resources.instance()
-    if spec.resources.gpus() == 0:
-        return Flavour.SYSTEM
-    if spec.capacity in ("spot", "spot-fallback"):
-        return Flavour.GPU_SPOT
-    return Flavour.GPU_EFA if instance is not None and instance.supports_efa and spec.workers.nodes > 1 else Flavour.GPU_ONDEMAND
-
-
 def labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
     out = {contract.LABEL_JOB: spec.name, f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}": spec.team,
            contract.KUEUE_QUEUE_LABEL: contract.queue_name(spec.team),
@@ -82,33 +72,19 @@ def pod_labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
     return out
 
 
-def resources(spec: JobSpec, flavour: Flavour) -> dict[str, Any]:
-    amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
-    gpus = spec.resources.gpus()
-    if gpus:
-        amounts[contract.RESOURCE_GPU] = gpus
-    instance = spec.resources.instance()
-    if flavour is Flavour.GPU_EFA and instance is not None and instance.supports_efa:
-        amounts[contract.RESOURCE_EFA] = catalog.efa_device_count(instance)
+def resources(spec: JobSpec, where: Placement) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory, **where.extended_resources()}
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 
-def pod_placement(spec: JobSpec, flavour: Flavour) -> dict[str, Any]:
-    """nodeSelector, tolerations, grace period, service account, volumes: the parts of the pod both kinds share."""
-    traits = contract.flavour_traits(flavour)
-    selector = dict(traits.labels)
-    instance = spec.resources.instance()
-    if instance is not None and spec.capacity != "spot-fallback":
-        selector["node.kubernetes.io/instance-type"] = instance.name
-    tolerations = [{"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect} for t in traits.taints]
-    if spec.capacity == "spot-fallback":  # may land on on-demand nodes too: let Kueue pick the flavour
-        selector.pop(contract.LABEL_CAPACITY, None)
-        selector.pop(contract.LABEL_FLAVOUR, None)
-    grace = contract.SPOT_TERMINATION_GRACE_S if spec.capacity != "on-demand" else 60
+def pod_placement(spec: JobSpec, where: Placement) -> dict[str, Any]:
+    """nodeSelector, affinity, tolerations, grace period, service account, volumes: the parts of the pod both kinds share."""
+    affinity = where.node_affinity()
     return {
-        "nodeSelector": selector,
-        "tolerations": tolerations,
-        "terminationGracePeriodSeconds": grace,
+        "nodeSelector": where.node_selector(),
+        **({"affinity": affinity} if affinity else {}),
+        "tolerations": where.tolerations(),
+        "terminationGracePeriodSeconds": where.termination_grace_s,
         "serviceAccountName": contract.TRAINING_SERVICE_ACCOUNT,
         "volumes": [
             # NCCL and DataLoader workers share tensors through /dev/shm; the container default is 64 MiB.
@@ -160,9 +136,8 @@ def max_runtime_seconds(spec: JobSpec) -> int:
     return int(spec.limits.max_runtime_hours * 3600)
 
 
-def render_trainjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, Any]:
-    flavour = flavour_of(spec)
-    placement = pod_placement(spec, flavour)
+def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = None) -> dict[str, Any]:
+    placement = pod_placement(spec, where)
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -172,7 +147,7 @@ def render_trainjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, 
             "activeDeadlineSeconds": max_runtime_seconds(spec),
             "trainer": {
                 "image": spec.image, "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
-                "command": command(spec), "args": args(spec), "env": env(spec), "resourcesPerNode": resources(spec, flavour),
+                "command": command(spec), "args": args(spec), "env": env(spec), "resourcesPerNode": resources(spec, where),
             },
             # Placement and volumes go in through a runtime patch: the TrainJob's trainer section has no field for them.
             "runtimePatches": [{
@@ -189,13 +164,12 @@ def render_trainjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, 
     }
 
 
-def render_pytorchjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str, Any]:
-    flavour = flavour_of(spec)
+def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None = None) -> dict[str, Any]:
     template = {
         "metadata": {"labels": pod_labels(spec, cost_centre)},
-        "spec": {**pod_placement(spec, flavour), "containers": [{
+        "spec": {**pod_placement(spec, where), "containers": [{
             "name": CONTAINER["pytorchjob"], "image": spec.image, "command": command(spec), "args": args(spec), "env": env(spec),
-            "resources": resources(spec, flavour), "volumeMounts": volume_mounts(),
+            "resources": resources(spec, where), "volumeMounts": volume_mounts(),
             "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
         }]},
     }
@@ -220,5 +194,6 @@ def render_pytorchjob(spec: JobSpec, cost_centre: str | None = None) -> dict[str
     }
 
 
-def render(spec: JobSpec, kind: Kind = "trainjob", cost_centre: str | None = None) -> dict[str, Any]:
-    return {"trainjob": render_trainjob, "pytorchjob": render_pytorchjob}[kind](spec, cost_centre)
+def render(spec: JobSpec, where: Placement, kind: Kind = "trainjob", cost_centre: str | None = None) -> dict[str, Any]:
+    """The manifest of `spec` placed `where` (trainer/placement.py: decided once, charged by admission)."""
+    return {"trainjob": render_trainjob, "pytorchjob": render_pytorchjob}[kind](spec, where, cost_centre)

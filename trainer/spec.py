@@ -1,7 +1,9 @@
 """The job spec: one YAML file that runs unchanged on this machine or on the cluster.
 
 Light on purpose: the CLI imports this module on every command, so it must not import torch, pulumi or mlflow.
-Every message names the field, the bad value and the fix.
+Every message names the field, the bad value and the fix. `entry` and `hyperparameters` are checked against the
+runtime's own `RunConfig` (torch-free) as the spec loads: a typo fails here, not in a worker after GPU nodes
+scaled up from zero.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainforge import catalog
 from trainforge import errors
+from trainforge.trainer.runtime.config import RunConfig
 
 DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
@@ -22,12 +25,10 @@ DURATION = re.compile(r"^(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
 GPU_TYPES = {row.gpu_model for row in catalog.CATALOG.values() if row.gpus}
 
 
-class SpecError(ValueError):
+class SpecError(errors.TrainforgeError):
     """A job spec that must not run. str() is the whole message: one line per problem."""
 
-    def __init__(self, source: str, problems: list[str]):
-        self.source, self.problems = source, problems
-        super().__init__(f"invalid job spec {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+    what = "invalid job spec"
 
 
 class _Model(BaseModel):
@@ -154,6 +155,43 @@ class JobSpec(_Model):
         if clash:
             raise ValueError(f"{clash} are set by the submitter from the spec itself. Fix: use entry, checkpoint or tracking instead")
         return values
+
+    @model_validator(mode="after")
+    def _runs_as_configured(self) -> JobSpec:
+        """The runtime's RunConfig accepts what the submitter will pass it (task entries; a command reads no run config)."""
+        if self.entry.task is not None:
+            problems = run_config_problems(self.entry.task, self.entry.args, self.hyperparameters)
+            if problems:
+                raise ValueError("\n".join(problems))
+        return self
+
+
+# Where a RunConfig field comes from in the job spec.
+_RUN_FIELD_IN_SPEC = {"task": "entry.task", "task_args": "entry.args"}
+RUN_FIXES = {"extra_forbidden": " Fix: remove it or correct the spelling (the fields are trainforge.trainer.runtime.RunConfig's).",
+             "missing": " Fix: add it.", "float_parsing": " Fix: a number, e.g. 3e-4.", "int_parsing": " Fix: a whole number.",
+             "bool_parsing": " Fix: true or false."}
+
+
+def run_config_problems(task: str, task_args: dict[str, Any], hyperparameters: dict[str, Any]) -> list[str]:
+    """RunConfig's complaints about a task entry and its hyperparameters, each named by its place in the job spec."""
+    try:
+        RunConfig.model_validate({**hyperparameters, "task": task, "task_args": task_args})
+    except ValidationError as exc:
+        lines = errors.problems(exc, RUN_FIXES)
+    else:
+        return []
+    out = []
+    for line in lines:
+        head, sep, rest = line.partition(":")
+        top = head.split(".", 1)[0].split("[", 1)[0]
+        if sep and top in _RUN_FIELD_IN_SPEC:
+            out.append(_RUN_FIELD_IN_SPEC[top] + head[len(top):] + sep + rest)
+        elif sep and errors.FIELD_PREFIX.match(line):
+            out.append(f"hyperparameters.{line}")
+        else:
+            out.append(f"hyperparameters: {line}")
+    return out
 
 
 SPEC_FIXES = {"missing": " Fix: add it.", "extra_forbidden": " Fix: remove it or correct the spelling."}

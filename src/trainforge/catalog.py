@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from trainforge.errors import TrainforgeError
+
 INSTANCE_TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 
 
@@ -61,8 +63,11 @@ UNSUPPORTED_GPU_FAMILIES: frozenset[str] = frozenset({"p2", "p3", "p3dn", "g3", 
 EFA_TYPES: tuple[str, ...] = tuple(sorted(name for name, row in CATALOG.items() if row.supports_efa))
 
 
-class UnknownInstanceType(ValueError):
-    pass
+class UnknownInstanceType(TrainforgeError, ValueError):
+    """Not a type the catalogue can size (a ValueError too, so model validators turn it into a field error)."""
+
+    def __init__(self, message: str):
+        super().__init__("", [message])
 
 
 def lookup(name: str) -> InstanceType:

@@ -1,6 +1,8 @@
-"""Turn pydantic validation errors into the lines every trainforge message uses: `field: what (got value) Fix: how`.
+"""One error type for everything a user can get wrong, and the lines every message uses: `field: what (got value) Fix: how`.
 
-Shared by the stack config, the job spec and the run config, so a reader sees one style everywhere.
+`TrainforgeError` carries where the problem is (`source`), one line per problem, and the exit code the CLI
+leaves with; the CLI catches it in one place. `problems()` turns pydantic validation errors into those lines,
+shared by the stack config, the job spec and the run config, so a reader sees one style everywhere.
 """
 
 from __future__ import annotations
@@ -10,8 +12,36 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
+# Exit codes of the CLI (README): 1 the job or an operation failed, 2 bad input, 3 not admitted.
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOT_ADMITTED = 3
+
+
+class TrainforgeError(Exception):
+    """A problem the user can fix. str() is the whole message: a headline, then one line per problem.
+
+    Subclasses set `what` (the headline's noun) and `exit_code`; `source` names the file or object at fault.
+    """
+
+    what = "error in"
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, source: str, problems: list[str] | str, exit_code: int | None = None):
+        self.source = source
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if exit_code is not None:
+            self.exit_code = exit_code
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        if len(self.problems) == 1 and not self.source:
+            return self.problems[0]
+        return f"{self.what} {self.source}:\n" + "\n".join(f"  - {p}" for p in self.problems)
+
+
 # A validator that already names a sub-field ("instance_types: ...") gets it joined onto the location.
-_FIELD_PREFIX = re.compile(r"^[a-z_][\w.\[\]-]*: ")
+FIELD_PREFIX = re.compile(r"^[a-z_][\w.\[\]-]*: ")
 
 
 def location(loc: tuple[Any, ...]) -> str:
@@ -39,7 +69,7 @@ def problems(exc: ValidationError, fixes: Mapping[str, str] | None = None) -> li
         for line in message.split("\n"):
             if not where:
                 out.append(f"{line}{got}" if error["type"] != "value_error" else line)
-            elif _FIELD_PREFIX.match(line):
+            elif FIELD_PREFIX.match(line):
                 out.append(f"{where}.{line}")
             else:
                 out.append(f"{where}: {line}{got}{fix}")

@@ -51,33 +51,25 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
     log = logging.getLogger("trainforge.runtime")
 
-    from trainforge.trainer.runtime.config import RunConfig
+    from trainforge.trainer.runtime.config import RunConfig, UserError
 
     try:
         raw = yaml.safe_load(args.config.read_text()) if args.config else {}
         cfg = RunConfig.model_validate(merge(raw or {}, parse_overrides(args.overrides)))
     except ValidationError as exc:
-        for line in errors.problems(exc):
-            print(f"error: run config {line}", file=sys.stderr)
-        return contract.EXIT_USER_ERROR
+        raise UserError("run config " + "; ".join(errors.problems(exc))) from None
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"error: invalid run config: {exc}", file=sys.stderr)
-        return contract.EXIT_USER_ERROR
+        raise UserError(f"invalid run config: {exc}") from None
 
     # Imported after validation: a config typo should not wait for torch to load.
     from trainforge.trainer.runtime.api import train
-    from trainforge.trainer.runtime.loop import UserError
     from trainforge.trainer.runtime.tasks import load_task
 
     try:
-        try:
-            task = load_task(cfg.task, **cfg.task_args)
-        except ValueError as exc:
-            raise UserError(f"task: {exc}") from None
-        result = train(task, cfg)
-    except UserError as exc:
-        log.error("%s", exc)
-        return contract.EXIT_USER_ERROR
+        task = load_task(cfg.task, **cfg.task_args)
+    except ValueError as exc:
+        raise UserError(f"task: {exc}") from None
+    result = train(task, cfg)
     if rank == 0:
         log.info("finished: %s", json.dumps(result.__dict__))
         Path(cfg.output_dir, "result.json").write_text(json.dumps(result.__dict__))
@@ -104,19 +96,37 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 def exit_code_for(exc: BaseException) -> int:
     """An uncaught exception is a bug in the job (1, not retried), unless a peer's loss caused it (retried)."""
+    from trainforge.trainer.runtime.config import UserError
+
     if isinstance(exc, SystemExit):
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    if isinstance(exc, UserError):
+        return exc.exit_code
     return contract.EXIT_PEER_LOST if is_peer_failure(exc) else 1
 
 
+def failure_message(exc: BaseException) -> str:
+    """One line for the researcher: what the job's own code (or config) raised."""
+    from trainforge.trainer.runtime.config import UserError
+
+    if isinstance(exc, UserError):
+        return str(exc).replace("\n", " ")
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def entry() -> int:
-    from trainforge.trainer.launch import record_exit
+    from trainforge.contract import record_exit
+    from trainforge.trainer.runtime.config import UserError
 
     try:
         code = main()
     except BaseException as exc:
         code = exit_code_for(exc)
-        record_exit(code)
+        record_exit(code, failure_message(exc) if 0 < code < 128 else "")
+        if isinstance(exc, UserError):
+            logging.getLogger("trainforge.runtime").error("%s", exc)
+            return code
         if code == contract.EXIT_PEER_LOST:
             logging.getLogger("trainforge.runtime").error("a collective failed because a peer is gone (%s); exiting %d to be "
                                                           "restarted from the last checkpoint", (str(exc).splitlines() or [type(exc).__name__])[0][:200], code)

@@ -1,11 +1,34 @@
-"""Run configuration for the training runtime: one pydantic model, validated before any process group exists."""
+"""Run configuration for the training runtime: one pydantic model, validated before any process group exists.
+
+Imports no torch: the CLI validates a job spec's `entry` and `hyperparameters` against this model when the spec
+loads, so a typo fails `trainforge check` in a second instead of a worker minutes later.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainforge import contract
+from trainforge.errors import TrainforgeError
+
+# The bundled tasks and their factory arguments, known without importing torch. tasks.py builds them; a test
+# keeps the two equal.
+BUNDLED_TASKS: dict[str, tuple[str, ...]] = {"classifier": ("width", "depth"), "char_lm": ("context", "dim", "layers", "heads")}
+# A researcher's own task: "package.module:factory", a function returning a Task.
+TASK_REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+class UserError(TrainforgeError):
+    """A problem retrying cannot fix (bad config for this machine, bad task code): the worker exits EXIT_USER_ERROR."""
+
+    exit_code = contract.EXIT_USER_ERROR
+
+    def __init__(self, message: str):
+        super().__init__("", [message])
 
 
 class _Model(BaseModel):
@@ -70,6 +93,22 @@ class RunConfig(_Model):
     tracking: TrackingConfig = TrackingConfig()
     # Test hook: sleep this long after each step (to give a killer a window mid-run). Zero in real runs.
     step_sleep_s: float = Field(0.0, ge=0)
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task not in BUNDLED_TASKS and not TASK_REFERENCE.match(task):
+            raise ValueError(f"unknown task {task!r}. Fix: one of the bundled tasks {sorted(BUNDLED_TASKS)}, "
+                             "or your own as 'package.module:factory'")
+        return task
+
+    @model_validator(mode="after")
+    def _bundled_task_args(self) -> RunConfig:
+        accepted = BUNDLED_TASKS.get(self.task)
+        unknown = sorted(set(self.task_args) - set(accepted)) if accepted is not None else []
+        if unknown:
+            raise ValueError(f"task_args: {unknown} are not arguments of the bundled task {self.task!r}. Fix: use {list(accepted)}")
+        return self
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> RunConfig:

@@ -22,17 +22,13 @@ from torch import nn
 
 from trainforge import contract
 from trainforge.trainer.runtime.checkpoint import CheckpointManager
-from trainforge.trainer.runtime.config import RunConfig
+from trainforge.trainer.runtime.config import RunConfig, UserError
 from trainforge.trainer.runtime.data import ResumableDistributedSampler, micro_batches
 from trainforge.trainer.runtime.metrics import RuntimeMetrics
 from trainforge.trainer.runtime.preemption import PreemptionGuard
 from trainforge.trainer.runtime.tasks import Task, data_checksum
 
 log = logging.getLogger("trainforge.runtime")
-
-
-class UserError(Exception):
-    """A problem retrying cannot fix (bad config for this machine, bad task code): exit EXIT_USER_ERROR."""
 
 
 @dataclass

@@ -43,7 +43,7 @@ class PreemptionGuard:
         self.requested.set()
         if not self.finished.wait(self.grace_s):
             log.error("training loop did not stop within %.0f s of SIGTERM; exiting without a new checkpoint", self.grace_s)
-            from trainforge.trainer.launch import record_exit
+            from trainforge.contract import record_exit
             record_exit(EXIT_PREEMPTED)
             os._exit(EXIT_PREEMPTED)
 

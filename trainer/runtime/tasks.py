@@ -156,14 +156,14 @@ def _lm_summary(s: dict[str, float]) -> dict[str, float]:
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
 
-def char_lm(context: int = 64) -> Task:
+def char_lm(context: int = 64, dim: int = 128, layers: int = 2, heads: int = 4) -> Task:
     text = stdlib_corpus()
     vocab = sorted(set(text))
     ids = torch.tensor([vocab.index(c) for c in text], dtype=torch.long)
     split = int(len(ids) * 0.9)
     return Task(
         name="char_lm",
-        build_model=lambda: TinyTransformerLM(len(vocab), context),
+        build_model=lambda: TinyTransformerLM(len(vocab), context, dim=dim, layers=layers, heads=heads),
         train_set=CharWindows(ids[:split], context), eval_set=CharWindows(ids[split:], context),
         loss=_lm_loss, eval_sums=_lm_eval, summarize=_lm_summary,
         metrics=("loss", "perplexity"), default_metric=("loss", "min"),

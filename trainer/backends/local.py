@@ -1,7 +1,7 @@
 """The local backend: run a job spec on this machine under torchrun, supervised, recorded, resumable.
 
-A job lives in `$TRAINFORGE_HOME/jobs/<name>/` (default ~/.trainforge): the spec, `state.json`, `job.log`,
-`run/` (the runtime's output) and `checkpoints/`. The supervisor starts the whole worker group with a fresh
+A job lives in `$TRAINFORGE_HOME/jobs/<name>/` (default ~/.trainforge; layout in trainforge.paths): the spec,
+`state.json`, `job.log`, `run/` (the runtime's output) and `checkpoints/`. The supervisor starts the whole worker group with a fresh
 rendezvous; when a worker dies or the job is preempted it restarts the whole group from the last committed
 checkpoint (with backoff, up to `limits.max_restarts`); a user error (exit 1-127) is not retried.
 Submitting a job whose name exists resumes it from its checkpoints.
@@ -14,27 +14,27 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
-from trainforge import contract
+from trainforge import contract, paths
+from trainforge.errors import TrainforgeError
+from trainforge.paths import job_dir
+from trainforge.trainer import ledger
+from trainforge.trainer.admission import Admission
+from trainforge.trainer.backends import JobReport, NoSuchJob, Progress
+from trainforge.trainer.launch import user_error_message
+from trainforge.trainer.placement import Placement
 from trainforge.trainer.render import rank_command, runtime_args
 from trainforge.trainer.spec import JobSpec, parse_spec
 
 ACTIVE = ("pending", "running", "restarting")
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-
-
-def home() -> Path:
-    return Path(os.environ.get("TRAINFORGE_HOME", Path.home() / ".trainforge"))
-
-
-def job_dir(name: str) -> Path:
-    return home() / "jobs" / name
 
 
 @dataclass
@@ -59,10 +59,10 @@ class JobState:
 
     @classmethod
     def load(cls, name: str) -> JobState:
-        return cls(**json.loads((job_dir(name) / "state.json").read_text()))
+        return cls(**json.loads((job_dir(name) / paths.JOB_STATE_FILE).read_text()))
 
     def save(self) -> None:
-        path = job_dir(self.name) / "state.json"
+        path = job_dir(self.name) / paths.JOB_STATE_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2))
         os.replace(tmp, path)  # readers never see half a state
@@ -85,33 +85,39 @@ class JobState:
 
 
 def all_jobs() -> list[JobState]:
-    root = home() / "jobs"
+    root = paths.jobs_dir()
     if not root.exists():
         return []
-    return sorted((JobState.load(p.name) for p in root.iterdir() if (p / "state.json").exists()), key=lambda s: s.created_at)
+    return sorted((JobState.load(p.name) for p in root.iterdir() if (p / paths.JOB_STATE_FILE).exists()), key=lambda s: s.created_at)
 
 
-class JobAlreadyActive(RuntimeError):
-    pass
+def load_state(name: str) -> JobState:
+    if not (job_dir(name) / paths.JOB_STATE_FILE).exists():
+        raise NoSuchJob(name, "on this machine", "`trainforge list` shows the jobs")
+    return JobState.load(name)
 
 
-def prepare(spec: JobSpec, region: str | None = None) -> JobState:
+class JobAlreadyActive(TrainforgeError):
+    def __init__(self, previous: JobState):
+        super().__init__("", [f"job {previous.name!r} is {previous.state} (supervisor pid {previous.supervisor_pid}). "
+                              f"Fix: `trainforge cancel {previous.name}` first, or give the spec another name"])
+
+
+def prepare(spec: JobSpec, where: Placement) -> JobState:
     """Create or reopen the job's record. A finished job of the same name is resumed from its checkpoints."""
     directory = job_dir(spec.name)
-    directory.mkdir(parents=True, exist_ok=True)
-    if (directory / "state.json").exists():
+    if (directory / paths.JOB_STATE_FILE).exists():
         previous = JobState.load(spec.name)
         if previous.effective_state in ACTIVE:
-            raise JobAlreadyActive(f"job {spec.name!r} is {previous.state} (supervisor pid {previous.supervisor_pid}). "
-                                   f"Fix: `trainforge cancel {spec.name}` first, or give the spec another name")
+            raise JobAlreadyActive(previous)
         state = previous
         state.state, state.exit_code, state.reason, state.ended_at = "pending", None, "", None
-        state.region = region or state.region
+        state.region = where.region or state.region
     else:
-        instance = spec.resources.instance()
-        state = JobState(spec.name, spec.team, nodes=spec.workers.nodes, instance_type=instance.name if instance else None,
-                         capacity=spec.capacity, region=region)
-    (directory / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        state = JobState(spec.name, spec.team, nodes=where.nodes, instance_type=where.instance_type, capacity=spec.capacity,
+                         region=where.region)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / paths.JOB_SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     state.save()
     return state
 
@@ -125,7 +131,7 @@ def worker_command(spec: JobSpec, exit_dir: Path) -> list[str]:
     if spec.entry.command:
         return [*launcher, *rank_command(spec.entry.command)]
     return [*launcher, "-m", "trainforge.trainer.runtime",
-            *runtime_args(spec, output_dir=str(directory / "run"), checkpoint_dir=str(directory / "checkpoints"),
+            *runtime_args(spec, output_dir=str(directory / paths.JOB_RUN_DIR), checkpoint_dir=str(directory / paths.JOB_CHECKPOINT_DIR),
                           tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), metrics_port=_metrics_port())]
 
 
@@ -163,14 +169,15 @@ class Supervisor:
         state.save()
         max_restarts = self.spec.limits.max_restarts
         while True:
-            outcome, code = self._attempt()
+            outcome, code, exit_dir = self._attempt()
             state.history.append({"attempt": state.attempts, "outcome": outcome, "exit_code": code, "ended_at": time.time()})
             if self.cancelled:
                 return self._finish("cancelled", code, "cancelled by user; checkpoint kept for resume")
             if outcome == "ok":
                 return self._finish("succeeded", 0, "")
             if outcome == "user_error":
-                return self._finish("failed", code, f"worker exited {code}: a user error, not retried (see job.log)")
+                why = user_error_message(exit_dir) or "see job.log"
+                return self._finish("failed", code, f"worker exited {code}, a user error (not retried): {why}")
             if state.restarts >= max_restarts:
                 return self._finish("failed", code, f"still failing after {state.restarts} restarts (limits.max_restarts)")
             delay = BACKOFF_S[min(state.restarts, len(BACKOFF_S) - 1)]
@@ -185,17 +192,17 @@ class Supervisor:
                 return self._finish("cancelled", code, "cancelled while waiting to restart")
 
     def _log(self, text: str) -> None:
-        with open(self.directory / "job.log", "a") as log:
+        with open(self.directory / paths.JOB_LOG_FILE, "a") as log:
             log.write(text)
 
-    def _attempt(self) -> tuple[str, int]:
+    def _attempt(self) -> tuple[str, int, Path]:
         state = self.state
         state.attempts += 1
-        exit_dir = self.directory / "exit" / f"attempt-{state.attempts}"
+        exit_dir = self.directory / paths.JOB_EXIT_DIR / f"attempt-{state.attempts}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._log(f"--- trainforge: attempt {state.attempts} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         started = time.time()
-        with open(self.directory / "job.log", "a") as log:
+        with open(self.directory / paths.JOB_LOG_FILE, "a") as log:
             self.child = subprocess.Popen(worker_command(self.spec, exit_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
                                           cwd=self.directory, start_new_session=True)
         state.state, state.reason = "running", ""
@@ -204,7 +211,7 @@ class Supervisor:
             self.on_attempt(state)
         returncode = self.child.wait()
         state.run_seconds += time.time() - started
-        return outcome_of(returncode), returncode
+        return outcome_of(returncode), returncode, exit_dir
 
     def _finish(self, final: str, code: int, reason: str) -> JobState:
         state = self.state
@@ -215,8 +222,8 @@ class Supervisor:
 
 
 def supervise(name: str) -> int:
-    """Entry of a detached supervisor: `python -m trainforge.trainer.local <name>`."""
-    spec = parse_spec(yaml.safe_load((job_dir(name) / "spec.yaml").read_text()), f"{name}/spec.yaml")
+    """Entry of a detached supervisor: `python -m trainforge.trainer.backends.local <name>`."""
+    spec = parse_spec(yaml.safe_load((job_dir(name) / paths.JOB_SPEC_FILE).read_text()), f"{name}/{paths.JOB_SPEC_FILE}")
     supervisor = Supervisor(spec, JobState.load(name))
     signal.signal(signal.SIGTERM, supervisor.cancel)
     state = supervisor.run()
@@ -225,8 +232,8 @@ def supervise(name: str) -> int:
 
 def start_detached(spec: JobSpec, state: JobState) -> int:
     """Start the supervisor in its own session so the job outlives the shell that submitted it."""
-    with open(job_dir(spec.name) / "supervisor.log", "a") as log:
-        process = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.local", spec.name], stdout=log, stderr=subprocess.STDOUT,
+    with open(job_dir(spec.name) / paths.SUPERVISOR_LOG_FILE, "a") as log:
+        process = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.backends.local", spec.name], stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True, env={**os.environ})
     state.supervisor_pid = process.pid
     state.save()
@@ -251,7 +258,7 @@ def progress(name: str) -> dict[str, Any]:
     """The newest step record, the last eval and the committed checkpoints of a job."""
     directory = job_dir(name)
     last: dict[str, Any] = {}
-    metrics = directory / "run" / "metrics.jsonl"
+    metrics = directory / paths.JOB_RUN_DIR / paths.METRICS_FILE
     if metrics.exists():
         with open(metrics, "rb") as f:
             offset = max(0, metrics.stat().st_size - 8192)
@@ -267,10 +274,67 @@ def progress(name: str) -> dict[str, Any]:
                     last.update(step=record["step"], loss=record["loss"], step_s=record["step_s"], samples=record["samples"])
                 elif "eval" in record:
                     last["eval"] = record["eval"]
-    checkpoints = sorted(p.name for p in (directory / "checkpoints").glob("step-*") if (p / "COMMITTED").exists()) \
-        if (directory / "checkpoints").exists() else []
-    result = directory / "run" / "result.json"
+    checkpoint_dir = directory / paths.JOB_CHECKPOINT_DIR
+    checkpoints = sorted(p.name for p in checkpoint_dir.glob("step-*") if (p / "COMMITTED").exists()) if checkpoint_dir.exists() else []
+    result = directory / paths.JOB_RUN_DIR / paths.RESULT_FILE
     return {**last, "checkpoints": checkpoints, "result": json.loads(result.read_text()) if result.exists() else None}
+
+
+class LocalBackend:
+    """The Backend protocol on this machine: a supervisor per job, records under $TRAINFORGE_HOME/jobs."""
+
+    def submit(self, spec: JobSpec, admission: Admission, *, detach: bool = False, on_progress: Progress | None = None) -> JobReport:
+        state = prepare(spec, admission.placement)
+        if detach:
+            pid = start_detached(spec, state)
+            return JobReport(spec.name, spec.team, "pending", f"submitted {spec.name} (supervisor pid {pid}); "
+                             f"`trainforge status {spec.name}`, `trainforge logs -f {spec.name}`", {"supervisor_pid": pid})
+        supervisor = Supervisor(spec, state)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, supervisor.cancel)
+        runner = threading.Thread(target=supervisor.run, daemon=True)
+        runner.start()
+        while runner.is_alive():
+            runner.join(0.5)
+            if on_progress is not None:
+                on_progress(progress(spec.name), supervisor.state.state)
+        return self.status(spec.name)
+
+    def status(self, name: str) -> JobReport:
+        state = load_state(name)
+        info = progress(name)
+        details = {**asdict(state), "state": state.effective_state, "progress": info, "cost": ledger.job_cost(state)}
+        line = (f"{name}: {state.effective_state}  attempts {state.attempts}, restarts {state.restarts}"
+                f"{', step ' + str(info['step']) if info.get('step') else ''}"
+                f"{', exit ' + str(state.exit_code) if state.exit_code is not None else ''}"
+                f"{'  (' + state.reason + ')' if state.reason else ''}")
+        return JobReport(name, state.team, state.effective_state, line, details)
+
+    def logs(self, name: str, *, follow: bool = False) -> Iterator[str]:
+        load_state(name)
+        path = job_dir(name) / paths.JOB_LOG_FILE
+        position = 0
+        while True:
+            if path.exists():
+                with open(path) as f:
+                    f.seek(position)
+                    chunk = f.read()
+                    position = f.tell()
+                if chunk:
+                    yield chunk
+            if not follow or load_state(name).effective_state not in ACTIVE:
+                return
+            time.sleep(0.5)
+
+    def cancel(self, name: str) -> JobReport:
+        state = load_state(name)
+        if state.effective_state not in ACTIVE:
+            raise TrainforgeError("", [f"job {name!r} is {state.effective_state}; nothing to cancel"], exit_code=1)
+        state = cancel(name)
+        return JobReport(name, state.team, state.state, f"{name}: {state.state}{' (' + state.reason + ')' if state.reason else ''}")
+
+    def list(self) -> list[JobReport]:
+        return [self.status(job.name) for job in all_jobs()]
 
 
 if __name__ == "__main__":

@@ -1,47 +1,22 @@
-"""Typed stack configuration: everything `stacks/Pulumi.<env>.yaml` sets, validated before any resource exists.
+"""The AWS slices of the stack config: network, cluster, node groups, FSx, buckets, tags.
 
-The whole platform lives under one structured key, `trainforge:platform`. This module imports neither
-pulumi nor pulumi_aws, so the submitter can read a stack file offline (team quotas, node flavours).
-Every rule that a real deployment would otherwise discover half-way through `pulumi up` is checked here,
-and every message names the field, the bad value and the fix.
+Each AWS component takes its own slice (infra/), so a component cannot reach into config it does not own.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections import Counter
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainforge import catalog
-from trainforge.contract import GPU_FLAVOURS, Flavour
-from trainforge import errors
+from trainforge.contract import Flavour
+from trainforge.stackconfig.fields import DNS_LABEL, IAM_PRINCIPAL_ARN, TAG_VALUE, StrictModel as _Model
 
-CONFIG_KEY = "trainforge:platform"
-STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.yaml$")
-DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"
-IAM_PRINCIPAL_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$"
 CLOUDWATCH_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 MAX_AZS = 3  # the VPC carving below gives each AZ a quarter of the VPC for nodes
-
-
-class ConfigError(ValueError):
-    """A stack configuration that must not reach the cloud. str() is the whole user-facing message."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"invalid trainforge configuration in {source} ({CONFIG_KEY}):\n{lines}")
-
-
-class _Model(BaseModel):
-    # Unknown keys are typos until proven otherwise; frozen because a validated config must stay valid.
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class NetworkConfig(_Model):
@@ -256,149 +231,6 @@ class BucketsConfig(_Model):
 
 
 class TagsConfig(_Model):
-    cost_centre: str = Field(..., min_length=1, max_length=256, pattern=r"^[\w .:/=+@-]+$")
-    owner: str = Field(..., min_length=1, max_length=256, pattern=r"^[\w .:/=+@-]+$")
+    cost_centre: str = Field(..., min_length=1, max_length=256, pattern=TAG_VALUE)
+    owner: str = Field(..., min_length=1, max_length=256, pattern=TAG_VALUE)
     extra: dict[str, str] = {}
-
-
-class TeamConfig(_Model):
-    name: str = Field(..., pattern=DNS_LABEL, max_length=40)
-    cost_centre: str = Field(..., min_length=1, max_length=256, pattern=r"^[\w .:/=+@-]+$")
-    gpu_quota: dict[Flavour, int] = Field({}, description="GPUs per node flavour the team may use at once")
-    monthly_budget_usd: float = Field(..., gt=0)
-    members: list[str] = []
-
-    @field_validator("gpu_quota")
-    @classmethod
-    def _gpu_flavours(cls, quota: dict[Flavour, int]) -> dict[Flavour, int]:
-        if Flavour.SYSTEM in quota:
-            raise ValueError(f"'system' nodes have no GPUs. Fix: use one of {[f.value for f in GPU_FLAVOURS]}")
-        negative = {f.value: n for f, n in quota.items() if n < 0}
-        if negative:
-            raise ValueError(f"{negative}: a quota is a GPU count, 0 or more. Fix: use 0 to give no GPUs of a flavour")
-        return quota
-
-
-class PlatformConfig(_Model):
-    environment: str = Field(..., pattern=DNS_LABEL, max_length=20)
-    region: str = Field(..., pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-    availability_zones: list[str] = Field(..., min_length=1, max_length=MAX_AZS)
-    network: NetworkConfig = NetworkConfig()
-    cluster: ClusterConfig
-    node_groups: list[NodeGroupConfig] = Field(..., min_length=1)
-    fsx: FsxConfig
-    buckets: BucketsConfig = BucketsConfig()
-    tags: TagsConfig
-    teams: list[TeamConfig] = []
-
-    @model_validator(mode="after")
-    def _cross_field_rules(self) -> PlatformConfig:
-        problems = [*self._zone_problems(), *self._node_group_problems(), *self._team_problems()]
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
-
-    def _zone_problems(self) -> list[str]:
-        out = []
-        for az in self.availability_zones:
-            if not re.fullmatch(re.escape(self.region) + r"[a-z]", az):
-                out.append(f"availability_zones: {az!r} is not an AZ of {self.region}. Fix: e.g. {self.region}a")
-        dupes = [az for az, n in Counter(self.availability_zones).items() if n > 1]
-        if dupes:
-            out.append(f"availability_zones: {dupes} listed twice. Fix: list each AZ once")
-        return out
-
-    def _node_group_problems(self) -> list[str]:
-        out = []
-        dupes = [n for n, c in Counter(g.name for g in self.node_groups).items() if c > 1]
-        if dupes:
-            out.append(f"node_groups: names {dupes} are used twice. Fix: give every node group its own name")
-        for i, group in enumerate(self.node_groups):
-            if group.availability_zone is not None and group.availability_zone not in self.availability_zones:
-                out.append(
-                    f"node_groups[{i}].availability_zone: {group.availability_zone!r} is not in this stack's availability_zones "
-                    f"{self.availability_zones}. Fix: use one of them or add it to availability_zones"
-                )
-        efa_zones = {g.availability_zone for g in self.node_groups if g.efa}
-        if len(efa_zones) > 1:
-            out.append(f"node_groups: EFA groups sit in {sorted(efa_zones)}, but FSx lives in one AZ next to them. Fix: put every EFA group in the same AZ")
-        if not any(g.flavour is Flavour.SYSTEM and g.min_size >= 1 for g in self.node_groups):
-            out.append(
-                "node_groups: no CPU group with min_size >= 1, so cluster add-ons (CoreDNS, CSI controllers) have nowhere to run: "
-                "GPU nodes are tainted. Fix: add a system group, e.g. {name: system, instance_types: [m6i.xlarge], capacity: on-demand, min_size: 2, max_size: 4}"
-            )
-        return out
-
-    def _team_problems(self) -> list[str]:
-        out = []
-        dupes = [n for n, c in Counter(t.name for t in self.teams).items() if c > 1]
-        if dupes:
-            out.append(f"teams: names {dupes} are used twice (a team is a namespace). Fix: give every team its own name")
-        capacity = self.gpu_capacity()
-        for i, team in enumerate(self.teams):
-            for flavour, gpus in team.gpu_quota.items():
-                have = capacity.get(flavour, 0)
-                if gpus > have:
-                    groups = [g.name for g in self.node_groups if g.flavour is flavour]
-                    where = f"node groups {groups} reach at most {have} GPUs" if groups else f"no node group provides {flavour.value}"
-                    out.append(
-                        f"teams[{i}].gpu_quota.{flavour.value}: team {team.name!r} asks for {gpus} GPUs but {where}. "
-                        f"Fix: lower the quota to <= {have} or raise max_size of a {flavour.value} group"
-                    )
-        return out
-
-    def gpu_capacity(self) -> dict[Flavour, int]:
-        """Most GPUs each flavour can offer at once (sum of max_size × GPUs per node)."""
-        out: dict[Flavour, int] = {}
-        for group in self.node_groups:
-            if group.has_gpus:
-                out[group.flavour] = out.get(group.flavour, 0) + group.max_gpus
-        return out
-
-    @property
-    def cluster_name(self) -> str:
-        return self.cluster.name or f"trainforge-{self.environment}"
-
-    @property
-    def fsx_availability_zone(self) -> str:
-        """FSx sits next to the EFA nodes (cross-AZ Lustre traffic is slow and billed); else in the first AZ."""
-        for group in self.node_groups:
-            if group.efa:
-                return group.availability_zone  # type: ignore[return-value]  # validated non-None for EFA
-        return self.availability_zones[0]
-
-
-STACK_FIXES = {
-    "missing": " Fix: add this field to the stack file.",
-    "extra_forbidden": " Fix: remove it or correct its spelling (see infra/config.py for the fields).",
-}
-
-
-def parse(raw: Any, *, environment: str, source: str) -> PlatformConfig:
-    """Validate the `trainforge:platform` object of a stack; the stack name is the environment."""
-    if not isinstance(raw, dict):
-        raise ConfigError(source, [f"{CONFIG_KEY} must be a mapping of fields, got {type(raw).__name__}. Fix: see stacks/Pulumi.dev.yaml"])
-    declared = raw.get("environment")
-    if declared is not None and declared != environment:
-        raise ConfigError(source, [f"environment: {declared!r} does not match the stack name {environment!r}. Fix: remove it (the stack name is used) or rename the stack"])
-    try:
-        return PlatformConfig.model_validate({**raw, "environment": environment})
-    except ValidationError as exc:
-        raise ConfigError(source, errors.problems(exc, STACK_FIXES)) from None
-
-
-def load_stack_file(path: str | Path) -> PlatformConfig:
-    """Read `stacks/Pulumi.<env>.yaml` the way the Pulumi CLI would hand it to the program."""
-    path = Path(path)
-    match = STACK_FILE_PATTERN.match(path.name)
-    if match is None:
-        raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}"])
-    document = yaml.safe_load(path.read_text()) or {}
-    raw = (document.get("config") or {}).get(CONFIG_KEY)
-    if raw is None:
-        raise ConfigError(str(path), [f"no {CONFIG_KEY} key under config:. Fix: copy the block from stacks/Pulumi.dev.yaml"])
-    return parse(raw, environment=match["env"], source=str(path))
-
-
-def stack_files(stacks_dir: str | Path) -> list[Path]:
-    return sorted(p for p in Path(stacks_dir).iterdir() if STACK_FILE_PATTERN.match(p.name))

@@ -13,12 +13,13 @@ dev dependency: 100 MB of schemas the CLI does not need at run time).
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import yaml
 
-SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas" / "crds"
+# Package data (pyproject's package-data), so the validator works from a wheel as well as from a checkout.
+SCHEMA_DIR = resources.files("trainforge") / "schemas" / "crds"
 
 
 def _strict(node: Any) -> Any:

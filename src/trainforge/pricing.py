@@ -1,5 +1,6 @@
-"""What a job costs: a dated price table shipped with the project, overridden per region by `trainforge prices
-refresh` (trainer/price_refresh.py), and the estimate the submitter checks."""
+"""What an instance-hour costs: a dated price table shipped with the project (prices.yaml, package data),
+overridden per region by `trainforge prices refresh` (trainer/price_refresh.py), and the estimate the submitter
+checks. In the core because the submitter and the offline plan both price things."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ from typing import Literal
 
 import yaml
 
+from trainforge import paths
+from trainforge.errors import TrainforgeError
+
 PRICES = Path(__file__).with_name("prices.yaml")
 Capacity = Literal["on-demand", "spot", "spot-fallback"]
 
 
-class PriceUnknown(LookupError):
-    pass
+class PriceUnknown(TrainforgeError):
+    """No price for an instance type in a region: never guessed, never zero."""
 
-
-def refreshed_dir() -> Path:
-    """Where `trainforge prices refresh` keeps one file per region; it overrides the shipped table there."""
-    from trainforge.trainer.local import home
-    return home() / "prices"
+    def __init__(self, message: str):
+        super().__init__("", [message])
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class PriceTable:
                                f"Fix: `trainforge prices refresh --region {region}`")
         if instance_type not in self.on_demand:
             raise PriceUnknown(f"no price for {instance_type!r} in the table of {self.as_of}. "
-                               f"Fix: `trainforge prices refresh --region {region} --instance-type {instance_type}`, or add it to trainer/prices.yaml")
+                               f"Fix: `trainforge prices refresh --region {region} --instance-type {instance_type}`, or add it to src/trainforge/prices.yaml")
         return self.on_demand[instance_type]
 
     def quote(self, instance_type: str, region: str) -> Quote:
@@ -88,7 +89,7 @@ class PriceTable:
 @lru_cache(maxsize=1)
 def price_table(path: Path = PRICES) -> PriceTable:
     raw = yaml.safe_load(path.read_text())
-    directory = refreshed_dir()
+    directory = paths.refreshed_prices_dir()
     refreshed = {r.region: r for r in (RefreshedPrices.load(p) for p in sorted(directory.glob("*.yaml")))} if directory.exists() else {}
     return PriceTable(str(raw["as_of"]), tuple(raw["regions"]), dict(raw["on_demand"]), dict(raw["spot_fraction"]), refreshed)
 
@@ -121,3 +122,19 @@ class CostEstimate:
 def estimate(instance_type: str, nodes: int, hours: float, capacity: Capacity, region: str) -> CostEstimate:
     quote = price_table().quote(instance_type, region)
     return CostEstimate(instance_type, nodes, hours, quote.on_demand, quote.spot, capacity, quote.as_of)
+
+
+def region_prices(region: str) -> list[dict]:
+    """Per instance type in `region`: on-demand and spot USD per hour, the discount, and where each number comes from."""
+    table = price_table()
+    fresh = table.refreshed.get(region)
+    rows = []
+    for name in sorted(set(table.on_demand) | set(fresh.on_demand if fresh else ())):
+        try:
+            quote = table.quote(name, region)
+        except PriceUnknown:
+            continue
+        rows.append({"instance_type": name, "on_demand_usd_per_hour": quote.on_demand, "spot_usd_per_hour": round(quote.spot, 6),
+                     "spot_discount": round(1 - quote.spot / quote.on_demand, 3), "as_of": quote.as_of,
+                     "source": "refreshed" if quote.refreshed else "shipped table"})
+    return rows

@@ -1,0 +1,91 @@
+"""The one way a stack config is read: from a stack file (the submitter, the offline plan, tests) or from the
+config map the Pulumi CLI hands the program. Errors name the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from trainforge import errors
+from trainforge.stackconfig.platform import PlatformConfig
+
+CONFIG_KEY = "trainforge:platform"
+STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.yaml$")
+
+
+class ConfigError(errors.TrainforgeError):
+    """A stack configuration that must not reach the cloud. str() is the whole user-facing message."""
+
+    def _message(self) -> str:
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        return f"invalid trainforge configuration in {self.source} ({CONFIG_KEY}):\n{lines}"
+
+
+STACK_FIXES = {
+    "missing": " Fix: add this field to the stack file.",
+    "extra_forbidden": " Fix: remove it or correct its spelling (see src/trainforge/stackconfig/ for the fields).",
+}
+
+
+def parse(raw: Any, *, environment: str, source: str) -> PlatformConfig:
+    """Validate the `trainforge:platform` object of a stack; the stack name is the environment."""
+    if not isinstance(raw, dict):
+        raise ConfigError(source, [f"{CONFIG_KEY} must be a mapping of fields, got {type(raw).__name__}. Fix: see stacks/Pulumi.dev.yaml"])
+    declared = raw.get("environment")
+    if declared is not None and declared != environment:
+        raise ConfigError(source, [f"environment: {declared!r} does not match the stack name {environment!r}. Fix: remove it (the stack name is used) or rename the stack"])
+    try:
+        return PlatformConfig.model_validate({**raw, "environment": environment})
+    except ValidationError as exc:
+        raise ConfigError(source, errors.problems(exc, STACK_FIXES)) from None
+
+
+
+
+@dataclass(frozen=True)
+class StackFile:
+    """A stack file as the Pulumi CLI reads it: the stack (= environment) name and its `config:` map."""
+
+    path: Path
+    environment: str
+    config: dict[str, Any]
+
+
+def read_stack_file(path: str | Path) -> StackFile:
+    path = Path(path)
+    match = STACK_FILE_PATTERN.match(path.name)
+    if match is None:
+        raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}"])
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(str(path), ["no such stack file. Fix: --stack stacks/Pulumi.<env>.yaml"]) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(str(path), [f"cannot read it: {str(exc).splitlines()[0]}"]) from None
+    if not isinstance(document, dict):
+        raise ConfigError(str(path), ["a stack file is a mapping with a config: key. Fix: see stacks/Pulumi.dev.yaml"])
+    return StackFile(path, match["env"], document.get("config") or {})
+
+
+def from_config_map(config: dict[str, Any], *, environment: str, source: str) -> PlatformConfig:
+    """The stack's typed config from its `config:` map (a stack file's, or the one the Pulumi CLI hands the program)."""
+    raw = config.get(CONFIG_KEY)
+    if raw is None:
+        raise ConfigError(source, [f"no {CONFIG_KEY} key under config:. Fix: copy the block from stacks/Pulumi.dev.yaml"])
+    return parse(raw, environment=environment, source=source)
+
+
+def load_stack_file(path: str | Path) -> PlatformConfig:
+    """Read `stacks/Pulumi.<env>.yaml` the way the Pulumi CLI would hand it to the program."""
+    stack = read_stack_file(path)
+    return from_config_map(stack.config, environment=stack.environment, source=str(stack.path))
+
+
+def stack_files(stacks_dir: str | Path) -> list[Path]:
+    return sorted(p for p in Path(stacks_dir).iterdir() if STACK_FILE_PATTERN.match(p.name))

@@ -1,0 +1,107 @@
+"""The whole stack: `trainforge:platform` as one typed object, with the rules that span its slices.
+
+Imports neither pulumi nor torch: the submitter reads a stack file offline (team quotas, node flavours), the
+Pulumi program reads the same model from the stack's config.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from pydantic import Field, model_validator
+
+from trainforge.contract import Flavour
+from trainforge.stackconfig.aws import (MAX_AZS, BucketsConfig, ClusterConfig, FsxConfig, NetworkConfig, NodeGroupConfig,
+                                        TagsConfig)
+from trainforge.stackconfig.fields import DNS_LABEL, StrictModel as _Model
+from trainforge.stackconfig.teams import TeamConfig
+
+
+class PlatformConfig(_Model):
+    environment: str = Field(..., pattern=DNS_LABEL, max_length=20)
+    region: str = Field(..., pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    availability_zones: list[str] = Field(..., min_length=1, max_length=MAX_AZS)
+    network: NetworkConfig = NetworkConfig()
+    cluster: ClusterConfig
+    node_groups: list[NodeGroupConfig] = Field(..., min_length=1)
+    fsx: FsxConfig
+    buckets: BucketsConfig = BucketsConfig()
+    tags: TagsConfig
+    teams: list[TeamConfig] = []
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> PlatformConfig:
+        problems = [*self._zone_problems(), *self._node_group_problems(), *self._team_problems()]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _zone_problems(self) -> list[str]:
+        out = []
+        for az in self.availability_zones:
+            if not re.fullmatch(re.escape(self.region) + r"[a-z]", az):
+                out.append(f"availability_zones: {az!r} is not an AZ of {self.region}. Fix: e.g. {self.region}a")
+        dupes = [az for az, n in Counter(self.availability_zones).items() if n > 1]
+        if dupes:
+            out.append(f"availability_zones: {dupes} listed twice. Fix: list each AZ once")
+        return out
+
+    def _node_group_problems(self) -> list[str]:
+        out = []
+        dupes = [n for n, c in Counter(g.name for g in self.node_groups).items() if c > 1]
+        if dupes:
+            out.append(f"node_groups: names {dupes} are used twice. Fix: give every node group its own name")
+        for i, group in enumerate(self.node_groups):
+            if group.availability_zone is not None and group.availability_zone not in self.availability_zones:
+                out.append(
+                    f"node_groups[{i}].availability_zone: {group.availability_zone!r} is not in this stack's availability_zones "
+                    f"{self.availability_zones}. Fix: use one of them or add it to availability_zones"
+                )
+        efa_zones = {g.availability_zone for g in self.node_groups if g.efa}
+        if len(efa_zones) > 1:
+            out.append(f"node_groups: EFA groups sit in {sorted(efa_zones)}, but FSx lives in one AZ next to them. Fix: put every EFA group in the same AZ")
+        if not any(g.flavour is Flavour.SYSTEM and g.min_size >= 1 for g in self.node_groups):
+            out.append(
+                "node_groups: no CPU group with min_size >= 1, so cluster add-ons (CoreDNS, CSI controllers) have nowhere to run: "
+                "GPU nodes are tainted. Fix: add a system group, e.g. {name: system, instance_types: [m6i.xlarge], capacity: on-demand, min_size: 2, max_size: 4}"
+            )
+        return out
+
+    def _team_problems(self) -> list[str]:
+        out = []
+        dupes = [n for n, c in Counter(t.name for t in self.teams).items() if c > 1]
+        if dupes:
+            out.append(f"teams: names {dupes} are used twice (a team is a namespace). Fix: give every team its own name")
+        capacity = self.gpu_capacity()
+        for i, team in enumerate(self.teams):
+            for flavour, gpus in team.gpu_quota.items():
+                have = capacity.get(flavour, 0)
+                if gpus > have:
+                    groups = [g.name for g in self.node_groups if g.flavour is flavour]
+                    where = f"node groups {groups} reach at most {have} GPUs" if groups else f"no node group provides {flavour.value}"
+                    out.append(
+                        f"teams[{i}].gpu_quota.{flavour.value}: team {team.name!r} asks for {gpus} GPUs but {where}. "
+                        f"Fix: lower the quota to <= {have} or raise max_size of a {flavour.value} group"
+                    )
+        return out
+
+    def gpu_capacity(self) -> dict[Flavour, int]:
+        """Most GPUs each flavour can offer at once (sum of max_size × GPUs per node)."""
+        out: dict[Flavour, int] = {}
+        for group in self.node_groups:
+            if group.has_gpus:
+                out[group.flavour] = out.get(group.flavour, 0) + group.max_gpus
+        return out
+
+    @property
+    def cluster_name(self) -> str:
+        return self.cluster.name or f"trainforge-{self.environment}"
+
+    @property
+    def fsx_availability_zone(self) -> str:
+        """FSx sits next to the EFA nodes (cross-AZ Lustre traffic is slow and billed); else in the first AZ."""
+        for group in self.node_groups:
+            if group.efa:
+                return group.availability_zone  # type: ignore[return-value]  # validated non-None for EFA
+        return self.availability_zones[0]

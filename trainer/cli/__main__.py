@@ -1,0 +1,3 @@
+from trainforge.trainer.cli import main
+
+main()

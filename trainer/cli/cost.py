@@ -1,0 +1,36 @@
+"""`trainforge cost`: what jobs cost (node-hours x price, spot vs on-demand) and a per-team summary."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from trainforge.trainer.cli.common import Output
+
+
+def cost(team: Optional[str] = typer.Option(None, help="only this team"),
+         since: Optional[str] = typer.Option(None, help="only jobs started on or after this date (YYYY-MM-DD)"),
+         output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+    """What jobs cost (node-hours x price, spot vs on-demand) and a per-team summary."""
+    import datetime
+
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer import ledger
+    from trainforge.trainer.backends.local import all_jobs
+    from trainforge.trainer.cli import views
+    try:
+        start = datetime.datetime.strptime(since, "%Y-%m-%d").timestamp() if since else 0.0
+    except ValueError:
+        raise TrainforgeError("", [f"--since: {since!r} is not a date. Fix: YYYY-MM-DD, e.g. 2026-11-01"]) from None
+    jobs = [j for j in all_jobs() if (team is None or j.team == team) and ledger.started_at(j) >= start]
+    report = ledger.cost_report(jobs, {j.name: j.effective_state for j in jobs})
+    if output is Output.json:
+        typer.echo(json.dumps({"jobs": report.jobs, "teams": report.teams}, indent=2))
+        return
+    views.cost_tables(report)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(cost)

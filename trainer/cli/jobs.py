@@ -1,0 +1,132 @@
+"""Job commands: render, check, submit, status, list, logs, cancel."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from trainforge.trainer.cli.common import DEFAULT_STACK, BackendName, Kind, Output, backend, cost_centre, load_platform, load_spec
+
+TEAM_HELP = "kubernetes: the job's team (its namespace)"
+
+
+def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
+           kind: Kind = typer.Option(Kind.trainjob, "--kind", help="TrainJob (Kubeflow Trainer v2) or PyTorchJob (training-operator v1)"),
+           stack: Optional[Path] = typer.Option(None, help="stack file: place the job on what the stack has, label its cost centre"),
+           output: Output = typer.Option(Output.yaml, "--output", "-o")) -> None:
+    """Print the Kubernetes manifest a job spec becomes."""
+    import yaml
+
+    from trainforge.trainer.placement import decide
+    from trainforge.trainer.render import render as render_spec
+    spec = load_spec(spec_file)
+    platform = load_platform(stack) if stack is not None else None
+    manifest = render_spec(spec, decide(spec, platform), kind.value, cost_centre(spec, platform))
+    typer.echo(json.dumps(manifest, indent=2) if output is Output.json else yaml.safe_dump(manifest, sort_keys=False))
+
+
+def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
+          stack: Path = typer.Option(DEFAULT_STACK, help="the environment's stack file (team quotas, budgets, region)"),
+          spent: float = typer.Option(0.0, help="what the team has spent this month, USD"),
+          output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+    """Quota, cost limit and budget: would the cluster admit this job? Exit 0 yes, 3 no."""
+    from trainforge.trainer.admission import admit
+    from trainforge.trainer.cli import views
+    spec, platform = load_spec(spec_file), load_platform(stack)
+    decision = admit(spec, platform, spent_this_month_usd=spent)
+    if output is Output.json:
+        typer.echo(json.dumps(views.admission_json(decision), indent=2))
+    else:
+        views.admission_table(spec, platform, decision)
+        for problem in decision.problems:
+            typer.echo(f"  - {problem}", err=True)
+    if not decision.admitted:
+        raise typer.Exit(3)
+
+
+def _spent(spec, spent: Optional[float]) -> float:
+    """The team's spend this month: as given, else what its local jobs cost."""
+    if spent is not None:
+        return spent
+    from trainforge.trainer import ledger
+    from trainforge.trainer.backends.local import all_jobs
+    return ledger.spent_this_month(spec.team, all_jobs())
+
+
+def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
+           detach: bool = typer.Option(False, "--detach", "-d", help="local: return at once; watch with status/logs"),
+           backend_name: BackendName = typer.Option(BackendName.local, "--backend", help="local (this machine) or kubernetes (the kubeconfig's cluster)"),
+           kind: Kind = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob or PyTorchJob"),
+           context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
+           stack: Optional[Path] = typer.Option(None, help="stack file: quota, cost limit and budget are checked first (required for kubernetes)"),
+           spent: Optional[float] = typer.Option(None, help="team spend this month in USD (default: local jobs' cost this month)")) -> None:
+    """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.admission import NotAdmitted, admit, unchecked
+    spec = load_spec(spec_file)
+    if backend_name is BackendName.kubernetes and stack is None:
+        raise TrainforgeError("", ["the kubernetes backend checks quota and budget against the environment's stack before creating "
+                                   "anything. Fix: --stack stacks/Pulumi.<env>.yaml"])
+    platform = load_platform(stack) if stack is not None else None
+    decision = admit(spec, platform, spent_this_month_usd=_spent(spec, spent)) if platform is not None else unchecked(spec)
+    target = backend(backend_name, team=spec.team, kind=kind, context=context, cost_centre=cost_centre(spec, platform))
+    if not decision.admitted:
+        raise NotAdmitted(spec.name, decision.problems, "created" if backend_name is BackendName.kubernetes else "started")
+    if backend_name is BackendName.kubernetes or detach:
+        typer.echo(target.submit(spec, decision, detach=True).summary)
+        return
+    from trainforge.trainer.cli import views
+    with views.JobProgress(spec) as bar:
+        report = target.submit(spec, decision, on_progress=bar.update)
+    views.run_summary(spec, report)
+    raise typer.Exit(0 if report.state == "succeeded" else 1)
+
+
+def status(name: str, output: Output = typer.Option(Output.table, "--output", "-o"),
+           backend_name: BackendName = typer.Option(BackendName.local, "--backend"),
+           team: Optional[str] = typer.Option(None, help=TEAM_HELP),
+           kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
+    """State, attempts, progress and cost of a job."""
+    report = backend(backend_name, team=team, kind=kind, context=context).status(name)
+    typer.echo(json.dumps(report.details, indent=2, default=str) if output is Output.json else report.summary)
+
+
+def list_jobs(output: Output = typer.Option(Output.table, "--output", "-o"),
+              backend_name: BackendName = typer.Option(BackendName.local, "--backend"),
+              team: Optional[str] = typer.Option(None, help=TEAM_HELP),
+              kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
+    """Every job, newest last (kubernetes: the team's jobs of one kind)."""
+    from trainforge.trainer.cli import views
+    reports = backend(backend_name, team=team, kind=kind, context=context).list()
+    rows = [views.job_row(r) for r in reports]
+    if output is Output.json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    views.jobs_table(rows, backend_name.value)
+
+
+def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
+         backend_name: BackendName = typer.Option(BackendName.local, "--backend"),
+         team: Optional[str] = typer.Option(None, help=TEAM_HELP),
+         kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
+    """The job's log (all attempts)."""
+    for chunk in backend(backend_name, team=team, kind=kind, context=context).logs(name, follow=follow):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+
+def cancel(name: str, backend_name: BackendName = typer.Option(BackendName.local, "--backend"),
+           team: Optional[str] = typer.Option(None, help=TEAM_HELP),
+           kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
+    """SIGTERM the job: workers write a checkpoint and stop; `submit` of the same spec resumes it."""
+    typer.echo(backend(backend_name, team=team, kind=kind, context=context).cancel(name).summary)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (render, check, submit, status, logs, cancel):
+        app.command()(command)
+    app.command("list")(list_jobs)
