@@ -1,5 +1,5 @@
-"""Pulumi entry point (`pulumi up` runs this file). The program lives in trainforge.infra.program."""
+"""Pulumi entry point (`pulumi up` runs this file). The composition root is trainforge.platform.components.program."""
 
-from trainforge.infra.program import main
+from trainforge.platform.components.program import main
 
 main()

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from trainforge.stackconfig import CONFIG_KEY, parse
-from trainforge.infra.offline import evaluate, stack_config
+from trainforge.platform.components.offline import evaluate
+from trainforge.stackconfig import read_stack_file
 
 PROD = Path(__file__).resolve().parents[1] / "stacks" / "Pulumi.prod.yaml"
 
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--teams", type=int, nargs="+", default=[10, 50, 100])
     args = parser.parse_args()
 
-    base = stack_config(PROD)
+    base = read_stack_file(PROD).config
     evaluate(base, "prod")  # warm imports (pulumi_aws alone takes seconds) so they are not charged to the baseline
     cases = [("prod as shipped", base)] + [(f"prod + {n} teams", with_teams(base, n)) for n in args.teams]
     table = Table(title=f"Stack evaluation under the Pulumi mock engine (median of {args.repeats})", title_justify="left")

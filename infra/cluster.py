@@ -1,13 +1,15 @@
-"""The EKS control plane and the cluster-wide add-ons."""
+"""The EKS control plane, the handle the platform layer builds on, and the cluster-wide add-ons."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_kubernetes as k8s
 
-from trainforge.stackconfig import PlatformConfig
+from trainforge.stackconfig import ClusterConfig
 from trainforge.infra.iam import irsa_role, service_role
 from trainforge.infra.tags import named
 
@@ -21,16 +23,32 @@ NODE_POLICIES = [
 ]
 
 
+@dataclass(frozen=True)
+class ClusterHandle:
+    """What the layers above need of the cluster: where it is, how to trust its workloads, how to talk to it."""
+
+    name: pulumi.Output[str]
+    endpoint: pulumi.Output[str]
+    oidc_issuer_url: pulumi.Output[str]
+    oidc_provider_arn: pulumi.Output[str]
+    node_role_arn: pulumi.Output[str]
+    security_group_id: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]  # secret
+    provider: k8s.Provider  # every Kubernetes object of the platform layer is created through this provider
+
+
 class Cluster(pulumi.ComponentResource):
     cluster: aws.eks.Cluster
     oidc_provider: aws.iam.OpenIdConnectProvider
     node_role: aws.iam.Role
+    kubernetes: k8s.Provider
 
-    def __init__(self, name: str, cfg: PlatformConfig, *, private_subnet_ids: list[pulumi.Input[str]],
+    def __init__(self, name: str, cfg: ClusterConfig, *, private_subnet_ids: list[pulumi.Input[str]],
                  secrets_key: aws.kms.Key, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
+        """`name` is the EKS cluster's name."""
         super().__init__("trainforge:infra:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        cluster_name = cfg.cluster_name
+        cluster_name = name
 
         role = service_role(f"{name}-control-plane", "eks.amazonaws.com", [POLICY + "AmazonEKSClusterPolicy"],
                             named(tags, f"{name}-control-plane"), self)
@@ -41,10 +59,10 @@ class Cluster(pulumi.ComponentResource):
                                "Action": ["kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:CreateGrant"]}]})))
         # Created before the cluster so EKS writes into a group with a retention limit (not a forever group).
         log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane-logs", name=f"/aws/eks/{cluster_name}/cluster",
-                                            retention_in_days=cfg.cluster.log_retention_days,
+                                            retention_in_days=cfg.log_retention_days,
                                             tags=named(tags, f"/aws/eks/{cluster_name}/cluster"), opts=child)
 
-        access = cfg.cluster
+        access = cfg
         self.cluster = aws.eks.Cluster(
             name, name=cluster_name, role_arn=role.arn, version=access.version,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
@@ -74,8 +92,17 @@ class Cluster(pulumi.ComponentResource):
             tags=named(tags, f"{name}-oidc"), opts=child,
         )
         self.node_role = service_role(f"{name}-nodes", "ec2.amazonaws.com", NODE_POLICIES, named(tags, f"{name}-nodes"), self)
+        # Server-side apply: objects the platform layer shares with controllers (a ClusterQueue Kueue updates, a
+        # ConfigMap the budget controller writes) keep each writer's fields instead of being overwritten whole.
+        self.kubernetes = k8s.Provider(f"{name}-kubernetes", kubeconfig=self.kubeconfig(), enable_server_side_apply=True,
+                                       opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({"cluster_name": self.cluster.name, "endpoint": self.cluster.endpoint,
                                "oidc_provider_arn": self.oidc_provider.arn})
+
+    def handle(self) -> ClusterHandle:
+        return ClusterHandle(name=self.cluster.name, endpoint=self.cluster.endpoint, oidc_issuer_url=self.oidc_issuer_url,
+                             oidc_provider_arn=self.oidc_provider.arn, node_role_arn=self.node_role.arn,
+                             security_group_id=self.security_group_id, kubeconfig=self.kubeconfig(), provider=self.kubernetes)
 
     @property
     def oidc_issuer_url(self) -> pulumi.Output[str]:
@@ -122,17 +149,18 @@ ADDON_CONFIGURATION = {
 
 
 class Addons(pulumi.ComponentResource):
-    network_ready: list[pulumi.Resource]
+    """A set of EKS add-ons installed together: NETWORK_ADDONS before any node joins, WORKLOAD_ADDONS after the
+    system nodes exist (two instances, so neither registers anything after its outputs)."""
 
-    def __init__(self, name: str, cluster: Cluster, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
-        super().__init__("trainforge:infra:Addons", name, None, opts)
+    addons: list[aws.eks.Addon]
+
+    def __init__(self, name: str, cluster: Cluster, addon_names: tuple[str, ...], tags: dict[str, str], *,
+                 after: list[pulumi.Resource] | None = None, opts: pulumi.ResourceOptions | None = None):
+        """`name` prefixes each add-on's resources (the cluster's name); the component is `<name>-<first add-on>...`."""
+        super().__init__("trainforge:infra:Addons", f"{name}-{'-'.join(addon_names)}", None, opts)
         self._name, self._cluster, self._tags = name, cluster, tags
-        self.network_ready = [self._addon(a, []) for a in NETWORK_ADDONS]
-        self.register_outputs({})
-
-    def install_workload_addons(self, after: list[pulumi.Resource]) -> None:
-        for addon in WORKLOAD_ADDONS:
-            self._addon(addon, after)
+        self.addons = [self._addon(a, after or []) for a in addon_names]
+        self.register_outputs({"addons": [a.addon_name for a in self.addons]})
 
     def _addon(self, addon: str, depends_on: list[pulumi.Resource]) -> aws.eks.Addon:
         role_arn = None

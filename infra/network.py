@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from trainforge.stackconfig import PlatformConfig
+from trainforge.stackconfig import NetworkConfig
 from trainforge.infra.tags import named
 
 
@@ -14,13 +14,14 @@ class Network(pulumi.ComponentResource):
     private_subnet_ids: dict[str, pulumi.Output[str]]  # by AZ
     public_subnet_ids: dict[str, pulumi.Output[str]]
 
-    def __init__(self, name: str, cfg: PlatformConfig, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, network: NetworkConfig, *, availability_zones: list[str], region: str, cluster_name: str,
+                 tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainforge:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        azs = cfg.availability_zones
-        cluster_tag = {f"kubernetes.io/cluster/{cfg.cluster_name}": "shared"}
+        azs = availability_zones
+        cluster_tag = {f"kubernetes.io/cluster/{cluster_name}": "shared"}
 
-        vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=str(cfg.network.vpc_cidr), enable_dns_hostnames=True,
+        vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=str(network.vpc_cidr), enable_dns_hostnames=True,
                           enable_dns_support=True, tags=named(tags, f"{name}-vpc"), opts=child)
         igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=named(tags, f"{name}-igw"), opts=child)
 
@@ -29,8 +30,8 @@ class Network(pulumi.ComponentResource):
             routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)],
         )
         self.public_subnet_ids, self.private_subnet_ids = {}, {}
-        public_cidrs = cfg.network.public_subnet_cidrs(len(azs))
-        private_cidrs = cfg.network.private_subnet_cidrs(len(azs))
+        public_cidrs = network.public_subnet_cidrs(len(azs))
+        private_cidrs = network.private_subnet_cidrs(len(azs))
         for az, cidr in zip(azs, public_cidrs):
             subnet = aws.ec2.Subnet(
                 f"{name}-public-{az}", vpc_id=vpc.id, cidr_block=cidr, availability_zone=az, map_public_ip_on_launch=False,
@@ -39,7 +40,7 @@ class Network(pulumi.ComponentResource):
             aws.ec2.RouteTableAssociation(f"{name}-public-{az}", subnet_id=subnet.id, route_table_id=public_rt.id, opts=child)
             self.public_subnet_ids[az] = subnet.id
 
-        nat_azs = azs if cfg.network.nat_gateways == "per-az" else azs[:1]
+        nat_azs = azs if network.nat_gateways == "per-az" else azs[:1]
         nat_ids = {}
         for az in nat_azs:
             eip = aws.ec2.Eip(f"{name}-nat-{az}", domain="vpc", tags=named(tags, f"{name}-nat-{az}"), opts=child)
@@ -66,7 +67,7 @@ class Network(pulumi.ComponentResource):
         # Checkpoints and datasets go to S3 from private subnets: a gateway endpoint keeps that traffic off
         # the NAT gateways (no per-GB NAT charge, no NAT bandwidth ceiling).
         aws.ec2.VpcEndpoint(
-            f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{cfg.region}.s3", vpc_endpoint_type="Gateway",
+            f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{region}.s3", vpc_endpoint_type="Gateway",
             route_table_ids=private_route_tables, tags=named(tags, f"{name}-s3"), opts=child,
         )
         self.vpc_id = vpc.id

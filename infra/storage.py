@@ -7,7 +7,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from trainforge.stackconfig import PlatformConfig
+from trainforge.stackconfig import BucketsConfig, FsxConfig
 from trainforge.infra.tags import named
 
 BUCKET_KINDS = ("datasets", "checkpoints", "artifacts")
@@ -20,14 +20,14 @@ ALL_S3_EVENTS = ["NEW", "CHANGED", "DELETED"]
 class Buckets(pulumi.ComponentResource):
     buckets: dict[str, aws.s3.Bucket]
 
-    def __init__(self, name: str, cfg: PlatformConfig, *, data_key: aws.kms.Key, tags: dict[str, str],
+    def __init__(self, name: str, cfg: BucketsConfig, *, data_key: aws.kms.Key, tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainforge:infra:Buckets", name, None, opts)
         self.buckets = {kind: self._bucket(f"{name}-{kind}", kind, cfg, data_key, tags) for kind in BUCKET_KINDS}
         self.register_outputs({kind: b.bucket for kind, b in self.buckets.items()})
 
-    def _bucket(self, name: str, kind: str, cfg: PlatformConfig, data_key: aws.kms.Key, tags: dict[str, str]) -> aws.s3.Bucket:
-        bucket = aws.s3.Bucket(name, force_destroy=cfg.buckets.force_destroy, tags=named(tags, name, purpose=kind),
+    def _bucket(self, name: str, kind: str, cfg: BucketsConfig, data_key: aws.kms.Key, tags: dict[str, str]) -> aws.s3.Bucket:
+        bucket = aws.s3.Bucket(name, force_destroy=cfg.force_destroy, tags=named(tags, name, purpose=kind),
                                opts=pulumi.ResourceOptions(parent=self))
         child = pulumi.ResourceOptions(parent=bucket)
         aws.s3.BucketOwnershipControls(name, bucket=bucket.id, opts=child, rule=aws.s3.BucketOwnershipControlsRuleArgs(
@@ -49,7 +49,7 @@ class Buckets(pulumi.ComponentResource):
             id="abort-incomplete-multipart-uploads", status="Enabled",
             filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
             abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
-                days_after_initiation=cfg.buckets.abort_incomplete_multipart_days),
+                days_after_initiation=cfg.abort_incomplete_multipart_days),
         )]
         depends_on: list[pulumi.Resource] = []
         if kind in VERSIONED_BUCKETS:
@@ -60,7 +60,7 @@ class Buckets(pulumi.ComponentResource):
                 id="expire-noncurrent-versions", status="Enabled",
                 filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
                 noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
-                    noncurrent_days=cfg.buckets.noncurrent_version_expiration_days),
+                    noncurrent_days=cfg.noncurrent_version_expiration_days),
             ))
         aws.s3.BucketLifecycleConfiguration(name, bucket=bucket.id, rules=rules,
                                             opts=pulumi.ResourceOptions(parent=bucket, depends_on=depends_on))
@@ -71,12 +71,11 @@ class LustreFileSystem(pulumi.ComponentResource):
     file_system: aws.fsx.LustreFileSystem
     security_group: aws.ec2.SecurityGroup
 
-    def __init__(self, name: str, cfg: PlatformConfig, *, vpc_id: pulumi.Input[str], subnet_id: pulumi.Input[str],
+    def __init__(self, name: str, fsx: FsxConfig, *, vpc_id: pulumi.Input[str], subnet_id: pulumi.Input[str],
                  client_security_group_id: pulumi.Input[str], data_key: aws.kms.Key, buckets: Buckets,
                  tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainforge:infra:LustreFileSystem", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        fsx = cfg.fsx
         self.security_group = aws.ec2.SecurityGroup(
             f"{name}-lustre", vpc_id=vpc_id, description="FSx for Lustre: LNet from cluster nodes and between file servers",
             ingress=[aws.ec2.SecurityGroupIngressArgs(protocol="tcp", from_port=lo, to_port=hi, self=True,

@@ -5,16 +5,16 @@ instances, volumes and interfaces that node groups create (node-group tags do no
 from __future__ import annotations
 
 from trainforge import contract
-from trainforge.stackconfig import PlatformConfig
+from trainforge.stackconfig import TagsConfig
 
 
-def cost_tags(cfg: PlatformConfig) -> dict[str, str]:
+def cost_tags(tags: TagsConfig, environment: str) -> dict[str, str]:
     return {
-        **cfg.tags.extra,
+        **tags.extra,
         contract.TAG_PROJECT: contract.PROJECT,
-        contract.TAG_ENVIRONMENT: cfg.environment,
-        contract.TAG_COST_CENTRE: cfg.tags.cost_centre,
-        contract.TAG_OWNER: cfg.tags.owner,
+        contract.TAG_ENVIRONMENT: environment,
+        contract.TAG_COST_CENTRE: tags.cost_centre,
+        contract.TAG_OWNER: tags.owner,
         contract.TAG_MANAGED_BY: contract.MANAGED_BY_VALUE,
     }
 

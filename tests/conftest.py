@@ -12,7 +12,7 @@ STACK_FILES = sorted(STACKS.glob("Pulumi.*.yaml"))
 @pytest.fixture(scope="session")
 def evaluations():
     """Every stack file, run once through the real program under the Pulumi mock engine."""
-    from trainforge.infra.offline import evaluate_stack_file
+    from trainforge.platform.components.offline import evaluate_stack_file
 
     cache: dict[Path, object] = {}
 

@@ -186,7 +186,7 @@ def test_program_registers_nothing_when_the_config_is_bad():
     """Through the real Pulumi program: a RunError (no traceback in `pulumi up`), and zero resources."""
     import pulumi
 
-    from trainforge.infra.offline import RecordingMocks, evaluate
+    from trainforge.platform.components.offline import RecordingMocks, evaluate
 
     raw = prod()
     raw["teams"][0]["gpu_quota"]["gpu-efa"] = 1000
@@ -199,7 +199,7 @@ def test_program_registers_nothing_when_the_config_is_bad():
 def test_program_names_the_missing_config_key():
     import pulumi
 
-    from trainforge.infra.offline import RecordingMocks, evaluate
+    from trainforge.platform.components.offline import RecordingMocks, evaluate
 
     mocks = RecordingMocks()
     with pytest.raises(pulumi.RunError, match="no trainforge:platform key under config"):
@@ -212,7 +212,7 @@ def test_offline_command_exits_non_zero_without_a_traceback(tmp_path):
     group(raw, "p5-efa")["instance_types"] = ["p5.48xlarge", "p5e.48xlarge"]
     bad = tmp_path / "Pulumi.prod.yaml"
     bad.write_text(yaml.safe_dump({"config": {CONFIG_KEY: raw}}))
-    result = subprocess.run([sys.executable, "-m", "trainforge.infra.offline", str(bad)], capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run([sys.executable, "-m", "trainforge.platform.components.offline", str(bad)], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "node_groups[1].instance_types: an EFA group has one instance type" in result.stderr

@@ -37,3 +37,92 @@ def test_every_python_package_folder_is_installed():
     folders = {str(p.parent.relative_to(REPO)) for top in ("infra", "platform", "policies", "trainer", "src/trainforge")
                for p in (REPO / top).rglob("__init__.py") if ".venv" not in p.parts}
     assert folders <= listed, f"not in pyproject package-dir/packages: {sorted(folders - listed)}"
+
+
+# ---- the import graph: dependencies point one way -------------------------------------------------------------
+
+import ast  # noqa: E402
+
+LAYER_FOLDERS = {"core": REPO / "src" / "trainforge", "infra": REPO / "infra", "platform": REPO / "platform",
+                 "policies": REPO / "policies", "trainer": REPO / "trainer"}
+
+
+def _module_name(path) -> str:
+    """The import name of a source file, following pyproject's package-dir mapping."""
+    for layer, root in LAYER_FOLDERS.items():
+        if root in path.parents:
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            prefix = ["trainforge"] if layer == "core" else ["trainforge", layer]
+            return ".".join(prefix + [p for p in parts if p != "__init__"])
+    raise ValueError(path)
+
+
+def _sources():
+    for layer, root in LAYER_FOLDERS.items():
+        for path in root.rglob("*.py"):
+            if layer == "core" and (REPO / "src" / "trainforge" / "platform") in path.parents:
+                layer_of = "platform"  # the platform package's own __init__
+            else:
+                layer_of = layer
+            yield layer_of, path
+
+
+def _imports(path, module_level_only: bool = False) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _layer(module: str) -> str | None:
+    if module == "trainforge" or not module.startswith("trainforge."):
+        return None
+    second = module.split(".")[1]
+    return second if second in ("infra", "platform", "policies", "trainer") else "core"
+
+
+FORBIDDEN = {  # layer -> (trainforge layers it must not import, third-party packages it must not import)
+    "core": ({"infra", "platform", "policies", "trainer"}, {"pulumi", "pulumi_aws", "pulumi_kubernetes", "torch"}),
+    "infra": ({"platform", "policies", "trainer"}, {"torch"}),
+    "platform": ({"trainer", "policies"}, {"torch"}),
+    "policies": ({"trainer", "infra", "platform"}, {"torch"}),
+    "trainer": ({"infra", "platform", "policies"}, {"pulumi", "pulumi_aws", "pulumi_kubernetes", "pulumi_policy"}),
+}
+
+
+def test_dependencies_point_one_way():
+    """core <- infra <- platform, core <- trainer, core <- policies; nothing below imports what is above it."""
+    wrong = []
+    for layer, path in _sources():
+        for module in _imports(path):
+            target = _layer(module)
+            banned_layers, banned_packages = FORBIDDEN[layer]
+            if target in banned_layers or module.split(".")[0] in banned_packages:
+                wrong.append(f"{path.relative_to(REPO)} ({layer}) imports {module}")
+    assert wrong == []
+
+
+def test_the_cli_imports_no_torch_however_deep():
+    """Every module the CLI reaches (its own imports at any depth, then their module-level imports) is torch-free."""
+    by_name = {_module_name(path): path for _, path in _sources()}
+    cli = [path for name, path in by_name.items() if name.startswith("trainforge.trainer.cli")]
+    seen: set[str] = set()
+    todo = [m for path in cli for m in _imports(path)]
+    offenders = []
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        if module.split(".")[0] == "torch":
+            offenders.append(module)
+        if module in by_name:
+            todo += [m for m in _imports(by_name[module], module_level_only=True)]
+    assert offenders == [], f"the CLI reaches {offenders}"
+    assert "trainforge.trainer.spec" in seen and "trainforge.trainer.runtime.config" in seen, "the walk lost its way"

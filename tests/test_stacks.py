@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+
+import pulumi
 from functools import cache
 
 from trainforge import catalog, contract
@@ -337,3 +339,24 @@ def test_each_team_gets_an_irsa_role_confined_to_its_own_prefix(stack):
         writes = [s for s in statements.values() if "s3:PutObject" in s["Action"]]
         assert all(res.endswith(f"/{prefix}*") for s in writes for res in s["Resource"]), "a team can write outside its prefix"
     assert evaluation.outputs["team_role_arns"] == {t.name: roles[t.name].state["arn"] for t in cfg.teams}
+
+
+def test_the_cluster_handle_carries_a_kubernetes_provider_for_the_platform_layer(stack):
+    """The platform layer creates its objects through one provider built from the cluster's own kubeconfig."""
+    evaluation, cfg = stack
+    (provider,) = evaluation.of_type("pulumi:providers:kubernetes")
+    secret = provider.inputs["kubeconfig"]
+    assert secret.get(pulumi.runtime.rpc._special_sig_key) == pulumi.runtime.rpc._special_secret_sig, "the kubeconfig reaches the provider as a secret"
+    kubeconfig = json.loads(secret["value"])
+    assert kubeconfig == json.loads(evaluation.outputs["kubeconfig"])
+    assert provider.inputs["enableServerSideApply"] in (True, "true")
+    cluster = evaluation.named("aws:eks/cluster:Cluster", cfg.cluster_name)
+    assert kubeconfig["clusters"][0]["cluster"]["server"] == cluster.state["endpoint"]
+
+
+def test_network_and_workload_addons_are_two_complete_components(stack):
+    """Network add-ons go in before any node joins, workload add-ons after the system nodes: two components, each
+    complete when it registers its outputs (no child added afterwards)."""
+    evaluation, cfg = stack
+    components = sorted(r.name for r in evaluation.of_type("trainforge:infra:Addons"))
+    assert components == sorted([f"{cfg.cluster_name}-vpc-cni-kube-proxy", f"{cfg.cluster_name}-coredns-aws-ebs-csi-driver-aws-fsx-csi-driver"])

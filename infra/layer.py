@@ -1,31 +1,26 @@
-"""The Pulumi program: typed config in, AWS resources out, the platform contract exported."""
+"""The AWS layer: typed config in, AWS resources out, and what the layers above build on (the cluster handle).
+
+The composition root (trainforge.platform.components.program) builds this layer, then the Kubernetes layer on
+its cluster handle, then exports the platform contract.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
 from trainforge import catalog, contract
-from trainforge.infra.cluster import Addons, Cluster
-from trainforge.stackconfig import CONFIG_KEY, ConfigError, PlatformConfig, parse
+from trainforge.infra.cluster import NETWORK_ADDONS, WORKLOAD_ADDONS, Addons, Cluster, ClusterHandle
 from trainforge.infra.keys import Keys
 from trainforge.infra.network import Network
 from trainforge.infra.nodegroups import EfaSecurityGroup, NodePool
 from trainforge.infra.storage import Buckets, LustreFileSystem
 from trainforge.infra.tags import cost_tags
 from trainforge.infra.teams import TeamAccess
-
-
-def config_from_pulumi() -> PlatformConfig:
-    """The stack's `trainforge:platform` object, validated. Raises ConfigError naming the field and the fix."""
-    namespace, key = CONFIG_KEY.split(":")
-    raw = pulumi.Config(namespace).get_object(key)
-    source = f"stacks/Pulumi.{pulumi.get_stack()}.yaml"
-    if raw is None:
-        raise ConfigError(source, [f"no {CONFIG_KEY} key under config:. Fix: copy the block from stacks/Pulumi.dev.yaml"])
-    return parse(raw, environment=pulumi.get_stack(), source=source)
+from trainforge.stackconfig import PlatformConfig
 
 
 def node_flavours(cfg: PlatformConfig) -> dict[str, Any]:
@@ -48,19 +43,26 @@ def node_flavours(cfg: PlatformConfig) -> dict[str, Any]:
     return out
 
 
-def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
-    """Register every AWS resource for `cfg` and return the stack outputs (the platform contract)."""
-    tags = cost_tags(cfg)
+@dataclass(frozen=True)
+class AwsLayer:
+    cluster: ClusterHandle
+    outputs: dict[str, Any]  # the AWS half of the platform contract (stack outputs)
+
+
+def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
+    """Register every AWS resource for `cfg`; each component gets only its own slice of the config."""
+    tags = cost_tags(cfg.tags, cfg.environment)
     env = cfg.environment
     # An explicit provider: its default tags reach every taggable resource, even ones AWS creates for us.
     provider = aws.Provider(f"aws-{env}", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags))
     aws_opts = pulumi.ResourceOptions(providers={"aws": provider})
 
-    network = Network(env, cfg, tags, opts=aws_opts)
+    network = Network(env, cfg.network, availability_zones=cfg.availability_zones, region=cfg.region, cluster_name=cfg.cluster_name,
+                      tags=tags, opts=aws_opts)
     keys = Keys(env, tags, opts=aws_opts)
     private_subnets = [network.private_subnet_ids[az] for az in cfg.availability_zones]
-    cluster = Cluster(cfg.cluster_name, cfg, private_subnet_ids=private_subnets, secrets_key=keys.secrets, tags=tags, opts=aws_opts)
-    addons = Addons(cfg.cluster_name, cluster, tags, opts=aws_opts)
+    cluster = Cluster(cfg.cluster_name, cfg.cluster, private_subnet_ids=private_subnets, secrets_key=keys.secrets, tags=tags, opts=aws_opts)
+    network_addons = Addons(cfg.cluster_name, cluster, NETWORK_ADDONS, tags, opts=aws_opts)
 
     efa_sg = EfaSecurityGroup(f"{env}-efa", network.vpc_id, tags, opts=aws_opts) if any(g.efa for g in cfg.node_groups) else None
     pools = {}
@@ -70,14 +72,14 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
             f"{cfg.cluster_name}-{group.name}", group, cluster_name=cluster.cluster.name, node_role_arn=cluster.node_role.arn,
             subnet_ids=[network.private_subnet_ids[az] for az in zones], cluster_security_group_id=cluster.security_group_id,
             efa_security_group_id=efa_sg.security_group.id if efa_sg else None, tags=tags,
-            opts=pulumi.ResourceOptions(providers={"aws": provider}, depends_on=addons.network_ready),
+            opts=pulumi.ResourceOptions(providers={"aws": provider}, depends_on=network_addons.addons),
         )
     system_pools = [pools[g.name].node_group for g in cfg.node_groups if g.flavour is contract.Flavour.SYSTEM]
-    addons.install_workload_addons(after=system_pools)
+    Addons(cfg.cluster_name, cluster, WORKLOAD_ADDONS, tags, after=system_pools, opts=aws_opts)
 
-    buckets = Buckets(env, cfg, data_key=keys.data, tags=tags, opts=aws_opts)
+    buckets = Buckets(env, cfg.buckets, data_key=keys.data, tags=tags, opts=aws_opts)
     fsx = LustreFileSystem(
-        f"{env}-fsx", cfg, vpc_id=network.vpc_id, subnet_id=network.private_subnet_ids[cfg.fsx_availability_zone],
+        f"{env}-fsx", cfg.fsx, vpc_id=network.vpc_id, subnet_id=network.private_subnet_ids[cfg.fsx_availability_zone],
         client_security_group_id=cluster.security_group_id, data_key=keys.data, buckets=buckets, tags=tags, opts=aws_opts,
     )
 
@@ -89,14 +91,15 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
         for team in cfg.teams
     }
 
-    return {
+    handle = cluster.handle()
+    return AwsLayer(handle, {
         "environment": env,
         "region": cfg.region,
-        "cluster_name": cluster.cluster.name,
-        "cluster_endpoint": cluster.cluster.endpoint,
-        "oidc_provider_arn": cluster.oidc_provider.arn,
-        "oidc_issuer_url": cluster.oidc_issuer_url,
-        "node_role_arn": cluster.node_role.arn,
+        "cluster_name": handle.name,
+        "cluster_endpoint": handle.endpoint,
+        "oidc_provider_arn": handle.oidc_provider_arn,
+        "oidc_issuer_url": handle.oidc_issuer_url,
+        "node_role_arn": handle.node_role_arn,
         "node_flavours": node_flavours(cfg),
         "gpu_capacity": {f.value: n for f, n in cfg.gpu_capacity().items()},
         "fsx": {"id": fsx.file_system.id, "dns_name": fsx.file_system.dns_name, "mount_name": fsx.file_system.mount_name,
@@ -104,15 +107,5 @@ def build_platform(cfg: PlatformConfig) -> dict[str, Any]:
         "buckets": {kind: b.bucket for kind, b in buckets.buckets.items()},
         "data_key_arn": keys.data.arn,
         "team_role_arns": team_roles,
-        "kubeconfig": cluster.kubeconfig(),
-    }
-
-
-def main() -> None:
-    """Entry point for `pulumi up`: a bad config stops here, before any resource, without a traceback."""
-    try:
-        cfg = config_from_pulumi()
-    except ConfigError as exc:
-        raise pulumi.RunError(str(exc)) from None
-    for name, value in build_platform(cfg).items():
-        pulumi.export(name, value)
+        "kubeconfig": handle.kubeconfig,
+    })

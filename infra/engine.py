@@ -1,31 +1,28 @@
-"""Evaluate a stack offline: the real program under Pulumi's mock engine, every registered resource recorded.
+"""Run a Pulumi program offline under Pulumi's mock engine, every registered resource recorded. The one module
+that touches the engine's internals.
 
 The mock engine is Pulumi's documented unit-test monitor (`pulumi.runtime.set_mocks`): the program runs
 unchanged, every resource input goes through the provider SDK's types, and nothing leaves this machine.
 `RecordingMocks` plays the part of the cloud only where a real provider would compute an output the
-program reads back (a cluster endpoint, an OIDC issuer, an auto-generated name).
-
-    python -m trainforge.infra.offline stacks/Pulumi.dev.yaml     # what `pulumi up` would create, as tables
+program reads back (a cluster endpoint, an OIDC issuer, an auto-generated name). The program is passed in
+(the composition root lives in the platform layer, which this layer must not import).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pulumi
-import yaml
 from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from trainforge.stackconfig import CONFIG_KEY, STACK_FILE_PATTERN, ConfigError
+from trainforge.stackconfig import CONFIG_KEY, read_stack_file
 
 PROJECT = "trainforge"
 MOCK_ACCOUNT = "123456789012"
@@ -110,16 +107,8 @@ class Evaluation:
         return matches[0]
 
 
-def stack_config(path: Path) -> dict[str, Any]:
-    """The `config:` map of a stack file, as the CLI hands it to a program (non-strings JSON-encoded)."""
-    document = yaml.safe_load(path.read_text()) or {}
-    return document.get("config") or {}
-
-
-def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None) -> Evaluation:
-    """Run the platform program for `environment` with `config` (a stack file's `config:` map)."""
-    from trainforge.infra import program  # imports pulumi_aws: keep it out of the module import
-
+def evaluate(program: Callable[[], None], config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None) -> Evaluation:
+    """Run `program` (a Pulumi program's entry function) for stack `environment` with `config` (a stack file's `config:` map)."""
     platform = config.get(CONFIG_KEY)
     mocks = mocks or RecordingMocks(platform.get("region", "us-east-1") if isinstance(platform, dict) else "us-east-1")
     pulumi_settings.ROOT.set(None)  # a fresh root stack per evaluation, so exports never leak between runs
@@ -132,7 +121,7 @@ def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | N
     secrets: set[str] = set()
 
     def run() -> None:
-        program.main()
+        program()
         for name, value in root.outputs.items():
             output = pulumi.Output.from_input(value)
             outputs[name] = _sync_await(output.future())
@@ -144,63 +133,7 @@ def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | N
     return Evaluation(environment, mocks.resources, outputs, frozenset(secrets), time.perf_counter() - started)
 
 
-def evaluate_stack_file(path: str | Path, mocks: RecordingMocks | None = None) -> Evaluation:
-    path = Path(path)
-    match = STACK_FILE_PATTERN.match(path.name)
-    if match is None:
-        raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}"])
-    return evaluate(stack_config(path), match["env"], mocks)
-
-
-def _report(evaluation: Evaluation) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    out = evaluation.outputs
-    console.print(f"[bold]trainforge[/] stack [cyan]{evaluation.environment}[/] ({out['region']}): "
-                  f"{len(evaluation.resources)} resources registered in {evaluation.seconds:.2f} s under the Pulumi mock engine")
-
-    pools = Table(title="Node groups", title_justify="left")
-    for col in ("node group", "flavour", "capacity", "instance types", "min/desired/max", "GPUs/node", "EFA ifaces", "taints"):
-        pools.add_column(col)
-    for ng in evaluation.of_type("aws:eks/nodeGroup:NodeGroup"):
-        lt = next(r for r in evaluation.of_type("aws:ec2/launchTemplate:LaunchTemplate") if r.name == ng.name)
-        efa = sum(1 for i in lt.inputs.get("networkInterfaces") or [] if i["interfaceType"] != "interface")
-        flavour = ng.inputs["labels"].get("trainforge.io/node-flavour", "")
-        gpus = out["node_flavours"][flavour]["gpus_per_node"]
-        s = ng.inputs["scalingConfig"]
-        pools.add_row(ng.inputs["nodeGroupName"], flavour, ng.inputs["capacityType"], ", ".join(ng.inputs["instanceTypes"]),
-                      f"{s['minSize']:.0f}/{s['desiredSize']:.0f}/{s['maxSize']:.0f}", str(gpus), str(efa or "-"),
-                      ", ".join(f"{t['key']}:{t['effect']}" for t in ng.inputs.get("taints") or []) or "-")
-    console.print(pools)
-
-    fsx = evaluation.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")[0].inputs
-    throughput = fsx.get("perUnitStorageThroughput")
-    console.print(f"FSx for Lustre: {fsx['deploymentType']} {fsx['storageCapacity']:.0f} GiB in {out['fsx']['availability_zone']}"
-                  + (f", {throughput:.0f} MB/s/TiB" if throughput else "")
-                  + f"; buckets: {', '.join(out['buckets'].values())}")
-    console.print(f"GPU capacity by flavour: {out['gpu_capacity']}")
-
-    counts = Table(title="Resources by type", title_justify="left")
-    counts.add_column("type")
-    counts.add_column("count", justify="right")
-    for type_token, n in sorted(Counter(r.type for r in evaluation.resources).items()):
-        counts.add_row(type_token, str(n))
-    console.print(counts)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    paths = [Path(a) for a in args] or sorted(Path("stacks").glob("Pulumi.*.yaml"))
-    for path in paths:
-        try:
-            _report(evaluate_stack_file(path))
-        except (ConfigError, pulumi.RunError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def evaluate_stack_file(program: Callable[[], None], path: str | Path, mocks: RecordingMocks | None = None) -> Evaluation:
+    """`program` run for a stack file, as `pulumi preview` would run it for that stack."""
+    stack = read_stack_file(path)
+    return evaluate(program, stack.config, stack.environment, mocks)

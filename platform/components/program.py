@@ -1,0 +1,41 @@
+"""The Pulumi program's composition root: typed config in, the AWS layer, then the Kubernetes layer on the AWS
+layer's cluster handle, then the stack outputs (the platform contract). `pulumi up` runs `main()`.
+
+It lives in the platform package because dependencies point one way (core <- infra <- platform): only the top
+layer may import both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from trainforge.infra.layer import build_aws_layer
+from trainforge.stackconfig import CONFIG_KEY, ConfigError, PlatformConfig, from_config_map
+
+
+def config_from_pulumi() -> PlatformConfig:
+    """The stack's `trainforge:platform` object, validated. Raises ConfigError naming the field and the fix."""
+    namespace, key = CONFIG_KEY.split(":")
+    stack = pulumi.get_stack()
+    return from_config_map({CONFIG_KEY: pulumi.Config(namespace).get_object(key)}, environment=stack,
+                           source=f"stacks/Pulumi.{stack}.yaml")
+
+
+def build(cfg: PlatformConfig) -> dict[str, Any]:
+    """Register every resource of the stack; return the stack outputs."""
+    aws_layer = build_aws_layer(cfg)
+    # The Kubernetes layer (operators, Kueue, monitoring, team tenancy) is built here, through
+    # aws_layer.cluster.provider, and adds its half of the contract to the outputs.
+    return dict(aws_layer.outputs)
+
+
+def main() -> None:
+    """Entry point for `pulumi up`: a bad config stops here, before any resource, without a traceback."""
+    try:
+        cfg = config_from_pulumi()
+    except ConfigError as exc:
+        raise pulumi.RunError(str(exc)) from None
+    for name, value in build(cfg).items():
+        pulumi.export(name, value)
