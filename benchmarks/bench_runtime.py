@@ -39,7 +39,7 @@ def plain_loop_steps_per_s(task, cfg, steps: int, warmup: int) -> float:
     """A hand-written loop: AdamW, warmup+cosine, clipping, shuffled DataLoader. Median step period -> steps/s."""
     import torch
 
-    from trainforge.trainer.runtime.loop import lr_lambda
+    from trainforge.trainer.runtime.build import lr_lambda
     torch.manual_seed(cfg.seed)
     model = task.build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -70,7 +70,7 @@ def test_a_worker_only_user_error_shows_its_message_in_the_summary_and_status(tm
     spec = {**QUICKSTART, "name": "broken", "entry": {"task": "broken_task:build"}, "workers": {"nodes": 1, "procs_per_node": 1}}
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(spec))
-    env = {"PATH": "/usr/bin:/bin", "TRAINFORGE_HOME": str(tmp_path / "home"), "PYTHONPATH": str(tmp_path)}
+    env = {"PATH": "/usr/bin:/bin", "TRAINFORGE_HOME": str(tmp_path / "home"), "PYTHONPATH": str(tmp_path), "COLUMNS": "250"}
     submitted = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "submit", str(path)], capture_output=True, text=True,
                                cwd=REPO, env=env, timeout=300)
     assert submitted.returncode == 1, submitted.stdout + submitted.stderr

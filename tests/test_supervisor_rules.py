@@ -127,3 +127,14 @@ def test_only_a_collective_failing_on_a_lost_peer_is_not_the_ranks_fault():
     assert exit_code_for(RuntimeError("my database: Connection reset by peer")) == 1, "the user's own socket is the user's error"
     assert exit_code_for(ValueError("shapes do not match")) == 1
     assert exit_code_for(SystemExit(contract.EXIT_USER_ERROR)) == contract.EXIT_USER_ERROR
+
+
+def test_bundled_task_names_and_arguments_known_without_torch_match_the_factories():
+    """The CLI checks `entry.task` and `entry.args` against config.BUNDLED_TASKS; the factories are the truth."""
+    import inspect
+
+    from trainforge.trainer.runtime.config import BUNDLED_TASKS
+    from trainforge.trainer.runtime.tasks import BUNDLED
+    assert set(BUNDLED_TASKS) == set(BUNDLED)
+    for name, factory in BUNDLED.items():
+        assert set(BUNDLED_TASKS[name]) == set(inspect.signature(factory).parameters), name

@@ -65,11 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainforge.trainer.runtime.api import train
     from trainforge.trainer.runtime.tasks import load_task
 
-    try:
-        task = load_task(cfg.task, **cfg.task_args)
-    except ValueError as exc:
-        raise UserError(f"task: {exc}") from None
-    result = train(task, cfg)
+    result = train(load_task(cfg.task, **cfg.task_args), cfg)
     if rank == 0:
         log.info("finished: %s", json.dumps(result.__dict__))
         Path(cfg.output_dir, "result.json").write_text(json.dumps(result.__dict__))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trainforge import contract
 from trainforge.trainer.runtime.config import RunConfig
+from trainforge.trainer.runtime.hooks import EvalHook
 from trainforge.trainer.runtime.loop import RunResult, Trainer, init_distributed
 from trainforge.trainer.runtime.preemption import PreemptionGuard
 from trainforge.trainer.runtime.tasks import Task
@@ -18,8 +19,10 @@ from trainforge.trainer.runtime.tasks import Task
 STATUS = {contract.EXIT_OK: "FINISHED", contract.EXIT_PREEMPTED: "KILLED"}
 
 
-def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None) -> RunResult:
-    """Run `task` to completion, preemption or a stop rule. Call it from the main thread of every worker."""
+def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None, eval_hooks: tuple[EvalHook, ...] = ()) -> RunResult:
+    """Run `task` to completion, preemption or a stop rule. Call it from the main thread of every worker.
+
+    `eval_hooks` run after every evaluation on rank 0, after the run config's own stop rules (a sweep's pruner is one)."""
     guard = guard or PreemptionGuard(cfg.checkpoint.preemption_grace_s)
     pids = Path(cfg.output_dir, "pids")
     pids.mkdir(parents=True, exist_ok=True)
@@ -27,6 +30,8 @@ def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None) -> R
     try:
         env = init_distributed()
         trainer = Trainer(task, cfg, env)
+        for hook in eval_hooks:
+            trainer.add_eval_hook(hook)
         result = trainer.run(guard)
         trainer.close(STATUS.get(result.exit_code, "FAILED"))
         return result

@@ -6,7 +6,6 @@ import contextlib
 import datetime
 import json
 import logging
-import math
 import os
 import random
 import socket
@@ -18,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from trainforge import contract
+from trainforge.trainer.runtime import build, hooks
 from trainforge.trainer.runtime.checkpoint import CheckpointManager
 from trainforge.trainer.runtime.config import RunConfig, UserError
 from trainforge.trainer.runtime.data import ResumableDistributedSampler, micro_batches
@@ -76,33 +75,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-def lr_lambda(cfg: RunConfig):
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return factor
-
-
-def wrap_model(model: nn.Module, cfg: RunConfig, env: Distributed) -> nn.Module:
-    model.to(env.device)
-    if cfg.strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-        # Shard every parameterised leaf block, then the root: each block's parameters gather just in time.
-        for module in list(model.modules())[1:]:
-            if any(True for _ in module.parameters(recurse=False)) and not list(module.children()):
-                fully_shard(module)
-        fully_shard(model)
-        return model
-    if env.world_size == 1:
-        # DDP over one rank reduces nothing yet still copies and all-reduces every gradient bucket (measured:
-        # 10-17 % of a CPU step). The process group and every other collective stay, so the path is the same.
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-    return DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
-
-
 def autocast(cfg: RunConfig, env: Distributed):
     if cfg.precision == "fp32":
         return contextlib.nullcontext()
@@ -113,10 +85,14 @@ def autocast(cfg: RunConfig, env: Distributed):
 @dataclass
 class TrainerState:
     step: int = 0
-    best_metric: float | None = None
-    evals_without_improvement: int = 0
     last_eval: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "last_eval": dict(self.last_eval), "restarts": self.restarts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.last_eval, self.restarts = state["step"], dict(state["last_eval"]), state["restarts"]
 
 
 @dataclass
@@ -127,6 +103,14 @@ class _StepReport:
     step_s: float
     values: torch.Tensor
     work: Any  # the async collective's handle
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What every rank learns from a step's collective: whether any rank was told to stop, and rank 0's decision."""
+
+    preempted: bool = False
+    stop_reason: str | None = None
 
 
 @dataclass
@@ -156,12 +140,13 @@ class Trainer:
         cfg = resolve_metric(cfg, task)
         self.task, self.cfg, self.env = task, cfg, env
         seed_everything(cfg.seed, cfg.deterministic)
-        self.model = wrap_model(task.build_model(), cfg, env)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.model = build.shard(task, task.build_model(), cfg, env)
+        self.optimizer = build.optimizer_for(task, self.model, cfg)
+        self.scheduler = build.scheduler_for(task, self.optimizer, cfg)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
         self.sampler = ResumableDistributedSampler(len(task.train_set), env.rank, env.world_size, cfg.seed)
         self.state = TrainerState()
+        self.eval_hooks: list[hooks.EvalHook] = default_eval_hooks(cfg)
         self.checkpoints = CheckpointManager(cfg.checkpoint, rank=env.rank, world_size=env.world_size,
                                              metric_mode=cfg.metric_mode, process_group=env.checkpoint_group)
         self.output = Path(cfg.output_dir)
@@ -214,8 +199,23 @@ class Trainer:
 
     # ---- state -----------------------------------------------------------------------------------------------
 
+    def add_eval_hook(self, hook: hooks.EvalHook) -> None:
+        """Run `hook` after every evaluation (on rank 0); a stateful hook is checkpointed under its name."""
+        self.eval_hooks.append(hook)
+
+    def stateful(self) -> dict[str, hooks.Stateful]:
+        """Everything checkpointed besides the model and optimizer, by name: one place to add a stateful piece."""
+        pieces: dict[str, hooks.Stateful] = {"state": self.state, "scheduler": self.scheduler, "sampler": self.sampler}
+        pieces |= {f"hook.{h.name}": h for h in self.eval_hooks if isinstance(h, hooks.Stateful)}
+        return pieces
+
     def trainer_state(self) -> dict[str, Any]:
-        return {"state": self.state.__dict__.copy(), "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict()}
+        return {name: piece.state_dict() for name, piece in self.stateful().items()}
+
+    def load_trainer_state(self, saved: dict[str, Any]) -> None:
+        for name, piece in self.stateful().items():
+            if name in saved:  # a piece added since the checkpoint was written starts fresh
+                piece.load_state_dict(saved[name])
 
     def resume(self) -> int | None:
         if self.s3 is not None:
@@ -225,10 +225,8 @@ class Trainer:
         if latest is None:
             return None
         saved, rng_restored = self.checkpoints.load(latest, self.model, self.optimizer)
-        self.state = TrainerState(**saved["state"])
+        self.load_trainer_state(saved)
         self.state.restarts += 1
-        self.scheduler.load_state_dict(saved["scheduler"])
-        self.sampler.load_state_dict(saved["sampler"])
         self.metrics.restarts.set(self.state.restarts)
         if self.env.is_main:
             log.info("resumed from %s (step %d)%s", latest.path, latest.step, "" if rng_restored else "; new world size, RNG reseeded")
@@ -300,14 +298,6 @@ class Trainer:
         self.model.train()
         return self.task.summarize({k: float(v) for k, v in zip(keys, packed.tolist())})
 
-    def _improved(self, value: float) -> bool:
-        best = self.state.best_metric
-        return best is None or (value > best if self.cfg.metric_mode == "max" else value < best)
-
-    def _reached_target(self, value: float) -> bool:
-        target = self.cfg.target_metric
-        return target is not None and (value >= target if self.cfg.metric_mode == "max" else value <= target)
-
     # ---- the loop ----------------------------------------------------------------------------------------------
 
     def run(self, guard: PreemptionGuard) -> RunResult:
@@ -323,16 +313,22 @@ class Trainer:
                 started = time.perf_counter()
                 loss, counts = self.train_step(batches)
                 self.state.step += 1
-                report = self._report(loss, counts, time.perf_counter() - started, guard)
-                stop_requested = self._land(in_flight, metrics_file)
-                in_flight = report
-                if stop_requested:
-                    self._land(in_flight, metrics_file)
+                step_s = time.perf_counter() - started
+                evaluating = self.state.step % cfg.eval_every == 0 or self.state.step == cfg.max_steps
+                agreed = self._land(in_flight, metrics_file)  # the previous step's answer
+                in_flight = None
+                stop_code = 0
+                if evaluating and not agreed.preempted:
+                    stop_code = hooks.reason_code(self._after_eval(metrics_file))
+                in_flight = self._report(loss, counts, step_s, guard, stop_code)
+                if agreed.preempted or evaluating:
+                    # Read this step's answer now: a preemption stops here, and rank 0's decision after an
+                    # evaluation stops every rank at this same step.
+                    answer = self._land(in_flight, metrics_file)
                     in_flight = None
-                    return self._preempted(guard, resumed_from)
-
-                if self.state.step % cfg.eval_every == 0 or self.state.step == cfg.max_steps:
-                    stopped = self._after_eval(metrics_file) or stopped
+                    if agreed.preempted or answer.preempted:
+                        return self._preempted(guard, resumed_from)
+                    stopped = answer.stop_reason or stopped
                 if self.state.step % cfg.checkpoint.interval_steps == 0:
                     self.save(blocking=False)
                 self.checkpoints.poll()
@@ -353,24 +349,26 @@ class Trainer:
             if metrics_file:
                 metrics_file.close()
 
-    def _report(self, loss: float, counts: dict[str, int], step_s: float, guard: PreemptionGuard) -> _StepReport:
-        """Start the step's one collective: the global loss and "has any rank been told to stop?".
+    def _report(self, loss: float, counts: dict[str, int], step_s: float, guard: PreemptionGuard, stop_code: int = 0) -> _StepReport:
+        """Start the step's one collective: the global loss, "has any rank been told to stop?" and rank 0's stop decision.
 
-        It runs while the next step computes and is read one step later (`_land`). Every rank reads the same
-        answer at the same step, so all ranks stop together, one step after the first one heard SIGTERM.
+        It runs while the next step computes and is read one step later (`_land`), or at once after an evaluation.
+        Every rank reads the same answer at the same step, so all ranks stop together: one step after the first
+        one heard SIGTERM, or at the step whose evaluation made rank 0 decide to stop.
         """
-        values = torch.tensor([loss, float(guard.requested.is_set())], device=self.env.device)
+        decision = float(stop_code) if self.env.is_main else 0.0  # summed over ranks: only rank 0's counts
+        values = torch.tensor([loss, float(guard.requested.is_set()), decision], device=self.env.device)
         work = dist.all_reduce(values, async_op=True)
         return _StepReport(self.state.step, self.scheduler.get_last_lr()[0], counts, step_s, values, work)
 
-    def _land(self, report: _StepReport | None, metrics_file) -> bool:
-        """Finish a step's collective, record the step; True if some rank has been told to stop."""
+    def _land(self, report: _StepReport | None, metrics_file) -> Agreement:
+        """Finish a step's collective, record the step, and return what the ranks agreed."""
         if report is None:
-            return False
+            return Agreement()
         report.work.wait()
-        loss, stop = report.values.tolist()
+        loss, stop, decision = report.values.tolist()
         self._record_step(report.step, report.lr, loss / self.env.world_size, report.counts, report.step_s, metrics_file)
-        return stop > 0
+        return Agreement(preempted=stop > 0, stop_reason=hooks.reason_of(int(round(decision))))
 
     def _record_step(self, step: int, lr: float, loss: float, counts: dict[str, int], step_s: float, metrics_file) -> None:
         """Per-step numbers: Prometheus every step, the JSONL log every step (rank 0), MLflow every log_every."""
@@ -397,23 +395,16 @@ class Trainer:
                 self.tracker.log_metrics(step, {"loss": loss, "lr": lr, "samples_per_second": counts["samples"] * world / step_s})
 
     def _after_eval(self, metrics_file) -> str | None:
+        """Evaluate (every rank), then rank 0's hooks decide whether to stop; the other ranks learn it from the collective."""
         self.state.last_eval = self.evaluate()
-        value = self.state.last_eval[self.cfg.metric]
         self.metrics.evaluated(self.state.last_eval)
         if self.tracker is not None:
             self.tracker.log_metrics(self.state.step, {f"eval_{k}": v for k, v in self.state.last_eval.items()})
         if metrics_file:
             metrics_file.write(json.dumps({"step": self.state.step, "eval": self.state.last_eval}) + "\n")
-        if self._improved(value):
-            self.state.best_metric, self.state.evals_without_improvement = value, 0
-        else:
-            self.state.evals_without_improvement += 1
-        if self._reached_target(value):
-            return "target_metric"
-        patience = self.cfg.early_stopping_patience
-        if patience is not None and self.state.evals_without_improvement >= patience:
-            return "early_stopping"
-        return None
+        if not self.env.is_main:
+            return None
+        return hooks.first_stop(self.eval_hooks, self.state.step, self.state.last_eval)
 
     def _preempted(self, guard: PreemptionGuard, resumed_from: int | None) -> RunResult:
         self.checkpoints.wait()
@@ -441,6 +432,16 @@ class Trainer:
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.env.is_main:
             torch.save(full, self.output / "final_model.pt")
+
+
+def default_eval_hooks(cfg: RunConfig) -> list[hooks.EvalHook]:
+    """The stop rules the run config asks for. A target reached wins over patience run out at the same evaluation."""
+    out: list[hooks.EvalHook] = []
+    if cfg.target_metric is not None:
+        out.append(hooks.TargetMetric(cfg.metric, cfg.metric_mode, cfg.target_metric))
+    if cfg.early_stopping_patience is not None:
+        out.append(hooks.EarlyStopping(cfg.metric, cfg.metric_mode, cfg.early_stopping_patience))
+    return out
 
 
 def git_commit() -> str:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
+
+if TYPE_CHECKING:
+    from trainforge.trainer.runtime.config import RunConfig
 
 
 @dataclass
@@ -23,6 +26,9 @@ class Task:
     `loss(model, batch)` returns the mean loss of a micro-batch and how many samples/tokens it held.
     `eval_sums(model, batch)` returns additive tensors (summed over batches and ranks); `summarize` turns
     the totals into metrics, e.g. {"loss_sum", "correct", "count"} -> {"loss", "accuracy"}.
+    The builders are optional (runtime/build.py has the defaults): `build_optimizer(model, cfg)`,
+    `build_scheduler(optimizer, cfg)`, and `fsdp_units(model)`, the modules FSDP shards one by one (a
+    transformer: its blocks; default: every parameterised leaf).
     """
 
     name: str
@@ -34,6 +40,9 @@ class Task:
     summarize: Callable[[dict[str, float]], dict[str, float]]
     metrics: tuple[str, ...]  # the names `summarize` returns
     default_metric: tuple[str, str]  # (name, "max" | "min") that picks the best checkpoint unless the run says otherwise
+    build_optimizer: Callable[[nn.Module, RunConfig], torch.optim.Optimizer] | None = None
+    build_scheduler: Callable[[torch.optim.Optimizer, RunConfig], torch.optim.lr_scheduler.LRScheduler] | None = None
+    fsdp_units: Callable[[nn.Module], list[nn.Module]] | None = None
 
 
 # ---- classifier -------------------------------------------------------------------------------------------
@@ -167,7 +176,13 @@ def char_lm(context: int = 64, dim: int = 128, layers: int = 2, heads: int = 4) 
         train_set=CharWindows(ids[:split], context), eval_set=CharWindows(ids[split:], context),
         loss=_lm_loss, eval_sums=_lm_eval, summarize=_lm_summary,
         metrics=("loss", "perplexity"), default_metric=("loss", "min"),
+        fsdp_units=transformer_blocks,
     )
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """One FSDP unit per transformer block: one all-gather per block instead of one per Linear and LayerNorm."""
+    return list(model.blocks.layers)
 
 
 def data_checksum(task: Task) -> str:
@@ -189,25 +204,30 @@ BUNDLED: dict[str, Callable[[], Task]] = {"classifier": classifier, "char_lm": c
 
 
 def load_task(name: str, **args) -> Task:
-    """A bundled task by name, or a researcher's own: "package.module:factory" (a function returning a Task)."""
+    """A bundled task by name, or a researcher's own: "package.module:factory" (a function returning a Task).
+
+    A name or arguments that cannot work raise UserError; whatever the factory itself raises is the researcher's
+    code failing, and propagates as it is (the worker records its type and message)."""
     import importlib
     import inspect
+
+    from trainforge.trainer.runtime.config import UserError
 
     if ":" in name:
         module_name, _, attr = name.partition(":")
         try:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot load task factory {name!r}: {exc}. Fix: an importable 'module:function' that returns a Task") from None
+            raise UserError(f"cannot load task factory {name!r}: {exc}. Fix: an importable 'module:function' that returns a Task") from None
     elif name in BUNDLED:
         factory = BUNDLED[name]
     else:
-        raise ValueError(f"unknown task {name!r}; bundled tasks: {sorted(BUNDLED)}, or 'module:factory' for your own")
+        raise UserError(f"unknown task {name!r}; bundled tasks: {sorted(BUNDLED)}, or 'module:factory' for your own")
     accepted = set(inspect.signature(factory).parameters)
     unknown = sorted(set(args) - accepted)
     if unknown:
-        raise ValueError(f"task_args {unknown} are not arguments of {name!r}; it takes {sorted(accepted)}")
+        raise UserError(f"task_args {unknown} are not arguments of {name!r}; it takes {sorted(accepted)}")
     task = factory(**args)
     if not isinstance(task, Task):
-        raise ValueError(f"{name!r} returned {type(task).__name__}, not a trainforge Task")
+        raise UserError(f"{name!r} returned {type(task).__name__}, not a trainforge Task")
     return task
