@@ -60,7 +60,12 @@ def test_rendered_jobs_validate_and_carry_placement_resources_and_labels(path, k
     tolerated = {(t["key"], t["effect"]) for t in pod["tolerations"]}
     assert (contract.TAINT_GPU, "NoSchedule") in tolerated
     assert ((contract.TAINT_SPOT, "NoSchedule") in tolerated) == (capacity != "on-demand")
-    if capacity != "on-demand":
+    if kind == "trainjob":
+        # Trainer 2.2.1 takes the grace period from the runtime only (a patch's would be pruned): the TrainJob names it.
+        assert "terminationGracePeriodSeconds" not in pod
+        assert manifest["spec"]["runtimeRef"]["name"] == (contract.CLUSTER_TRAINING_RUNTIME_SPOT if capacity != "on-demand"
+                                                           else contract.CLUSTER_TRAINING_RUNTIME)
+    elif capacity != "on-demand":
         assert pod["terminationGracePeriodSeconds"] >= 120
     if capacity == "spot":
         assert pod["nodeSelector"][contract.LABEL_FLAVOUR] == "gpu-spot"

@@ -1,5 +1,6 @@
-"""The `trainforge-torch` ClusterTrainingRuntime: valid on the cluster, and its restart rules do what the
-runtime's exit codes promise (preempted resumes, user errors fail fast, lost workers restart up to a limit)."""
+"""The `trainforge-torch` ClusterTrainingRuntimes: valid on the cluster (against the CRD of the Trainer the platform
+pins), their restart rules do what the runtime's exit codes promise (preempted resumes, user errors fail fast, lost
+workers restart up to a limit), and the pods the Trainer builds get the grace period the runtime plans for."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from test_render import KUBERNETES_VERSIONS, SPECS
 
 from trainforge import contract
-from trainforge.platform.training.runtime import cluster_training_runtime
-from trainforge.k8s_schema import core_problems, problems
+from trainforge.platform.training.runtime import cluster_training_runtime, cluster_training_runtimes
+from trainforge.k8s_schema import core_problems, pod_templates, problems
 from trainforge.trainer.placement import decide
 from trainforge.trainer.render import render as render_placed
 
@@ -22,12 +23,43 @@ def render(spec, kind="trainjob", cost_centre=None, platform=None):
 from trainforge.trainer.spec import load_spec
 
 RUNTIME = cluster_training_runtime("ghcr.io/example/trainforge:1.0", max_restarts=5)
+RUNTIMES = {r["metadata"]["name"]: r for r in cluster_training_runtimes("ghcr.io/example/trainforge:1.0", max_restarts=5)}
+CAPACITIES = ["on-demand", "spot", "spot-fallback"]
 
 
-def test_the_runtime_validates_against_the_crd_and_the_kubernetes_job_schema():
-    assert problems(RUNTIME) == []
+def test_the_runtimes_validate_against_the_crd_and_the_kubernetes_job_schema():
+    assert set(RUNTIMES) == {contract.CLUSTER_TRAINING_RUNTIME, contract.CLUSTER_TRAINING_RUNTIME_SPOT}
+    for runtime in RUNTIMES.values():
+        assert problems(runtime) == []
+        for version in KUBERNETES_VERSIONS:
+            assert core_problems(runtime, version) == []
+
+
+def test_the_runtimes_differ_only_in_name_and_grace_period():
+    spot, on_demand = (copy.deepcopy(RUNTIMES[n]) for n in (contract.CLUSTER_TRAINING_RUNTIME_SPOT, contract.CLUSTER_TRAINING_RUNTIME))
+    for runtime in (spot, on_demand):
+        del runtime["metadata"]["name"]
+        del runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert spot == on_demand
+
+
+@pytest.mark.parametrize("capacity", CAPACITIES)
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_the_pods_the_trainer_builds_outlast_the_runtimes_preemption_window(path, capacity):
+    """Runtime + patches + trainer section, merged as Trainer 2.2.1 does: the kubelet's grace period covers the
+    runtime's emergency checkpoint and upload (preemption_grace_s) plus the margin, and the pod is valid."""
+    spec = load_spec(path).model_copy(update={"capacity": capacity})
+    job = render(spec, "trainjob")
+    runtime = RUNTIMES[job["spec"]["runtimeRef"]["name"]]
+    for name, pod in pod_templates(job, runtime).items():
+        grace = pod["spec"]["terminationGracePeriodSeconds"]
+        if capacity != "on-demand":
+            assert grace >= contract.SPOT_TERMINATION_GRACE_S, "a spot notice gives two minutes: use them"
+        if not spec.entry.command:
+            sets = dict(a.split("=", 1) for a in pod["spec"]["containers"][0]["args"][1::2])
+            assert grace >= float(sets["checkpoint.preemption_grace_s"]) + contract.PREEMPTION_MARGIN_S, name
     for version in KUBERNETES_VERSIONS:
-        assert core_problems(RUNTIME, version) == []
+        assert core_problems(job, version, runtime) == []
 
 
 def test_a_bad_failure_policy_is_caught_before_it_reaches_the_cluster():
@@ -44,7 +76,7 @@ def test_every_trainjob_names_this_runtime_its_job_and_its_container():
     container = replicated["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
     for path in SPECS:
         job = render(load_spec(path), "trainjob")
-        assert job["spec"]["runtimeRef"]["name"] == RUNTIME["metadata"]["name"] == contract.CLUSTER_TRAINING_RUNTIME
+        assert job["spec"]["runtimeRef"]["name"] in RUNTIMES
         patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
         assert patch["name"] == replicated["name"]
         assert patch["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == container

@@ -25,7 +25,6 @@ from trainforge.stackconfig import PlatformConfig
 from trainforge.trainer.spec import JobSpec
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # set on every node by the kubelet
-ON_DEMAND_GRACE_S = 60
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,12 @@ class Placement:
     @property
     def termination_grace_s(self) -> int:
         """Spot nodes get the EC2 notice's two minutes for the emergency checkpoint and its upload."""
-        return contract.SPOT_TERMINATION_GRACE_S if contract.Flavour.GPU_SPOT in self.flavours else ON_DEMAND_GRACE_S
+        return contract.SPOT_TERMINATION_GRACE_S if contract.Flavour.GPU_SPOT in self.flavours else contract.ON_DEMAND_TERMINATION_GRACE_S
+
+    @property
+    def training_runtime(self) -> str:
+        """The ClusterTrainingRuntime of this grace class (Trainer 2.2.1 reads the grace period only from there)."""
+        return contract.training_runtime_for(self.termination_grace_s)
 
 
 def preferred_flavours(spec: JobSpec, platform: PlatformConfig | None) -> list[Flavour]:

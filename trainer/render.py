@@ -25,16 +25,18 @@ def job_paths(spec: JobSpec) -> dict[str, str]:
 
 
 def runtime_args(spec: JobSpec, *, output_dir: str | None = None, checkpoint_dir: str | None = None,
-                 tracking_uri: str | None = contract.MLFLOW_TRACKING_URI, metrics_port: int | None = contract.METRICS_PORT) -> list[str]:
+                 tracking_uri: str | None = contract.MLFLOW_TRACKING_URI, metrics_port: int | None = contract.METRICS_PORT,
+                 termination_grace_s: int = contract.SPOT_TERMINATION_GRACE_S) -> list[str]:
     """The runtime's --set arguments: identity, task, paths, checkpointing, tracking, hyperparameters.
 
-    Defaults are the cluster's (FSx paths, in-cluster MLflow, the metrics port); the local backend passes its own."""
+    Defaults are the cluster's (FSx paths, in-cluster MLflow, the metrics port); the local backend passes its own.
+    The preemption window is the pods' grace period less the contract's margin, so the two cannot drift."""
     paths = job_paths(spec)
     values: dict[str, Any] = {
         "job_id": spec.name, "team": spec.team, "output_dir": output_dir or paths["output_dir"],
         "checkpoint.dir": checkpoint_dir or paths["checkpoint_dir"], "checkpoint.interval_steps": spec.checkpoint.interval_steps,
         "checkpoint.keep_last": spec.checkpoint.keep_last,
-        "checkpoint.preemption_grace_s": contract.SPOT_TERMINATION_GRACE_S - 15,
+        "checkpoint.preemption_grace_s": contract.preemption_window_s(termination_grace_s),
         "tracking.experiment": spec.tracking.experiment,
     }
     if tracking_uri:
@@ -78,13 +80,13 @@ def resources(spec: JobSpec, where: Placement) -> dict[str, Any]:
 
 
 def pod_placement(spec: JobSpec, where: Placement) -> dict[str, Any]:
-    """nodeSelector, affinity, tolerations, grace period, service account, volumes: the parts of the pod both kinds share."""
+    """nodeSelector, affinity, tolerations, service account, volumes: the parts of the pod both kinds share. (The grace
+    period is not here: a TrainJob takes it from its ClusterTrainingRuntime, a PyTorchJob from its pod template.)"""
     affinity = where.node_affinity()
     return {
         "nodeSelector": where.node_selector(),
         **({"affinity": affinity} if affinity else {}),
         "tolerations": where.tolerations(),
-        "terminationGracePeriodSeconds": where.termination_grace_s,
         "serviceAccountName": contract.TRAINING_SERVICE_ACCOUNT,
         "volumes": [
             # NCCL and DataLoader workers share tensors through /dev/shm; the container default is 64 MiB.
@@ -124,8 +126,8 @@ def command(spec: JobSpec) -> list[str]:
     return [*LAUNCHER, "--", *target]
 
 
-def args(spec: JobSpec) -> list[str]:
-    return [] if spec.entry.command else runtime_args(spec)
+def args(spec: JobSpec, where: Placement) -> list[str]:
+    return [] if spec.entry.command else runtime_args(spec, termination_grace_s=where.termination_grace_s)
 
 
 def metadata(spec: JobSpec, cost_centre: str | None) -> dict[str, Any]:
@@ -143,11 +145,11 @@ def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = N
         "kind": "TrainJob",
         "metadata": metadata(spec, cost_centre),
         "spec": {
-            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": contract.CLUSTER_TRAINING_RUNTIME},
+            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": where.training_runtime},
             "activeDeadlineSeconds": max_runtime_seconds(spec),
             "trainer": {
                 "image": spec.image, "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
-                "command": command(spec), "args": args(spec), "env": env(spec), "resourcesPerNode": resources(spec, where),
+                "command": command(spec), "args": args(spec, where), "env": env(spec), "resourcesPerNode": resources(spec, where),
             },
             # Placement and volumes go in through a runtime patch: the TrainJob's trainer section has no field for them.
             "runtimePatches": [{
@@ -167,8 +169,8 @@ def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = N
 def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None = None) -> dict[str, Any]:
     template = {
         "metadata": {"labels": pod_labels(spec, cost_centre)},
-        "spec": {**pod_placement(spec, where), "containers": [{
-            "name": CONTAINER["pytorchjob"], "image": spec.image, "command": command(spec), "args": args(spec), "env": env(spec),
+        "spec": {**pod_placement(spec, where), "terminationGracePeriodSeconds": where.termination_grace_s, "containers": [{
+            "name": CONTAINER["pytorchjob"], "image": spec.image, "command": command(spec), "args": args(spec, where), "env": env(spec),
             "resources": resources(spec, where), "volumeMounts": volume_mounts(),
             "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
         }]},

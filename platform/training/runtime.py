@@ -1,4 +1,9 @@
-"""The `trainforge-torch` ClusterTrainingRuntime: the restart rules every TrainJob inherits.
+"""The `trainforge-torch` ClusterTrainingRuntimes: the restart rules and grace period every TrainJob inherits.
+
+Two runtimes, one per grace class (contract.TRAINING_RUNTIME_GRACE_S): `trainforge-torch` for on-demand jobs and
+`trainforge-torch-spot`, whose pods get the two minutes of an EC2 spot notice for the emergency checkpoint and its
+upload. Kubeflow Trainer 2.2.1 reads `terminationGracePeriodSeconds` only from the runtime's pod template: a
+TrainJob's runtime patch has no such field there, and the API server prunes it silently.
 
 A TrainJob cannot carry Job failure policies (its runtime patches reach only the pod template), so the rules
 that make spot training work live here, once, for every team. They read the node launcher's exit code
@@ -59,13 +64,20 @@ def failure_policy(max_restarts: int) -> dict[str, Any]:
     }
 
 
-def cluster_training_runtime(default_image: str, max_restarts: int = 10) -> dict[str, Any]:
+def cluster_training_runtimes(default_image: str, max_restarts: int = 10) -> list[dict[str, Any]]:
+    """One runtime per grace class, the same in everything else."""
+    return [cluster_training_runtime(default_image, max_restarts, name=name) for name in contract.TRAINING_RUNTIME_GRACE_S]
+
+
+def cluster_training_runtime(default_image: str, max_restarts: int = 10, *, name: str = contract.CLUSTER_TRAINING_RUNTIME) -> dict[str, Any]:
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    if name not in contract.TRAINING_RUNTIME_GRACE_S:
+        raise ValueError(f"no grace class for runtime {name!r}; known: {sorted(contract.TRAINING_RUNTIME_GRACE_S)}")
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": contract.CLUSTER_TRAINING_RUNTIME,
+        "metadata": {"name": name,
                      "labels": {FRAMEWORK_LABEL: "torch", f"{contract.LABEL_DOMAIN}/{contract.TAG_MANAGED_BY}": "trainforge"}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
@@ -80,6 +92,7 @@ def cluster_training_runtime(default_image: str, max_restarts: int = 10) -> dict
                             "podFailurePolicy": pod_failure_policy(),
                             "template": {"spec": {
                                 "restartPolicy": "Never",  # required by podFailurePolicy
+                                "terminationGracePeriodSeconds": contract.TRAINING_RUNTIME_GRACE_S[name],
                                 "containers": [{"name": contract.TRAINJOB_CONTAINER, "image": default_image}],
                             }},
                         },

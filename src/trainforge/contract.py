@@ -168,14 +168,32 @@ def read_exits(directory: Path) -> list[ExitRecord]:
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 PRIORITIES = ("low", "normal", "high")
-CLUSTER_TRAINING_RUNTIME = "trainforge-torch"  # a ClusterTrainingRuntime (Kubeflow Trainer v2)
+CLUSTER_TRAINING_RUNTIME = "trainforge-torch"  # a ClusterTrainingRuntime (Kubeflow Trainer v2): on-demand jobs
+CLUSTER_TRAINING_RUNTIME_SPOT = "trainforge-torch-spot"  # the same, with the grace period a spot notice needs
 # The runtime's replicated job and container: the TrainJob's runtime patch and its restart rules name them.
 TRAINJOB_REPLICATED_JOB = "node"
 TRAINJOB_CONTAINER = "node"
 LABEL_JOB = f"{LABEL_DOMAIN}/job"
 SPOT_TERMINATION_GRACE_S = 120  # the EC2 spot notice: time for the emergency checkpoint and its upload
+ON_DEMAND_TERMINATION_GRACE_S = 60  # an eviction or a cancel: the emergency checkpoint, a smaller upload window
+# The runtime must be done this long before the kubelet's SIGKILL: process exit, the launcher's own exit, slack.
+PREEMPTION_MARGIN_S = 15
+# Trainer 2.2.1 takes no grace period from a TrainJob (its runtime patches lack the field; the API server would
+# prune it silently), so each grace class is its own ClusterTrainingRuntime and a TrainJob names the right one.
+TRAINING_RUNTIME_GRACE_S = {CLUSTER_TRAINING_RUNTIME: ON_DEMAND_TERMINATION_GRACE_S,
+                            CLUSTER_TRAINING_RUNTIME_SPOT: SPOT_TERMINATION_GRACE_S}
 METRICS_PORT = 9400
 MLFLOW_TRACKING_URI = "http://mlflow.mlflow.svc.cluster.local:5000"
+
+
+def preemption_window_s(termination_grace_s: int) -> int:
+    """How long the runtime may spend on its emergency checkpoint and upload after SIGTERM (its preemption_grace_s)."""
+    return termination_grace_s - PREEMPTION_MARGIN_S
+
+
+def training_runtime_for(termination_grace_s: int) -> str:
+    """The ClusterTrainingRuntime whose pods get this grace period."""
+    return next(name for name, grace in TRAINING_RUNTIME_GRACE_S.items() if grace == termination_grace_s)
 
 
 def priority_class_name(priority: str) -> str:

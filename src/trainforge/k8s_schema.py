@@ -50,6 +50,11 @@ KINDS = {
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
     ("kubeflow.org/v1", "PyTorchJob"): ("kubeflow.org_pytorchjobs.yaml", "v1"),
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): ("trainer.kubeflow.org_clustertrainingruntimes.yaml", "v1alpha1"),
+    ("kueue.x-k8s.io/v1beta2", "ClusterQueue"): ("kueue.x-k8s.io_clusterqueues.yaml", "v1beta2"),
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("kueue.x-k8s.io_localqueues.yaml", "v1beta2"),
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): ("kueue.x-k8s.io_resourceflavors.yaml", "v1beta2"),
+    ("kueue.x-k8s.io/v1beta2", "Cohort"): ("kueue.x-k8s.io_cohorts.yaml", "v1beta2"),
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): ("kueue.x-k8s.io_workloadpriorityclasses.yaml", "v1beta2"),
 }
 
 
@@ -60,22 +65,51 @@ def problems(obj: dict[str, Any]) -> list[str]:
     return [f"{'/'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}" for e in validator.iter_errors(obj)]
 
 
-def pod_templates(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pod templates the controller will create from `obj`, by replica name, as core v1 PodTemplateSpecs."""
+def pod_templates(obj: dict[str, Any], runtime: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The pod templates the controller will create from `obj`, by replica name, as core v1 PodTemplateSpecs.
+
+    For a TrainJob, pass the ClusterTrainingRuntime it names to get the pods as the Trainer builds them: the
+    runtime's pod template, the TrainJob's runtime patches over it, the trainer section over the container."""
     if obj["kind"] == "PyTorchJob":
         return {name: replica["template"] for name, replica in obj["spec"]["pytorchReplicaSpecs"].items()}
     if obj["kind"] == "TrainJob":
-        return {job["name"]: _trainjob_pod(obj["spec"]["trainer"], job["template"]["spec"]["template"])
-                for patch in obj["spec"].get("runtimePatches", [])
-                for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+        if runtime is not None and runtime["metadata"]["name"] != obj["spec"]["runtimeRef"]["name"]:
+            raise ValueError(f"the TrainJob names runtime {obj['spec']['runtimeRef']['name']!r}, not {runtime['metadata']['name']!r}")
+        base = {job["name"]: job["template"]["spec"]["template"] for job in runtime["spec"]["template"]["spec"]["replicatedJobs"]} \
+            if runtime is not None else {}
+        pods: dict[str, dict[str, Any]] = dict(base)
+        for patch in obj["spec"].get("runtimePatches", []):
+            for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+                pods[job["name"]] = merge_patch(pods.get(job["name"], {}), job["template"]["spec"]["template"])
+        return {name: _with_trainer(obj["spec"]["trainer"], pod) for name, pod in pods.items()}
     raise KeyError(f"no pod templates known for {obj['apiVersion']}/{obj['kind']}")
 
 
-def _trainjob_pod(trainer: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """The Trainer merges the trainer section (image, command, env, resourcesPerNode) into the patched container."""
-    pod = {"metadata": patch.get("metadata", {}), "spec": dict(patch["spec"])}
+MERGE_BY_NAME = ("containers", "initContainers", "volumes", "volumeMounts", "env", "ports")
+
+
+def merge_patch(base: Any, patch: Any) -> Any:
+    """A model of the strategic merge the Trainer applies: maps merge key by key, lists of named items (containers,
+    volumes, env...) merge by name, any other value in the patch replaces the base's."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for key, value in patch.items():
+            if key in MERGE_BY_NAME and isinstance(value, list) and isinstance(base.get(key), list):
+                named = {item["name"]: item for item in base[key]}
+                for item in value:
+                    named[item["name"]] = merge_patch(named.get(item["name"], {}), item)
+                out[key] = list(named.values())
+            else:
+                out[key] = merge_patch(base.get(key), value)
+        return out
+    return patch
+
+
+def _with_trainer(trainer: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer sets the trainer section (image, command, env, resourcesPerNode) on the patched container."""
+    pod = {"metadata": pod.get("metadata", {}), "spec": dict(pod["spec"])}
     containers = []
-    for container in patch["spec"]["containers"]:
+    for container in pod["spec"]["containers"]:
         merged = dict(container)
         for key, field in (("image", "image"), ("command", "command"), ("args", "args"), ("env", "env"), ("resources", "resourcesPerNode")):
             if field in trainer:
@@ -85,7 +119,7 @@ def _trainjob_pod(trainer: dict[str, Any], patch: dict[str, Any]) -> dict[str, A
     return pod
 
 
-def core_objects(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def core_objects(obj: dict[str, Any], runtime: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """The core objects `obj` stands for, by name: a PodTemplate per replica of a job, a batch/v1 Job per
     replicated job of a training runtime (its Job spec carries the pod failure policy)."""
     base = obj["metadata"]["name"].lower()
@@ -94,15 +128,16 @@ def core_objects(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
                               "spec": job["template"]["spec"]}
                 for job in obj["spec"]["template"]["spec"]["replicatedJobs"]}
     return {name: {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"{base}-{name}".lower()}, "template": template}
-            for name, template in pod_templates(obj).items()}
+            for name, template in pod_templates(obj, runtime).items()}
 
 
-def core_problems(obj: dict[str, Any], kubernetes_version: str) -> list[str]:
-    """Core-schema violations of what `obj` will create, for a cluster at `kubernetes_version` (e.g. '1.33')."""
+def core_problems(obj: dict[str, Any], kubernetes_version: str, runtime: dict[str, Any] | None = None) -> list[str]:
+    """Core-schema violations of what `obj` will create, for a cluster at `kubernetes_version` (e.g. '1.33');
+    a TrainJob's pods merged with its `runtime` where given."""
     import kubernetes_validate
 
     out = []
-    for name, core in core_objects(obj).items():
+    for name, core in core_objects(obj, runtime).items():
         try:
             kubernetes_validate.validate(core, f"{kubernetes_version}.0", strict=True)
         except kubernetes_validate.ValidationError as e:

@@ -1,0 +1,23 @@
+"""The versions of the cluster software trainforge is built against, in one place.
+
+The platform layer installs these (its chart table reads them), and the CRD schemas every rendered object is
+validated against (schemas/crds/, listed with their versions in schemas/crds/VERSIONS.yaml) must be these same
+versions: tests/test_versions.py fails when one is bumped without the other.
+"""
+
+from __future__ import annotations
+
+KUBEFLOW_TRAINER = "2.2.1"
+KUEUE = "0.19.2"
+TRAINING_OPERATOR = "1.9.0"  # the optional v1 operator (PyTorchJob)
+
+COMPONENTS = {"kubeflow-trainer": KUBEFLOW_TRAINER, "kueue": KUEUE, "training-operator": TRAINING_OPERATOR}
+
+# The Trainer release each Kueue minor is built against (Kueue's go.mod; see PLATFORM-FACTS.md). Kueue manages a
+# TrainJob only through that Trainer's API: with any other pairing TrainJobs stay suspended. No released Kueue
+# manages Trainer 2.3.
+KUEUE_MANAGES_TRAINER = {"0.17": "2.2.0", "0.18": "2.2.1", "0.19": "2.2.1"}
+
+
+def kueue_manages(kueue: str, trainer: str) -> bool:
+    return KUEUE_MANAGES_TRAINER.get(".".join(kueue.split(".")[:2])) == trainer
