@@ -10,7 +10,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from trainforge.stackconfig import ClusterConfig
-from trainforge.infra.iam import irsa_role, service_role
+from trainforge.infra.iam import Role, inline_policy, irsa_role, service_role
 from trainforge.infra.tags import named
 
 POLICY = "arn:aws:iam::aws:policy/"
@@ -40,7 +40,7 @@ class ClusterHandle:
 class Cluster(pulumi.ComponentResource):
     cluster: aws.eks.Cluster
     oidc_provider: aws.iam.OpenIdConnectProvider
-    node_role: aws.iam.Role
+    node_role: Role
     kubernetes: k8s.Provider
 
     def __init__(self, name: str, cfg: ClusterConfig, *, private_subnet_ids: list[pulumi.Input[str]],
@@ -53,10 +53,9 @@ class Cluster(pulumi.ComponentResource):
         role = service_role(f"{name}-control-plane", "eks.amazonaws.com", [POLICY + "AmazonEKSClusterPolicy"],
                             named(tags, f"{name}-control-plane"), self)
         # Envelope encryption needs the control plane to use the secrets key.
-        aws.iam.RolePolicy(f"{name}-secrets-key", role=role.id, opts=pulumi.ResourceOptions(parent=role),
-                           policy=secrets_key.arn.apply(lambda arn: json.dumps({"Version": "2012-10-17", "Statement": [{
-                               "Effect": "Allow", "Resource": arn,
-                               "Action": ["kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:CreateGrant"]}]})))
+        role = inline_policy(f"{name}-secrets-key", role, secrets_key.arn.apply(lambda arn: json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Resource": arn,
+                                                    "Action": ["kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:CreateGrant"]}]})))
         # Created before the cluster so EKS writes into a group with a retention limit (not a forever group).
         log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane-logs", name=f"/aws/eks/{cluster_name}/cluster",
                                             retention_in_days=cfg.log_retention_days,
@@ -70,13 +69,16 @@ class Cluster(pulumi.ComponentResource):
                 endpoint_public_access=access.endpoint_public_access,
                 public_access_cidrs=[str(c) for c in access.public_access_cidrs] or None,
             ),
-            # API mode: who may administer the cluster is an AWS resource (access entries), not a ConfigMap.
-            access_config=aws.eks.ClusterAccessConfigArgs(authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True),
+            # API mode: who may administer the cluster is an AWS resource (access entries), not a ConfigMap. No implicit
+            # entry for the creator: the deployer is listed in admin_principal_arns like every admin (an implicit entry
+            # plus a listed one for the same principal fails the first deploy with ResourceInUseException).
+            access_config=aws.eks.ClusterAccessConfigArgs(authentication_mode="API", bootstrap_cluster_creator_admin_permissions=False),
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=access.support_type),
             encryption_config=aws.eks.ClusterEncryptionConfigArgs(
                 provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=secrets_key.arn), resources=["secrets"]),
             enabled_cluster_log_types=CONTROL_PLANE_LOG_TYPES,
             tags=named(tags, cluster_name),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group, *role.ready]),
         )
         for i, principal in enumerate(access.admin_principal_arns):
             entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal,
@@ -134,17 +136,27 @@ class Cluster(pulumi.ComponentResource):
 IRSA_ADDONS = {
     "vpc-cni": ("aws-node", [POLICY + "AmazonEKS_CNI_Policy"]),
     "aws-ebs-csi-driver": ("ebs-csi-controller-sa", [POLICY + "service-role/AmazonEBSCSIDriverPolicy"]),
-    "aws-fsx-csi-driver": ("fsx-csi-controller-sa", [POLICY + "AmazonFSxFullAccess"]),
+    # Static provisioning only (the platform binds the stack's one file system): the controller creates and deletes
+    # nothing, so it may only describe file systems — not AmazonFSxFullAccess. (Describe* takes no resource scope.)
+    "aws-fsx-csi-driver": ("fsx-csi-controller-sa", []),
+}
+IRSA_INLINE_POLICIES = {
+    "aws-fsx-csi-driver": {"Version": "2012-10-17", "Statement": [
+        {"Sid": "StaticProvisioning", "Effect": "Allow", "Action": ["fsx:DescribeFileSystems"], "Resource": "*"}]},
 }
 # Installed before any node joins (nodes need networking to become Ready) ...
 NETWORK_ADDONS = ("vpc-cni", "kube-proxy")
 # ... and after the system nodes exist (these run Deployments that need a node to become ACTIVE).
-WORKLOAD_ADDONS = ("coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver")
+WORKLOAD_ADDONS = ("coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver", "eks-node-monitoring-agent")
+ADDON_STAGES = {"network": NETWORK_ADDONS, "workload": WORKLOAD_ADDONS}
 ADDON_CONFIGURATION = {
     # Network policy enforcement in the CNI, so team namespaces can be isolated.
     "vpc-cni": {"enableNetworkPolicy": "true"},
     # CoreDNS tolerates nothing special and runs on the system nodes; two replicas survive a node loss.
     "coredns": {"replicaCount": 2},
+    # Node auto repair sees GPU faults (XID errors, NVLink, EFA) only through this agent, so it runs on every node:
+    # GPU and spot nodes are tainted, hence a toleration of every taint.
+    "eks-node-monitoring-agent": {"nodeAgent": {"tolerations": [{"operator": "Exists"}]}},
 }
 
 
@@ -154,23 +166,27 @@ class Addons(pulumi.ComponentResource):
 
     addons: list[aws.eks.Addon]
 
-    def __init__(self, name: str, cluster: Cluster, addon_names: tuple[str, ...], tags: dict[str, str], *,
+    def __init__(self, name: str, cluster: Cluster, stage: str, tags: dict[str, str], *,
                  after: list[pulumi.Resource] | None = None, opts: pulumi.ResourceOptions | None = None):
-        """`name` prefixes each add-on's resources (the cluster's name); the component is `<name>-<first add-on>...`."""
-        super().__init__("trainforge:infra:Addons", f"{name}-{'-'.join(addon_names)}", None, opts)
+        """`name` prefixes each add-on's resources (the cluster's name); `stage` is a key of ADDON_STAGES."""
+        super().__init__("trainforge:infra:Addons", f"{name}-{stage}-addons", None, opts)
         self._name, self._cluster, self._tags = name, cluster, tags
-        self.addons = [self._addon(a, after or []) for a in addon_names]
+        self.addons = [self._addon(a, after or []) for a in ADDON_STAGES[stage]]
         self.register_outputs({"addons": [a.addon_name for a in self.addons]})
 
     def _addon(self, addon: str, depends_on: list[pulumi.Resource]) -> aws.eks.Addon:
         role_arn = None
         if addon in IRSA_ADDONS:
             service_account, policies = IRSA_ADDONS[addon]
-            role_arn = irsa_role(
+            role = irsa_role(
                 f"{self._name}-{addon}", oidc_provider_arn=self._cluster.oidc_provider.arn,
                 oidc_issuer_url=self._cluster.oidc_issuer_url, namespace="kube-system", service_account=service_account,
                 policy_arns=policies, tags=named(self._tags, f"{self._name}-{addon}"), parent=self,
-            ).arn
+            )
+            if addon in IRSA_INLINE_POLICIES:
+                role = inline_policy(f"{self._name}-{addon}", role, json.dumps(IRSA_INLINE_POLICIES[addon]))
+            role_arn = role.arn
+            depends_on = [*depends_on, *role.ready]
         config = ADDON_CONFIGURATION.get(addon)
         return aws.eks.Addon(
             f"{self._name}-{addon}", cluster_name=self._cluster.cluster.name, addon_name=addon,

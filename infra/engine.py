@@ -10,8 +10,10 @@ program reads back (a cluster endpoint, an OIDC issuer, an auto-generated name).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +38,30 @@ class RegisteredResource:
     inputs: dict[str, Any]
     state: dict[str, Any]
     provider: str | None
+    urn: str = ""
+    parent: str = ""
+    dependencies: frozenset[str] = frozenset()  # URNs it waits for: depends_on, and the resources its inputs come from
 
     @property
     def tags(self) -> dict[str, str]:
         return self.inputs.get("tags") or {}
+
+
+class RecordingMonitor(pulumi.runtime.mocks.MockMonitor):
+    """The mock engine's monitor, also keeping what the engine would use to order creation and deletion."""
+
+    def __init__(self, mocks: RecordingMocks):
+        super().__init__(mocks)
+        self._recording = mocks
+        self._lock = threading.Lock()
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            with self._lock:
+                self._recording.annotate(request.type, request.name, urn=response.urn, parent=request.parent,
+                                         dependencies=frozenset(request.dependencies))
+        return response
 
 
 def _suffix(name: str) -> str:
@@ -62,6 +84,12 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, None]:
         return {}, None
 
+    def annotate(self, type_token: str, name: str, **fields: Any) -> None:
+        for i in range(len(self.resources) - 1, -1, -1):
+            if self.resources[i].type == type_token and self.resources[i].name == name:
+                self.resources[i] = dataclasses.replace(self.resources[i], **fields)
+                return
+
     def _computed(self, args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
         service = args.typ.split(":")[1].split("/")[0] if args.typ.startswith("aws:") else "pulumi"
         token = _suffix(args.name)
@@ -81,7 +109,12 @@ class RecordingMocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             out["latestVersion"] = 1
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
-            out |= {"dnsName": f"fs-{token}.fsx.{self.region}.amazonaws.com", "mountName": token}
+            out |= {"dnsName": f"fs-{token}.fsx.{self.region}.amazonaws.com", "mountName": token,
+                    "arn": f"arn:aws:fsx:{self.region}:{MOCK_ACCOUNT}:file-system/{args.name}-{token}"}
+        elif args.typ == "aws:eks/nodeGroup:NodeGroup":  # EKS creates one Auto Scaling group per managed node group
+            out["resources"] = [{"autoscalingGroups": [{"name": f"eks-{args.name}-{token}"}], "remoteAccessSecurityGroupId": ""}]
+        elif args.typ == "aws:ecr/repository:Repository":
+            out["repositoryUrl"] = f"{MOCK_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com/{args.inputs.get('name', args.name)}"
         elif args.typ == "aws:kms/key:Key":
             out["keyId"] = f"key-{token}"
         elif args.typ == "aws:ec2/eip:Eip":
@@ -100,6 +133,21 @@ class Evaluation:
     def of_type(self, type_token: str) -> list[RegisteredResource]:
         return [r for r in self.resources if r.type == type_token]
 
+    def by_urn(self, urn: str) -> RegisteredResource:
+        return next(r for r in self.resources if r.urn == urn)
+
+    def depends_on(self, resource: RegisteredResource, other: RegisteredResource) -> bool:
+        """Whether the engine creates `other` before `resource` (directly or through a chain of dependencies)."""
+        seen, todo = set(), list(resource.dependencies)
+        while todo:
+            urn = todo.pop()
+            if urn == other.urn:
+                return True
+            if urn not in seen:
+                seen.add(urn)
+                todo += [d for r in self.resources if r.urn == urn for d in r.dependencies]
+        return False
+
     def named(self, type_token: str, name: str) -> RegisteredResource:
         matches = [r for r in self.of_type(type_token) if r.name == name]
         if len(matches) != 1:
@@ -112,7 +160,7 @@ def evaluate(program: Callable[[], None], config: dict[str, Any], environment: s
     platform = config.get(CONFIG_KEY)
     mocks = mocks or RecordingMocks(platform.get("region", "us-east-1") if isinstance(platform, dict) else "us-east-1")
     pulumi_settings.ROOT.set(None)  # a fresh root stack per evaluation, so exports never leak between runs
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=environment, preview=False)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=environment, preview=False, monitor=RecordingMonitor(mocks))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
     pulumi_settings.SETTINGS.rpc_manager.clear()
     pulumi_settings.SETTINGS.outputs.clear()

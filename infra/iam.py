@@ -1,25 +1,45 @@
-"""IAM building blocks: service roles and IRSA roles bound to one Kubernetes service account."""
+"""IAM building blocks: service roles and IRSA roles bound to one Kubernetes service account.
+
+Each returns the role with its policy attachments: whatever uses the role depends on them, so it is never created
+with a half-permitted role (create races) and is deleted before the permissions go (`pulumi destroy` otherwise
+strands ENIs and security groups that a role without its policies can no longer clean up).
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
 
 
-def service_role(name: str, service: str, policy_arns: list[str], tags: dict[str, str], parent: pulumi.Resource) -> aws.iam.Role:
+@dataclass(frozen=True)
+class Role:
+    role: aws.iam.Role
+    attachments: list[pulumi.Resource] = field(default_factory=list)  # managed-policy attachments and inline policies
+
+    @property
+    def arn(self) -> pulumi.Output[str]:
+        return self.role.arn
+
+    @property
+    def ready(self) -> list[pulumi.Resource]:
+        """What a user of the role depends on: the role and every policy it carries."""
+        return [self.role, *self.attachments]
+
+
+def service_role(name: str, service: str, policy_arns: list[str], tags: dict[str, str], parent: pulumi.Resource) -> Role:
     role = aws.iam.Role(
         name, tags=tags, opts=pulumi.ResourceOptions(parent=parent),
         assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Principal": {"Service": service}, "Action": ["sts:AssumeRole", "sts:TagSession"]}]}),
     )
-    _attach(name, role, policy_arns)
-    return role
+    return Role(role, _attach(name, role, policy_arns))
 
 
 def irsa_role(name: str, *, oidc_provider_arn: pulumi.Input[str], oidc_issuer_url: pulumi.Input[str], namespace: str,
-              service_account: str, policy_arns: list[str], tags: dict[str, str], parent: pulumi.Resource) -> aws.iam.Role:
+              service_account: str, policy_arns: list[str], tags: dict[str, str], parent: pulumi.Resource) -> Role:
     """A role only `namespace/service_account` can assume, through the cluster's OIDC provider."""
 
     def trust(args: list[str]) -> str:
@@ -35,11 +55,16 @@ def irsa_role(name: str, *, oidc_provider_arn: pulumi.Input[str], oidc_issuer_ur
         name, tags=tags, opts=pulumi.ResourceOptions(parent=parent),
         assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_issuer_url).apply(trust),
     )
-    _attach(name, role, policy_arns)
-    return role
+    return Role(role, _attach(name, role, policy_arns))
 
 
-def _attach(name: str, role: aws.iam.Role, policy_arns: list[str]) -> None:
-    for arn in policy_arns:
-        aws.iam.RolePolicyAttachment(f"{name}-{arn.rsplit('/', 1)[-1]}", role=role.name, policy_arn=arn,
-                                     opts=pulumi.ResourceOptions(parent=role))
+def inline_policy(name: str, role: Role, policy: pulumi.Input[str]) -> Role:
+    """`role` with an inline policy added to what its users wait for."""
+    document = aws.iam.RolePolicy(name, role=role.role.id, policy=policy, opts=pulumi.ResourceOptions(parent=role.role))
+    return Role(role.role, [*role.attachments, document])
+
+
+def _attach(name: str, role: aws.iam.Role, policy_arns: list[str]) -> list[pulumi.Resource]:
+    return [aws.iam.RolePolicyAttachment(f"{name}-{arn.rsplit('/', 1)[-1]}", role=role.name, policy_arn=arn,
+                                         opts=pulumi.ResourceOptions(parent=role))
+            for arn in policy_arns]

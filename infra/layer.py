@@ -13,10 +13,11 @@ import pulumi
 import pulumi_aws as aws
 
 from trainforge import catalog, contract
-from trainforge.infra.cluster import NETWORK_ADDONS, WORKLOAD_ADDONS, Addons, Cluster, ClusterHandle
+from trainforge.infra.cluster import Addons, Cluster, ClusterHandle
 from trainforge.infra.keys import Keys
 from trainforge.infra.network import Network
 from trainforge.infra.nodegroups import EfaSecurityGroup, NodePool
+from trainforge.infra.registry import RuntimeImageRepository
 from trainforge.infra.storage import Buckets, LustreFileSystem
 from trainforge.infra.tags import cost_tags
 from trainforge.infra.teams import TeamAccess
@@ -54,7 +55,8 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
     tags = cost_tags(cfg.tags, cfg.environment)
     env = cfg.environment
     # An explicit provider: its default tags reach every taggable resource, even ones AWS creates for us.
-    provider = aws.Provider(f"aws-{env}", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags))
+    provider = aws.Provider(f"aws-{env}", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags),
+                            allowed_account_ids=[cfg.account_id] if cfg.account_id else None)
     aws_opts = pulumi.ResourceOptions(providers={"aws": provider})
 
     network = Network(env, cfg.network, availability_zones=cfg.availability_zones, region=cfg.region, cluster_name=cfg.cluster_name,
@@ -62,26 +64,29 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
     keys = Keys(env, tags, opts=aws_opts)
     private_subnets = [network.private_subnet_ids[az] for az in cfg.availability_zones]
     cluster = Cluster(cfg.cluster_name, cfg.cluster, private_subnet_ids=private_subnets, secrets_key=keys.secrets, tags=tags, opts=aws_opts)
-    network_addons = Addons(cfg.cluster_name, cluster, NETWORK_ADDONS, tags, opts=aws_opts)
+    network_addons = Addons(cfg.cluster_name, cluster, "network", tags, opts=aws_opts)
 
     efa_sg = EfaSecurityGroup(f"{env}-efa", network.vpc_id, tags, opts=aws_opts) if any(g.efa for g in cfg.node_groups) else None
     pools = {}
     for group in cfg.node_groups:
         zones = [group.availability_zone] if group.availability_zone else cfg.availability_zones
         pools[group.name] = NodePool(
-            f"{cfg.cluster_name}-{group.name}", group, cluster_name=cluster.cluster.name, node_role_arn=cluster.node_role.arn,
+            f"{cfg.cluster_name}-{group.name}", group, cluster_name=cluster.cluster.name, autoscaler_cluster_name=cfg.cluster_name,
+            node_role=cluster.node_role,
             subnet_ids=[network.private_subnet_ids[az] for az in zones], cluster_security_group_id=cluster.security_group_id,
             efa_security_group_id=efa_sg.security_group.id if efa_sg else None, tags=tags,
             opts=pulumi.ResourceOptions(providers={"aws": provider}, depends_on=network_addons.addons),
         )
     system_pools = [pools[g.name].node_group for g in cfg.node_groups if g.flavour is contract.Flavour.SYSTEM]
-    Addons(cfg.cluster_name, cluster, WORKLOAD_ADDONS, tags, after=system_pools, opts=aws_opts)
+    Addons(cfg.cluster_name, cluster, "workload", tags, after=system_pools, opts=aws_opts)
 
     buckets = Buckets(env, cfg.buckets, data_key=keys.data, tags=tags, opts=aws_opts)
     fsx = LustreFileSystem(
         f"{env}-fsx", cfg.fsx, vpc_id=network.vpc_id, subnet_id=network.private_subnet_ids[cfg.fsx_availability_zone],
         client_security_group_id=cluster.security_group_id, data_key=keys.data, buckets=buckets, tags=tags, opts=aws_opts,
     )
+
+    images = RuntimeImageRepository(f"{env}-runtime-image", env, data_key=keys.data, tags=tags, opts=aws_opts)
 
     team_roles = {
         team.name: TeamAccess(
@@ -106,6 +111,7 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
                 "availability_zone": cfg.fsx_availability_zone, "claim_name": contract.FSX_CLAIM_NAME},
         "buckets": {kind: b.bucket for kind, b in buckets.buckets.items()},
         "data_key_arn": keys.data.arn,
+        "runtime_image_repository": images.repository.repository_url,
         "team_role_arns": team_roles,
         "kubeconfig": handle.kubeconfig,
     })

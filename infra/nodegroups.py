@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+from email.encoders import encode_7or8bit
+from email.mime.application import MIMEApplication
+from email.mime.multipart import MIMEMultipart
+
 import pulumi
 import pulumi_aws as aws
+import yaml
 
 from trainforge import catalog, contract
-from trainforge.stackconfig import NodeGroupConfig
+from trainforge.infra.iam import Role
 from trainforge.infra.tags import named
+from trainforge.stackconfig import NodeGroupConfig
 
 # Kubernetes spells taint effects NoSchedule; the EKS API spells them NO_SCHEDULE.
 EKS_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "NoExecute": "NO_EXECUTE", "PreferNoSchedule": "PREFER_NO_SCHEDULE"}
@@ -27,6 +34,45 @@ def node_labels(group: NodeGroupConfig) -> dict[str, str]:
 def eks_taints(group: NodeGroupConfig) -> list[aws.eks.NodeGroupTaintArgs]:
     return [aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=EKS_TAINT_EFFECT[t.effect])
             for t in contract.flavour_traits(group.flavour).taints]
+
+
+AUTOSCALER = "k8s.io/cluster-autoscaler"
+
+
+def autoscaler_discovery_tags(cluster_name: str) -> dict[str, str]:
+    """The tags cluster-autoscaler's auto-discovery looks for (EKS also puts them on a managed group's ASG)."""
+    return {f"{AUTOSCALER}/{cluster_name}": "owned", f"{AUTOSCALER}/enabled": "true"}
+
+
+def scale_from_zero_tags(group: NodeGroupConfig) -> dict[str, str]:
+    """What cluster-autoscaler needs to build a node of this group while it has none: its labels, its taints and its
+    extended resources, as ASG tags. EKS copies none of them to the group's ASG, and without them a pod that needs
+    `nvidia.com/gpu` never makes a GPU group scale up from zero."""
+    tags = {f"{AUTOSCALER}/node-template/label/{k}": v for k, v in node_labels(group).items()}
+    tags |= {f"{AUTOSCALER}/node-template/taint/{t.key}": f"{t.value}:{t.effect}" for t in contract.flavour_traits(group.flavour).taints}
+    if group.has_gpus:
+        tags[f"{AUTOSCALER}/node-template/resources/{contract.RESOURCE_GPU}"] = str(group.gpus_per_node)
+    if group.efa:
+        tags[f"{AUTOSCALER}/node-template/resources/{contract.RESOURCE_EFA}"] = str(catalog.efa_device_count(group.instances[0]))
+    return tags
+
+
+def nodeadm_user_data(group: NodeGroupConfig) -> str | None:
+    """AL2023 node configuration (MIME multipart, which EKS merges with its own): stripe the instance's NVMe disks as
+    RAID0 for kubelet and containerd, so multi-GB images and scratch do not fill the root volume."""
+    if not all(i.local_nvme for i in group.instances):
+        return None
+    node_config = {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig",
+                   "spec": {"instance": {"localStorage": {"strategy": "RAID0"}}}}
+    message = MIMEMultipart("mixed")
+    message.attach(MIMEApplication(yaml.safe_dump(node_config, sort_keys=False), "node.eks.aws", _encoder=encode_7or8bit))
+    return base64.b64encode(message.as_bytes()).decode()
+
+
+def capacity_type(group: NodeGroupConfig) -> str:
+    if group.capacity_reservation is not None and group.capacity_reservation.kind == "capacity-block":
+        return "CAPACITY_BLOCK"
+    return "SPOT" if group.capacity == "spot" else "ON_DEMAND"
 
 
 class EfaSecurityGroup(pulumi.ComponentResource):
@@ -51,8 +97,8 @@ class NodePool(pulumi.ComponentResource):
     launch_template: aws.ec2.LaunchTemplate
     placement_group: aws.ec2.PlacementGroup | None
 
-    def __init__(self, name: str, group: NodeGroupConfig, *, cluster_name: pulumi.Input[str], node_role_arn: pulumi.Input[str],
-                 subnet_ids: list[pulumi.Input[str]], cluster_security_group_id: pulumi.Input[str],
+    def __init__(self, name: str, group: NodeGroupConfig, *, cluster_name: pulumi.Input[str], autoscaler_cluster_name: str,
+                 node_role: Role, subnet_ids: list[pulumi.Input[str]], cluster_security_group_id: pulumi.Input[str],
                  efa_security_group_id: pulumi.Input[str] | None, tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainforge:infra:NodePool", name, None, opts)
@@ -82,6 +128,9 @@ class NodePool(pulumi.ComponentResource):
                 for slot in catalog.efa_interface_layout(group.instances[0])
             ]
 
+        iops, throughput = group.root_performance
+        reservation = group.capacity_reservation
+        user_data = nodeadm_user_data(group)
         self.launch_template = aws.ec2.LaunchTemplate(
             name, description=f"trainforge node group {group.name} ({group.flavour.value})", update_default_version=True,
             # IMDSv2 only, and one hop: pods (one hop further) cannot borrow the node's role; they use IRSA.
@@ -90,28 +139,44 @@ class NodePool(pulumi.ComponentResource):
             block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                 device_name=ROOT_DEVICE,
                 ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(volume_size=group.disk_gib, volume_type="gp3", encrypted="true",
-                                                                    delete_on_termination="true"),
+                                                                    delete_on_termination="true", iops=iops, throughput=throughput),
             )],
-            network_interfaces=network_interfaces, placement=placement,
+            network_interfaces=network_interfaces, placement=placement, user_data=user_data,
+            # Reserved capacity: an ODCR or a Capacity Block is targeted by id; a Capacity Block is also its own market.
+            capacity_reservation_specification=aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+                    capacity_reservation_id=reservation.id)) if reservation else None,
+            instance_market_options=aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
+            if reservation and reservation.kind == "capacity-block" else None,
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=r, tags=group_tags)
                                 for r in PROPAGATED_TAG_RESOURCES],
             tags=group_tags, opts=child,
         )
 
         self.node_group = aws.eks.NodeGroup(
-            name, cluster_name=cluster_name, node_group_name=group.name, node_role_arn=node_role_arn, subnet_ids=subnet_ids,
-            instance_types=group.instance_types, capacity_type="SPOT" if group.capacity == "spot" else "ON_DEMAND",
+            # Autonamed from a prefix: a change that replaces the group creates the new one before deleting the old
+            # (an explicit name forces delete-first, an outage of the system group).
+            name, cluster_name=cluster_name, node_group_name_prefix=f"{group.name}-", node_role_arn=node_role.arn, subnet_ids=subnet_ids,
+            instance_types=group.instance_types, capacity_type=capacity_type(group),
             ami_type=ami_type(group),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(min_size=group.min_size, desired_size=group.desired,
                                                               max_size=group.max_size),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=self.launch_template.id,
                                                                 version=self.launch_template.latest_version.apply(str)),
             labels=node_labels(group), taints=eks_taints(group),
-            # Let EKS replace GPU nodes whose accelerators fail health checks instead of leaving them to jobs.
+            # Let EKS replace GPU nodes whose accelerators fail health checks instead of leaving them to jobs (it sees
+            # GPU faults through the eks-node-monitoring-agent add-on).
             node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True) if group.has_gpus else None,
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            tags={**group_tags, f"k8s.io/cluster-autoscaler/{contract.PROJECT}": "owned", "k8s.io/cluster-autoscaler/enabled": "true"},
-            # The autoscaler owns the current size after creation; re-applying config must not fight it.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),
+            tags={**group_tags, **autoscaler_discovery_tags(autoscaler_cluster_name)},
+            # The autoscaler owns the current size after creation; re-applying config must not fight it. Nodes join
+            # only with a complete role (and leave before its policies go, on destroy).
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"], depends_on=node_role.ready),
         )
+        asg_name = self.node_group.resources.apply(lambda resources: resources[0].autoscaling_groups[0].name)
+        for key, value in scale_from_zero_tags(group).items():
+            suffix = key.removeprefix(f"{AUTOSCALER}/node-template/").replace("/", "-")
+            aws.autoscaling.Tag(f"{name}-{suffix}", autoscaling_group_name=asg_name,
+                                tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
+                                opts=pulumi.ResourceOptions(parent=self.node_group))
         self.register_outputs({"node_group_name": self.node_group.node_group_name, "launch_template_id": self.launch_template.id})

@@ -67,6 +67,14 @@ class Buckets(pulumi.ComponentResource):
         return bucket
 
 
+def fsx_s3_access_role_arn(file_system_arn: str) -> str:
+    """The service-linked role FSx creates for a file system's S3 data repository (FSx Lustre guide)."""
+    _, partition, _, _, account, resource = file_system_arn.split(":", 5)
+    file_system_id = resource.rsplit("/", 1)[-1]
+    return (f"arn:{partition}:iam::{account}:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/"
+            f"AWSServiceRoleForFSxS3Access_{file_system_id}")
+
+
 class LustreFileSystem(pulumi.ComponentResource):
     file_system: aws.fsx.LustreFileSystem
     security_group: aws.ec2.SecurityGroup
@@ -84,7 +92,13 @@ class LustreFileSystem(pulumi.ComponentResource):
             egress=[aws.ec2.SecurityGroupEgressArgs(protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"])],
             tags=named(tags, f"{name}-lustre"), opts=child,
         )
-        persistent = fsx.deployment_type.startswith("PERSISTENT")
+        # Lustre servers open connections back to their clients (988, 1018-1023): the nodes must accept them.
+        for lo, hi in LUSTRE_PORTS:
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-clients-{lo}-{hi}", security_group_id=client_security_group_id,
+                referenced_security_group_id=self.security_group.id, ip_protocol="tcp", from_port=lo, to_port=hi,
+                description=f"Lustre {lo}-{hi} from the file servers", tags=named(tags, f"{name}-clients-{lo}-{hi}"), opts=child)
+        persistent = fsx.persistent
         self.file_system = aws.fsx.LustreFileSystem(
             name, deployment_type=fsx.deployment_type, storage_type="SSD", storage_capacity=fsx.storage_capacity_gib,
             per_unit_storage_throughput=fsx.per_unit_storage_throughput, file_system_type_version=LUSTRE_VERSION,
@@ -93,12 +107,13 @@ class LustreFileSystem(pulumi.ComponentResource):
             # for persistent ones.
             kms_key_id=data_key.arn if persistent else None,
             data_compression_type="LZ4", copy_tags_to_backups=True if persistent else None,
+            automatic_backup_retention_days=fsx.backup_days,
             tags=named(tags, name), opts=child,
         )
         if fsx.data_repository is not None:
             repo = fsx.data_repository
             bucket = buckets.buckets[repo.bucket]
-            aws.fsx.DataRepositoryAssociation(
+            association = aws.fsx.DataRepositoryAssociation(
                 f"{name}-{repo.bucket}", file_system_id=self.file_system.id, file_system_path=repo.file_system_path,
                 data_repository_path=bucket.bucket.apply(lambda b: f"s3://{b}/{repo.prefix}"),
                 batch_import_meta_data_on_create=True,
@@ -107,6 +122,14 @@ class LustreFileSystem(pulumi.ComponentResource):
                     auto_export_policy=aws.fsx.DataRepositoryAssociationS3AutoExportPolicyArgs(events=ALL_S3_EVENTS) if repo.auto_export else None,
                 ),
                 tags=named(tags, f"{name}-{repo.bucket}"), opts=child,
+            )
+            # The association reaches the SSE-KMS bucket as the file system's service-linked role, created with the
+            # association: without a grant on the bucket's key, lazy loads and auto-export are denied.
+            aws.kms.Grant(
+                f"{name}-s3-access", key_id=data_key.key_id, grantee_principal=self.file_system.arn.apply(fsx_s3_access_role_arn),
+                operations=["Encrypt", "Decrypt", "ReEncryptFrom", "ReEncryptTo", "GenerateDataKey",
+                            "GenerateDataKeyWithoutPlaintext", "DescribeKey"],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[association]),
             )
         self.register_outputs({"id": self.file_system.id, "dns_name": self.file_system.dns_name,
                                "mount_name": self.file_system.mount_name})

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pulumi
-import pulumi_aws as aws
 
 from trainforge import contract
 from trainforge.stackconfig import TeamConfig
-from trainforge.infra.iam import irsa_role
+from trainforge.infra.iam import Role, inline_policy, irsa_role
 from trainforge.infra.tags import named
 
 WRITABLE_BUCKETS = ("checkpoints", "artifacts")
@@ -32,7 +31,7 @@ def team_policy(bucket_arns: dict[str, str], data_key_arn: str, team: str) -> st
 
 
 class TeamAccess(pulumi.ComponentResource):
-    role: aws.iam.Role
+    role: Role  # with its storage policy: what the team's pods assume
 
     def __init__(self, name: str, team: TeamConfig, *, oidc_provider_arn: pulumi.Input[str], oidc_issuer_url: pulumi.Input[str],
                  bucket_arns: dict[str, pulumi.Input[str]], data_key_arn: pulumi.Input[str], tags: dict[str, str],
@@ -40,15 +39,12 @@ class TeamAccess(pulumi.ComponentResource):
         super().__init__("trainforge:infra:TeamAccess", name, None, opts)
         # The team's own cost centre, so its identity shows up on the team's bill.
         team_tags = named(tags, name, **{contract.TAG_COST_CENTRE: team.cost_centre, contract.TAG_TEAM: team.name})
-        self.role = irsa_role(
+        role = irsa_role(
             name, oidc_provider_arn=oidc_provider_arn, oidc_issuer_url=oidc_issuer_url,
             namespace=contract.namespace_name(team.name), service_account=contract.TRAINING_SERVICE_ACCOUNT,
             policy_arns=[], tags=team_tags, parent=self,
         )
         kinds = sorted(bucket_arns)
-        aws.iam.RolePolicy(
-            f"{name}-storage", role=self.role.id, opts=pulumi.ResourceOptions(parent=self.role),
-            policy=pulumi.Output.all(data_key_arn, *(bucket_arns[k] for k in kinds)).apply(
-                lambda args: team_policy(dict(zip(kinds, args[1:])), args[0], team.name)),
-        )
+        self.role = inline_policy(f"{name}-storage", role, pulumi.Output.all(data_key_arn, *(bucket_arns[k] for k in kinds)).apply(
+            lambda args: team_policy(dict(zip(kinds, args[1:])), args[0], team.name)))
         self.register_outputs({"role_arn": self.role.arn})

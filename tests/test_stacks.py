@@ -34,12 +34,12 @@ def _launch_template_of(evaluation, node_group):
 
 
 def _group_config(cfg, node_group):
-    return next(g for g in cfg.node_groups if g.name == node_group.inputs["nodeGroupName"])
+    return next(g for g in cfg.node_groups if g.name == node_group.inputs["labels"][contract.LABEL_NODE_GROUP])
 
 
 def test_every_node_group_from_the_config_is_registered(stack):
     evaluation, cfg = stack
-    assert sorted(ng.inputs["nodeGroupName"] for ng in evaluation.of_type(NG)) == sorted(g.name for g in cfg.node_groups)
+    assert sorted(ng.inputs["labels"][contract.LABEL_NODE_GROUP] for ng in evaluation.of_type(NG)) == sorted(g.name for g in cfg.node_groups)
 
 
 def test_efa_launch_templates_expose_every_efa_device_of_their_instance_type(stack):
@@ -256,7 +256,7 @@ def test_cluster_encrypts_secrets_logs_everything_and_uses_access_entries(stack)
 def test_addons_get_aws_permissions_through_irsa_and_the_cni_enforces_network_policy(stack):
     evaluation, _ = stack
     addons = {a.inputs["addonName"]: a for a in evaluation.of_type("aws:eks/addon:Addon")}
-    assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver", "aws-fsx-csi-driver"}
+    assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver", "aws-fsx-csi-driver", "eks-node-monitoring-agent"}
     assert json.loads(addons["vpc-cni"].inputs["configurationValues"])["enableNetworkPolicy"] == "true"
     roles = {r.state["arn"]: r for r in evaluation.of_type("aws:iam/role:Role")}
     (oidc,) = evaluation.of_type("aws:iam/openIdConnectProvider:OpenIdConnectProvider")
@@ -359,4 +359,7 @@ def test_network_and_workload_addons_are_two_complete_components(stack):
     complete when it registers its outputs (no child added afterwards)."""
     evaluation, cfg = stack
     components = sorted(r.name for r in evaluation.of_type("trainforge:infra:Addons"))
-    assert components == sorted([f"{cfg.cluster_name}-vpc-cni-kube-proxy", f"{cfg.cluster_name}-coredns-aws-ebs-csi-driver-aws-fsx-csi-driver"])
+    assert components == sorted([f"{cfg.cluster_name}-network-addons", f"{cfg.cluster_name}-workload-addons"])
+    children = {c: sorted(a.inputs["addonName"] for a in evaluation.of_type("aws:eks/addon:Addon") if a.parent.endswith(f"::{c}"))
+                for c in components}
+    assert children[f"{cfg.cluster_name}-network-addons"] == ["kube-proxy", "vpc-cni"]

@@ -58,6 +58,11 @@ def _yaml_scalar(value: Any) -> str:
     return str(value)
 
 
+def image(spec: JobSpec) -> str:
+    """The spec's image (the CLI fills in the stack's before rendering), else the public default."""
+    return spec.image or contract.DEFAULT_RUNTIME_IMAGE
+
+
 def labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
     out = {contract.LABEL_JOB: spec.name, f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}": spec.team,
            contract.KUEUE_QUEUE_LABEL: contract.queue_name(spec.team),
@@ -102,7 +107,7 @@ def volume_mounts() -> list[dict[str, str]]:
 
 def env(spec: JobSpec) -> list[dict[str, str]]:
     out = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team},
-           {"name": "TRAINFORGE_IMAGE", "value": spec.image}, {"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
+           {"name": "TRAINFORGE_IMAGE", "value": image(spec)}, {"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
            {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.tracking.experiment}]
     if spec.checkpoint.s3_uri:
         out.append({"name": "TRAINFORGE_CHECKPOINT_S3_URI", "value": spec.checkpoint.s3_uri})
@@ -148,7 +153,7 @@ def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = N
             "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": where.training_runtime},
             "activeDeadlineSeconds": max_runtime_seconds(spec),
             "trainer": {
-                "image": spec.image, "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
+                "image": image(spec), "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
                 "command": command(spec), "args": args(spec, where), "env": env(spec), "resourcesPerNode": resources(spec, where),
             },
             # Placement and volumes go in through a runtime patch: the TrainJob's trainer section has no field for them.
@@ -170,7 +175,7 @@ def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None =
     template = {
         "metadata": {"labels": pod_labels(spec, cost_centre)},
         "spec": {**pod_placement(spec, where), "terminationGracePeriodSeconds": where.termination_grace_s, "containers": [{
-            "name": CONTAINER["pytorchjob"], "image": spec.image, "command": command(spec), "args": args(spec, where), "env": env(spec),
+            "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec), "args": args(spec, where), "env": env(spec),
             "resources": resources(spec, where), "volumeMounts": volume_mounts(),
             "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
         }]},

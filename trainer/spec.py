@@ -15,8 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainforge import catalog
+from trainforge import catalog, contract
 from trainforge import errors
+from trainforge.stackconfig import PlatformConfig
 from trainforge.trainer.runtime.config import RunConfig
 
 DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"
@@ -136,7 +137,7 @@ class Limits(_Model):
 class JobSpec(_Model):
     name: str = Field(..., pattern=DNS_LABEL, max_length=40)
     team: str = Field(..., pattern=DNS_LABEL, max_length=40)
-    image: str = Field("ghcr.io/trainforge/runtime:0.1.0", pattern=r"^[\w.\-/:@]+$")
+    image: str | None = Field(None, pattern=r"^[\w.\-/:@]+$", description="default: the stack's runtime image (its ECR repository)")
     entry: Entry
     workers: Workers = Workers()
     resources: Resources = Resources()
@@ -192,6 +193,20 @@ def run_config_problems(task: str, task_args: dict[str, Any], hyperparameters: d
         else:
             out.append(f"hyperparameters: {line}")
     return out
+
+
+def image_of(spec: JobSpec, platform: PlatformConfig | None) -> str:
+    """The image the job runs: its own, else the stack's release image in the stack's ECR repository, else the public one."""
+    if spec.image:
+        return spec.image
+    if platform is not None and platform.account_id:
+        import trainforge
+        return contract.runtime_image(platform.account_id, platform.region, platform.environment, trainforge.__version__)
+    return contract.DEFAULT_RUNTIME_IMAGE
+
+
+def with_image(spec: JobSpec, platform: PlatformConfig | None) -> JobSpec:
+    return spec if spec.image else spec.model_copy(update={"image": image_of(spec, platform)})
 
 
 SPEC_FIXES = {"missing": " Fix: add it.", "extra_forbidden": " Fix: remove it or correct the spelling."}

@@ -48,7 +48,7 @@ def report(evaluation: Evaluation) -> None:
         flavour = ng.inputs["labels"].get("trainforge.io/node-flavour", "")
         gpus = out["node_flavours"][flavour]["gpus_per_node"]
         s = ng.inputs["scalingConfig"]
-        pools.add_row(ng.inputs["nodeGroupName"], flavour, ng.inputs["capacityType"], ", ".join(ng.inputs["instanceTypes"]),
+        pools.add_row(ng.inputs["labels"]["trainforge.io/node-group"], flavour, ng.inputs["capacityType"], ", ".join(ng.inputs["instanceTypes"]),
                       f"{s['minSize']:.0f}/{s['desiredSize']:.0f}/{s['maxSize']:.0f}", str(gpus), str(efa or "-"),
                       ", ".join(f"{t['key']}:{t['effect']}" for t in ng.inputs.get("taints") or []) or "-")
     console.print(pools)

@@ -93,7 +93,9 @@ def cluster_training_runtime(default_image: str, max_restarts: int = 10, *, name
                             "template": {"spec": {
                                 "restartPolicy": "Never",  # required by podFailurePolicy
                                 "terminationGracePeriodSeconds": contract.TRAINING_RUNTIME_GRACE_S[name],
-                                "containers": [{"name": contract.TRAINJOB_CONTAINER, "image": default_image}],
+                                # The image's working directory (a TrainJob's runtime patch cannot set one in 2.2.1).
+                                "containers": [{"name": contract.TRAINJOB_CONTAINER, "image": default_image,
+                                                "workingDir": contract.IMAGE_WORKDIR}],
                             }},
                         },
                     },

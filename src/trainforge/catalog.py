@@ -24,6 +24,9 @@ class InstanceType:
     # Types on which an interface may be `efa-only` (no ENA device). Older Nitro generations take only
     # `efa` (EFA with ENA) interfaces, one per network card.
     efa_only_supported: bool = True
+    # NVMe instance-store disks (every GPU type in the table has them: p4d 8 x 1 TB, p5/p5e/p5en/p6 8 x 3.84 TB, g5/g6/g6e
+    # one or more): the node stripes them as RAID0 for images, containers and scratch. CPU types outside the table: none.
+    local_nvme: bool = False
 
     @property
     def family(self) -> str:
@@ -52,7 +55,7 @@ def _rows() -> list[InstanceType]:
             rows.append(InstanceType(f"{family}.{size}", gpus, model, efa_interfaces=1 if size in efa_sizes else 0))
     for size, gpus in {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "12xlarge": 4, "16xlarge": 1, "24xlarge": 4, "48xlarge": 8}.items():
         rows.append(InstanceType(f"g6e.{size}", gpus, "L40S"))
-    return rows
+    return [InstanceType(**{**r.__dict__, "local_nvme": True}) for r in rows]
 
 
 CATALOG: dict[str, InstanceType] = {row.name: row for row in _rows()}

@@ -196,6 +196,24 @@ def training_runtime_for(termination_grace_s: int) -> str:
     return next(name for name, grace in TRAINING_RUNTIME_GRACE_S.items() if grace == termination_grace_s)
 
 
+# The runtime image every pod runs: one ECR repository per stack, tagged with the project version (and commit).
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/trainforge/runtime:0.1.0"  # where no stack says otherwise (a local preview)
+IMAGE_WORKDIR = "/workspace"  # the image's working directory; rendered containers start there
+
+
+def runtime_image_repository(environment: str) -> str:
+    return f"{PROJECT}-{environment}/runtime"
+
+
+def runtime_image_tag(version: str) -> str:
+    """Release images are tagged v<version> (scripts/build-image also pushes v<version>-<commit>)."""
+    return f"v{version}"
+
+
+def runtime_image(account_id: str, region: str, environment: str, version: str) -> str:
+    return f"{account_id}.dkr.ecr.{region}.amazonaws.com/{runtime_image_repository(environment)}:{runtime_image_tag(version)}"
+
+
 def priority_class_name(priority: str) -> str:
     return f"trainforge-{priority}"
 

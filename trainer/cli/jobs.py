@@ -23,8 +23,9 @@ def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
 
     from trainforge.trainer.placement import decide
     from trainforge.trainer.render import render as render_spec
-    spec = load_spec(spec_file)
+    from trainforge.trainer.spec import with_image
     platform = load_platform(stack) if stack is not None else None
+    spec = with_image(load_spec(spec_file), platform)
     manifest = render_spec(spec, decide(spec, platform), kind.value, cost_centre(spec, platform))
     typer.echo(json.dumps(manifest, indent=2) if output is Output.json else yaml.safe_dump(manifest, sort_keys=False))
 
@@ -67,11 +68,13 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.admission import NotAdmitted, admit, unchecked
+    from trainforge.trainer.spec import with_image
     spec = load_spec(spec_file)
     if backend_name is BackendName.kubernetes and stack is None:
         raise TrainforgeError("", ["the kubernetes backend checks quota and budget against the environment's stack before creating "
                                    "anything. Fix: --stack stacks/Pulumi.<env>.yaml"])
     platform = load_platform(stack) if stack is not None else None
+    spec = with_image(spec, platform)
     decision = admit(spec, platform, spent_this_month_usd=_spent(spec, spent)) if platform is not None else unchecked(spec)
     target = backend(backend_name, team=spec.team, kind=kind, context=context, cost_centre=cost_centre(spec, platform))
     if not decision.admitted:

@@ -51,12 +51,18 @@ class ClusterConfig(_Model):
     endpoint_private_access: bool = True
     endpoint_public_access: bool = False
     public_access_cidrs: list[ipaddress.IPv4Network] = []
-    admin_principal_arns: list[str] = []
+    admin_principal_arns: list[str] = Field([], description="every cluster admin, the deployer included: the cluster creator gets no implicit access")
     log_retention_days: int = 30
+    support_type: Literal["STANDARD", "EXTENDED"] = Field(
+        "STANDARD", description="EXTENDED keeps a version past standard support, at a higher control-plane price")
 
     @field_validator("admin_principal_arns")
     @classmethod
     def _arns(cls, arns: list[str]) -> list[str]:
+        if not arns:
+            raise ValueError("no admins: the cluster creator gets no implicit access (a second entry for the same principal "
+                             "would fail the deploy with a 409), so nobody could administer the cluster. Fix: list the deployer's "
+                             "role ARN (e.g. the CI role that runs `pulumi up`) and the platform team's admin role")
         bad = [a for a in arns if not re.match(IAM_PRINCIPAL_ARN, a)]
         if bad:
             raise ValueError(f"{bad} are not IAM role/user ARNs. Fix: use arn:aws:iam::<12-digit account>:role/<name>")
@@ -83,6 +89,18 @@ class ClusterConfig(_Model):
         return self
 
 
+class CapacityReservationConfig(_Model):
+    id: str = Field(..., pattern=r"^cr-[0-9a-f]{8,17}$", description="the reservation's id, e.g. cr-0123456789abcdef0")
+    kind: Literal["capacity-block", "on-demand-reservation"] = Field(
+        ..., description="an EC2 Capacity Block for ML (a reserved window) or an On-Demand Capacity Reservation")
+
+
+GP3_BASELINE_IOPS, GP3_MAX_IOPS, GP3_IOPS_PER_GIB = 3000, 16000, 500
+GP3_BASELINE_MIBPS, GP3_MAX_MIBPS, GP3_MIBPS_PER_IOPS = 125, 1000, 0.25
+LARGE_ROOT_GIB = 500  # from here on a root gets more than gp3's baseline: image pulls and checkpoint staging
+LARGE_ROOT_IOPS, LARGE_ROOT_MIBPS = 6000, 500
+
+
 class NodeGroupConfig(_Model):
     name: str = Field(..., pattern=DNS_LABEL, max_length=38)
     instance_types: list[str] = Field(..., min_length=1)
@@ -93,6 +111,11 @@ class NodeGroupConfig(_Model):
     disk_gib: int = Field(200, ge=20, le=16384)
     efa: bool = False
     availability_zone: str | None = Field(None, description="required for EFA groups: the placement group's AZ")
+    capacity_reservation: CapacityReservationConfig | None = Field(
+        None, description="launch into reserved capacity: unreserved p5 capacity in one placement group is rarely there")
+    root_iops: int | None = Field(None, ge=GP3_BASELINE_IOPS, le=GP3_MAX_IOPS, description=f"gp3 IOPS; default {LARGE_ROOT_IOPS} from {LARGE_ROOT_GIB} GiB")
+    root_throughput_mibps: int | None = Field(None, ge=GP3_BASELINE_MIBPS, le=GP3_MAX_MIBPS,
+                                              description=f"gp3 throughput; default {LARGE_ROOT_MIBPS} from {LARGE_ROOT_GIB} GiB")
 
     @field_validator("instance_types")
     @classmethod
@@ -121,7 +144,38 @@ class NodeGroupConfig(_Model):
             raise ValueError(f"desired_size ({desired}) is outside [min_size {self.min_size}, max_size {self.max_size}]. Fix: pick a size in that range")
         if self.efa:
             self._check_efa()
+        if self.capacity_reservation is not None:
+            self._check_reservation()
+        self._check_root_performance()
         return self
+
+    def _check_reservation(self) -> None:
+        kind = self.capacity_reservation.kind
+        if self.capacity != "on-demand":
+            raise ValueError(f"capacity_reservation: a reservation is on-demand capacity, but capacity is {self.capacity}. "
+                             "Fix: capacity: on-demand, or drop the reservation")
+        if len(self.instance_types) != 1:
+            raise ValueError(f"capacity_reservation: a reservation holds one instance type, got {self.instance_types}. "
+                             "Fix: the reserved type alone")
+        if self.availability_zone is None:
+            raise ValueError(f"capacity_reservation: a reservation lives in one AZ; the {kind} needs the group there. "
+                             "Fix: set availability_zone to the reservation's AZ")
+
+    def _check_root_performance(self) -> None:
+        iops, mibps = self.root_performance
+        if iops is not None and iops > GP3_IOPS_PER_GIB * self.disk_gib:
+            raise ValueError(f"root_iops: {iops} IOPS on {self.disk_gib} GiB; gp3 allows at most {GP3_IOPS_PER_GIB} per GiB. "
+                             f"Fix: at most {GP3_IOPS_PER_GIB * self.disk_gib}, or a larger disk_gib")
+        if mibps is not None and mibps > GP3_MIBPS_PER_IOPS * (iops or GP3_BASELINE_IOPS):
+            raise ValueError(f"root_throughput_mibps: {mibps} MiB/s with {iops or GP3_BASELINE_IOPS} IOPS; gp3 allows at most "
+                             f"{GP3_MIBPS_PER_IOPS} MiB/s per IOPS. Fix: root_iops >= {int(mibps / GP3_MIBPS_PER_IOPS)} or less throughput")
+
+    @property
+    def root_performance(self) -> tuple[int | None, int | None]:
+        """gp3 (IOPS, MiB/s) of the root volume: as configured, else more than the baseline for large roots."""
+        large = self.disk_gib >= LARGE_ROOT_GIB
+        return (self.root_iops or (LARGE_ROOT_IOPS if large else None),
+                self.root_throughput_mibps or (LARGE_ROOT_MIBPS if large else None))
 
     def _check_efa(self) -> None:
         if len(self.instance_types) != 1:
@@ -191,6 +245,7 @@ class FsxConfig(_Model):
     storage_capacity_gib: int = Field(..., gt=0)
     per_unit_storage_throughput: int | None = Field(None, description="MB/s per TiB; persistent types only")
     data_repository: DataRepositoryConfig | None = None
+    backup_retention_days: int | None = Field(None, ge=0, le=90, description="daily automatic backups kept; PERSISTENT only, default 7")
 
     @field_validator("storage_capacity_gib")
     @classmethod
@@ -219,9 +274,24 @@ class FsxConfig(_Model):
             raise ValueError(
                 f"per_unit_storage_throughput: {t} is not a {self.deployment_type} tier. Fix: one of {list(tiers)} (MB/s per TiB)"
             )
+        if not self.persistent and self.backup_retention_days:
+            raise ValueError(f"{self.deployment_type} file systems take no backups (backup_retention_days: {self.backup_retention_days}). "
+                             "Fix: remove backup_retention_days, or use PERSISTENT_2")
         if self.data_repository is not None and self.deployment_type == "SCRATCH_1":
             raise ValueError("data_repository: SCRATCH_1 file systems take no data repository association. Fix: use SCRATCH_2 or PERSISTENT_2")
         return self
+
+
+    @property
+    def persistent(self) -> bool:
+        return self.deployment_type.startswith("PERSISTENT")
+
+    @property
+    def backup_days(self) -> int | None:
+        """Automatic backup retention: as configured on persistent file systems (7 by default); scratch has none."""
+        if not self.persistent:
+            return None
+        return 7 if self.backup_retention_days is None else self.backup_retention_days
 
 
 class BucketsConfig(_Model):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainforge.contract import Flavour
 from trainforge.stackconfig.aws import (MAX_AZS, BucketsConfig, ClusterConfig, FsxConfig, NetworkConfig, NodeGroupConfig,
@@ -17,10 +17,15 @@ from trainforge.stackconfig.aws import (MAX_AZS, BucketsConfig, ClusterConfig, F
 from trainforge.stackconfig.fields import DNS_LABEL, StrictModel as _Model
 from trainforge.stackconfig.teams import TeamConfig
 
+# Instance families EC2 sells Capacity Blocks for ML for (the accelerated training instances).
+CAPACITY_BLOCK_FAMILIES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-b200.", "trn1.", "trn2.")
+
 
 class PlatformConfig(_Model):
     environment: str = Field(..., pattern=DNS_LABEL, max_length=20)
     region: str = Field(..., pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    account_id: str | None = Field(None, pattern=r"^\d{12}$", description="the AWS account the stack belongs to: "
+                                   "`pulumi up` refuses any other, and jobs default to this account's runtime image")
     availability_zones: list[str] = Field(..., min_length=1, max_length=MAX_AZS)
     network: NetworkConfig = NetworkConfig()
     cluster: ClusterConfig
@@ -29,6 +34,14 @@ class PlatformConfig(_Model):
     buckets: BucketsConfig = BucketsConfig()
     tags: TagsConfig
     teams: list[TeamConfig] = []
+
+    @field_validator("availability_zones")
+    @classmethod
+    def _two_zones(cls, zones: list[str]) -> list[str]:
+        if len(zones) < 2:
+            raise ValueError(f"{zones}: EKS needs its control plane's subnets in at least two AZs and rejects one, after the "
+                             "VPC and NAT gateways already exist. Fix: list two or three AZs of the region")
+        return zones
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> PlatformConfig:
@@ -49,6 +62,11 @@ class PlatformConfig(_Model):
 
     def _node_group_problems(self) -> list[str]:
         out = []
+        blocks_elsewhere = [g.name for g in self.node_groups if g.capacity_reservation is not None
+                            and g.capacity_reservation.kind == "capacity-block" and not g.instance_types[0].startswith(CAPACITY_BLOCK_FAMILIES)]
+        if blocks_elsewhere:
+            out.append(f"node_groups: {blocks_elsewhere} use a capacity-block reservation, which EC2 sells for {list(CAPACITY_BLOCK_FAMILIES)} "
+                       "instances only. Fix: an on-demand-reservation, or a capacity-block instance type")
         dupes = [n for n, c in Counter(g.name for g in self.node_groups).items() if c > 1]
         if dupes:
             out.append(f"node_groups: names {dupes} are used twice. Fix: give every node group its own name")

@@ -1,0 +1,48 @@
+# The runtime image every training pod runs: CUDA PyTorch, the EFA libraries with the aws-ofi-nccl plugin (NCCL over
+# EFA), and this project with its `runtime` extra. Build and push with scripts/build-image.
+#
+# The base's torch must satisfy pyproject.toml's runtime range (tests/test_image.py checks TORCH_VERSION against it).
+ARG TORCH_VERSION=2.13.0
+ARG CUDA_TAG=cuda12.8-cudnn9-runtime
+FROM pytorch/pytorch:${TORCH_VERSION}-${CUDA_TAG}
+
+ARG EFA_INSTALLER_VERSION=1.43.1
+ARG TORCH_VERSION
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    FI_PROVIDER=efa \
+    FI_EFA_USE_DEVICE_RDMA=1 \
+    NCCL_SOCKET_IFNAME=^lo,docker \
+    LD_LIBRARY_PATH=/opt/amazon/aws-ofi-nccl/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib:${LD_LIBRARY_PATH}
+
+# EFA user-space (libfabric) and the aws-ofi-nccl plugin, container mode: no kernel module (the node's AMI has it),
+# no ulimit changes (set per pod), no device check (lspci does not work in a build).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl git \
+ && mkdir -p /tmp/efa && cd /tmp/efa \
+ && curl -fsSLO https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz \
+ && tar -xf aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz && cd aws-efa-installer \
+ && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify \
+ && cd / && rm -rf /tmp/efa /var/lib/apt/lists/*
+
+# The project, from pyproject.toml (no second list of requirements). The base's torch satisfies the runtime range,
+# so pip keeps it instead of resolving another build.
+WORKDIR /workspace
+COPY pyproject.toml README.md ./
+COPY src ./src
+COPY infra ./infra
+COPY platform ./platform
+COPY policies ./policies
+COPY trainer ./trainer
+RUN python -m pip install ".[runtime]" \
+ && python -c "import torch, trainforge.trainer.runtime.loop; print('torch', torch.__version__)"
+
+ARG GIT_COMMIT=unknown
+ENV TRAINFORGE_GIT_COMMIT=${GIT_COMMIT}
+
+RUN useradd --create-home --uid 1000 --user-group trainer && chown -R trainer:trainer /workspace
+USER 1000:1000
+
+# The node launcher: runs torchrun and exits with the contract's code (render.py emits the same command).
+ENTRYPOINT ["python", "-m", "trainforge.trainer.launch"]

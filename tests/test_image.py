@@ -1,0 +1,90 @@
+"""The runtime image every pod runs: its Dockerfile parses, starts the node launcher where the rendered pods expect
+it, runs as a non-root user, and takes its Python requirements from pyproject.toml alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tomllib
+
+from conftest import REPO
+from dockerfile_parse import DockerfileParser
+from packaging.requirements import Requirement
+
+from trainforge import contract
+from trainforge.k8s_schema import pod_templates
+from trainforge.platform.training.runtime import cluster_training_runtimes
+from trainforge.trainer.placement import decide
+from trainforge.trainer.render import LAUNCHER, render
+from trainforge.trainer.spec import load_spec
+
+DOCKERFILE = DockerfileParser(path=str(REPO / "Dockerfile"))
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def instructions(name: str) -> list[str]:
+    return [i["value"] for i in DOCKERFILE.structure if i["instruction"] == name]
+
+
+def test_the_dockerfile_parses_into_one_stage_from_a_pytorch_base():
+    assert DOCKERFILE.baseimage.startswith("pytorch/pytorch:")
+    assert len(instructions("FROM")) == 1
+
+
+def test_the_entry_point_is_the_launcher_the_pods_run():
+    (entrypoint,) = instructions("ENTRYPOINT")
+    assert json.loads(entrypoint) == LAUNCHER
+
+
+def test_the_working_directory_is_where_the_rendered_containers_start():
+    (workdir,) = instructions("WORKDIR")
+    assert workdir == contract.IMAGE_WORKDIR
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    runtimes = {r["metadata"]["name"]: r for r in cluster_training_runtimes(contract.DEFAULT_RUNTIME_IMAGE)}
+    job = render(spec, decide(spec), "trainjob")
+    for pod in pod_templates(job, runtimes[job["spec"]["runtimeRef"]["name"]]).values():
+        assert pod["spec"]["containers"][0]["workingDir"] == workdir
+    for pod in pod_templates(render(spec, decide(spec), "pytorchjob")).values():
+        assert pod["spec"]["containers"][0]["workingDir"] == workdir
+
+
+def test_the_image_runs_as_a_non_root_user():
+    user = instructions("USER")[-1]
+    assert user.split(":")[0] not in ("0", "root")
+
+
+def test_python_requirements_come_from_pyproject_alone():
+    installs = [r for r in instructions("RUN") if "pip install" in r]
+    assert installs and all('".[runtime]"' in r or "'.[runtime]'" in r for r in installs), installs
+    assert "runtime" in PYPROJECT["project"]["optional-dependencies"]
+    assert not list(REPO.glob("requirements*.txt")), "a second list of requirements"
+    copied = {i.split()[0] for i in instructions("COPY")}
+    for folder in set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()):
+        assert folder.split("/")[0] in copied or folder in copied, f"{folder} is packaged but not copied into the image"
+
+
+def test_the_base_images_torch_satisfies_the_runtime_range():
+    torch = next(Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["runtime"] if r.startswith("torch"))
+    default = next(a.split("=", 1)[1] for a in instructions("ARG") if a.startswith("TORCH_VERSION="))
+    assert torch.specifier.contains(default), f"base torch {default} is outside {torch.specifier}"
+    assert f"{default}-" in DOCKERFILE.baseimage or "${TORCH_VERSION}" in DOCKERFILE.structure[[i["instruction"] for i in DOCKERFILE.structure].index("FROM")]["value"]
+
+
+def test_the_build_script_tags_what_jobs_run_by_default():
+    repository = "444455556666.dkr.ecr.us-east-1.amazonaws.com/" + contract.runtime_image_repository("prod")
+    result = subprocess.run([str(REPO / "scripts" / "build-image"), "--repository", repository, "--dry-run"],
+                            capture_output=True, text=True, cwd=REPO, check=True)
+    version = PYPROJECT["project"]["version"]
+    assert f"{repository}:{contract.runtime_image_tag(version)}" in result.stdout.split()
+    assert contract.runtime_image("444455556666", "us-east-1", "prod", version) == f"{repository}:v{version}"
+    assert "--platform linux/amd64" in result.stdout and "--push" in result.stdout
+
+
+def test_a_job_without_an_image_runs_its_stacks_release_image():
+    from trainforge.stackconfig import load_stack_file
+    from trainforge.trainer.spec import with_image
+    platform = load_stack_file(REPO / "stacks" / "Pulumi.prod.yaml")
+    spec = with_image(load_spec(REPO / "examples" / "llm-pretrain-efa.yaml"), platform)
+    job = render(spec, decide(spec, platform), "trainjob")
+    assert job["spec"]["trainer"]["image"] == contract.runtime_image(platform.account_id, "us-east-1", "prod", PYPROJECT["project"]["version"])
+    assert with_image(spec.model_copy(update={"image": "my.registry/x:1"}), platform).image == "my.registry/x:1"
