@@ -113,6 +113,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
                     "arn": f"arn:aws:fsx:{self.region}:{MOCK_ACCOUNT}:file-system/{args.name}-{token}"}
         elif args.typ == "aws:eks/nodeGroup:NodeGroup":  # EKS creates one Auto Scaling group per managed node group
             out["resources"] = [{"autoscalingGroups": [{"name": f"eks-{args.name}-{token}"}], "remoteAccessSecurityGroupId": ""}]
+        elif args.typ == "random:index/randomPassword:RandomPassword":
+            out["result"] = f"mock-{token}-" + "x" * max(0, int(args.inputs.get("length", 16)) - 13)
+        elif args.typ == "aws:rds/instance:Instance":
+            out |= {"address": f"{args.name}.{token}.{self.region}.rds.amazonaws.com", "port": args.inputs.get("port", 5432)}
         elif args.typ == "aws:ecr/repository:Repository":
             out["repositoryUrl"] = f"{MOCK_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com/{args.inputs.get('name', args.name)}"
         elif args.typ == "aws:kms/key:Key":

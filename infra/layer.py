@@ -14,6 +14,9 @@ import pulumi_aws as aws
 
 from trainforge import catalog, contract
 from trainforge.infra.cluster import Addons, Cluster, ClusterHandle
+from trainforge.infra.database import MlflowDatabase
+from trainforge.infra.iam import Role
+from trainforge.infra.service_roles import ServiceRoles
 from trainforge.infra.keys import Keys
 from trainforge.infra.network import Network
 from trainforge.infra.nodegroups import EfaSecurityGroup, NodePool
@@ -46,8 +49,17 @@ def node_flavours(cfg: PlatformConfig) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class AwsLayer:
+    """What the Kubernetes layer builds on, and the AWS half of the platform contract (stack outputs)."""
+
     cluster: ClusterHandle
-    outputs: dict[str, Any]  # the AWS half of the platform contract (stack outputs)
+    outputs: dict[str, Any]
+    file_system: aws.fsx.LustreFileSystem
+    buckets: dict[str, aws.s3.Bucket]
+    data_key: aws.kms.Key
+    database: MlflowDatabase
+    node_groups: dict[str, aws.eks.NodeGroup]  # by config name
+    autoscaler_role: Role
+    mlflow_role: Role
 
 
 def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
@@ -86,6 +98,10 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
         client_security_group_id=cluster.security_group_id, data_key=keys.data, buckets=buckets, tags=tags, opts=aws_opts,
     )
 
+    database = MlflowDatabase(
+        f"{env}-mlflow", cfg.kubernetes.mlflow, vpc_id=network.vpc_id, subnet_ids=private_subnets,
+        client_security_group_id=cluster.security_group_id, data_key=keys.data, protect=not cfg.buckets.force_destroy,
+        tags=tags, opts=aws_opts)
     images = RuntimeImageRepository(f"{env}-runtime-image", env, data_key=keys.data, tags=tags, opts=aws_opts)
 
     team_roles = {
@@ -96,8 +112,14 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
         for team in cfg.teams
     }
 
+    account = cluster.cluster.arn.apply(lambda arn: arn.split(":")[4])
+    service_roles = ServiceRoles(
+        f"{env}-services", cluster_name=cfg.cluster_name, region=cfg.region, account=account,
+        node_groups=[pool.node_group for pool in pools.values()], artifacts_bucket=buckets.buckets["artifacts"], data_key=keys.data,
+        oidc_provider_arn=cluster.oidc_provider.arn, oidc_issuer_url=cluster.oidc_issuer_url, tags=tags, opts=aws_opts)
+
     handle = cluster.handle()
-    return AwsLayer(handle, {
+    outputs = {
         "environment": env,
         "region": cfg.region,
         "cluster_name": handle.name,
@@ -114,4 +136,7 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
         "runtime_image_repository": images.repository.repository_url,
         "team_role_arns": team_roles,
         "kubeconfig": handle.kubeconfig,
-    })
+        "mlflow_database": database.instance.address,
+    }
+    return AwsLayer(handle, outputs, fsx.file_system, buckets.buckets, keys.data, database,
+                    {name: pool.node_group for name, pool in pools.items()}, service_roles.autoscaler, service_roles.mlflow)

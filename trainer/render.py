@@ -105,12 +105,27 @@ def volume_mounts() -> list[dict[str, str]]:
     return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "fsx", "mountPath": FSX_ROOT}]
 
 
-def env(spec: JobSpec) -> list[dict[str, str]]:
+def node_price(spec: JobSpec, where: Placement) -> float | None:
+    """USD per node-hour as submitted (spot-fallback at on-demand, the worst case), in the stack's region."""
+    from trainforge.pricing import PriceUnknown, price_table
+    if where.instance_type is None:
+        return None
+    table = price_table()
+    try:
+        return table.hourly(where.instance_type, "spot" if spec.capacity == "spot" else "on-demand", where.region or table.regions[0])
+    except PriceUnknown:
+        return None
+
+
+def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
     out = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team},
            {"name": "TRAINFORGE_IMAGE", "value": image(spec)}, {"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
            {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.tracking.experiment}]
     if spec.checkpoint.s3_uri:
         out.append({"name": "TRAINFORGE_CHECKPOINT_S3_URI", "value": spec.checkpoint.s3_uri})
+    price = node_price(spec, where)
+    if price is not None:
+        out.append({"name": contract.NODE_PRICE_ENV, "value": f"{price:.4f}"})
     return out
 
 
@@ -154,7 +169,7 @@ def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = N
             "activeDeadlineSeconds": max_runtime_seconds(spec),
             "trainer": {
                 "image": image(spec), "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
-                "command": command(spec), "args": args(spec, where), "env": env(spec), "resourcesPerNode": resources(spec, where),
+                "command": command(spec), "args": args(spec, where), "env": env(spec, where), "resourcesPerNode": resources(spec, where),
             },
             # Placement and volumes go in through a runtime patch: the TrainJob's trainer section has no field for them.
             "runtimePatches": [{
@@ -175,7 +190,7 @@ def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None =
     template = {
         "metadata": {"labels": pod_labels(spec, cost_centre)},
         "spec": {**pod_placement(spec, where), "terminationGracePeriodSeconds": where.termination_grace_s, "containers": [{
-            "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec), "args": args(spec, where), "env": env(spec),
+            "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec), "args": args(spec, where), "env": env(spec, where),
             "resources": resources(spec, where), "volumeMounts": volume_mounts(),
             "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
         }]},

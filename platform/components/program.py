@@ -12,6 +12,7 @@ from typing import Any
 import pulumi
 
 from trainforge.infra.layer import build_aws_layer
+from trainforge.platform.components.kubernetes import build_kubernetes_layer
 from trainforge.stackconfig import CONFIG_KEY, ConfigError, PlatformConfig, from_config_map
 
 
@@ -26,9 +27,8 @@ def config_from_pulumi() -> PlatformConfig:
 def build(cfg: PlatformConfig) -> dict[str, Any]:
     """Register every resource of the stack; return the stack outputs."""
     aws_layer = build_aws_layer(cfg)
-    # The Kubernetes layer (operators, Kueue, monitoring, team tenancy) is built here, through
-    # aws_layer.cluster.provider, and adds its half of the contract to the outputs.
-    return dict(aws_layer.outputs)
+    kubernetes_layer = build_kubernetes_layer(cfg, aws_layer)  # through aws_layer.cluster.provider
+    return {**aws_layer.outputs, **kubernetes_layer.outputs}
 
 
 def main() -> None:

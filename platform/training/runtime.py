@@ -95,7 +95,9 @@ def cluster_training_runtime(default_image: str, max_restarts: int = 10, *, name
                                 "terminationGracePeriodSeconds": contract.TRAINING_RUNTIME_GRACE_S[name],
                                 # The image's working directory (a TrainJob's runtime patch cannot set one in 2.2.1).
                                 "containers": [{"name": contract.TRAINJOB_CONTAINER, "image": default_image,
-                                                "workingDir": contract.IMAGE_WORKDIR}],
+                                                "workingDir": contract.IMAGE_WORKDIR,
+                                                # Local rank 0's metrics endpoint, scraped by the trainer PodMonitor.
+                                                "ports": [{"name": contract.METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT}]}],
                             }},
                         },
                     },

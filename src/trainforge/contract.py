@@ -46,7 +46,8 @@ RESOURCE_GPU = "nvidia.com/gpu"
 RESOURCE_EFA = "vpc.amazonaws.com/efa"
 
 # Storage
-FSX_CLAIM_NAME = "trainforge-fsx"
+FSX_CLAIM_NAME = "trainforge-fsx"  # read-write, in every team namespace
+FSX_DATASETS_CLAIM_NAME = "trainforge-datasets"  # the same file system, mounted read-only
 FSX_MOUNT_PATH = "/fsx"
 
 # Cost-allocation tag keys (AWS tags on every resource; Kubernetes labels on team objects)
@@ -183,7 +184,23 @@ PREEMPTION_MARGIN_S = 15
 TRAINING_RUNTIME_GRACE_S = {CLUSTER_TRAINING_RUNTIME: ON_DEMAND_TERMINATION_GRACE_S,
                             CLUSTER_TRAINING_RUNTIME_SPOT: SPOT_TERMINATION_GRACE_S}
 METRICS_PORT = 9400
-MLFLOW_TRACKING_URI = "http://mlflow.mlflow.svc.cluster.local:5000"
+METRICS_PORT_NAME = "metrics"
+NODE_PRICE_ENV = "TRAINFORGE_NODE_PRICE_USD_PER_HOUR"  # set by the submitter; exported for the dashboard's cost rate  # the container port name the trainer pods' PodMonitor scrapes
+
+# Where the platform's add-ons live (the Kubernetes half of the platform contract).
+NAMESPACE_GPU = "kube-system"  # device plugins run with the node-critical priority classes there
+NAMESPACE_AUTOSCALER = "kube-system"
+NAMESPACE_TRAINER = "kubeflow-system"
+NAMESPACE_KUEUE = "kueue-system"
+NAMESPACE_MONITORING = "monitoring"
+NAMESPACE_MLFLOW = "mlflow"
+MLFLOW_PORT = 5000
+MLFLOW_TRACKING_URI = f"http://mlflow.{NAMESPACE_MLFLOW}.svc.cluster.local:{MLFLOW_PORT}"
+PROMETHEUS_URL = f"http://kube-prometheus-stack-prometheus.{NAMESPACE_MONITORING}.svc.cluster.local:9090"
+GRAFANA_URL = f"http://kube-prometheus-stack-grafana.{NAMESPACE_MONITORING}.svc.cluster.local:80"
+AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
+MLFLOW_SERVICE_ACCOUNT = "mlflow"
+KUEUE_COHORT = "trainforge"  # every team's ClusterQueue borrows and lends within it
 
 
 def preemption_window_s(termination_grace_s: int) -> int:

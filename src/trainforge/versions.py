@@ -10,8 +10,10 @@ from __future__ import annotations
 KUBEFLOW_TRAINER = "2.2.1"
 KUEUE = "0.19.2"
 TRAINING_OPERATOR = "1.9.0"  # the optional v1 operator (PyTorchJob)
+PROMETHEUS_OPERATOR = "0.93.0"  # the operator kube-prometheus-stack 88.5.x ships (PodMonitor, PrometheusRule CRDs)
 
-COMPONENTS = {"kubeflow-trainer": KUBEFLOW_TRAINER, "kueue": KUEUE, "training-operator": TRAINING_OPERATOR}
+COMPONENTS = {"kubeflow-trainer": KUBEFLOW_TRAINER, "kueue": KUEUE, "training-operator": TRAINING_OPERATOR,
+              "prometheus-operator": PROMETHEUS_OPERATOR}
 
 # The Trainer release each Kueue minor is built against (Kueue's go.mod; see PLATFORM-FACTS.md). Kueue manages a
 # TrainJob only through that Trainer's API: with any other pairing TrainJobs stay suspended. No released Kueue

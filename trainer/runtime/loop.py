@@ -154,6 +154,9 @@ class Trainer:
         self.metrics = RuntimeMetrics(job=cfg.job_id, team=cfg.team, rank=env.rank)
         if cfg.metrics.port is not None:
             self.metrics.serve(cfg.metrics.port + env.local_rank, cfg.metrics.addr)
+        self.metrics.checkpoint_interval_steps.set(cfg.checkpoint.interval_steps)
+        if env.local_rank == 0 and os.environ.get(contract.NODE_PRICE_ENV):
+            self.metrics.node_price.set(float(os.environ[contract.NODE_PRICE_ENV]))
         self.checkpoints.on_commit.append(lambda c, seconds: self.metrics.checkpoint_committed(c.step, c.committed_at, seconds))
         self.s3 = self._durable_tier()
         self.tracker = self._tracker()

@@ -47,6 +47,9 @@ class RuntimeMetrics:
         self.s3_upload_failures = counter("trainforge_s3_upload_failures_total", "Failed S3 checkpoint upload attempts")
         self.s3_upload_seconds = histogram("trainforge_s3_upload_seconds", "Duration of a whole checkpoint upload", CHECKPOINT_BUCKETS)
         self.restarts = gauge("trainforge_restarts", "Times this job resumed from a checkpoint")
+        self.checkpoint_interval_steps = gauge("trainforge_checkpoint_interval_steps", "Steps between periodic checkpoints")
+        # Set on each node's local rank 0 only, so a sum over a job's series is its cost rate (nodes x price).
+        self.node_price = gauge("trainforge_node_price_usd_per_hour", "What one node of this job costs per hour (as submitted)")
         self.gpu_memory_bytes = gauge("trainforge_gpu_memory_allocated_bytes", "CUDA memory allocated by this rank")
         self.gpu_memory_peak_bytes = gauge("trainforge_gpu_memory_peak_bytes", "Peak CUDA memory allocated by this rank")
         self.gpu_utilization = gauge("trainforge_gpu_utilization_ratio", "GPU utilisation (0-1) over the last sample period")

@@ -1,6 +1,7 @@
 """The typed stack config (`trainforge:platform` in `stacks/Pulumi.<env>.yaml`) and its one loader.
 
     aws.py       network, cluster, node groups, FSx, buckets, tags: one slice per AWS component
+    kubernetes.py  chart versions, Kueue, autoscaler, monitoring, MLflow: the platform layer's settings
     teams.py     a team: cost centre, GPU quota per flavour, budget, members
     platform.py  PlatformConfig, the whole stack, with the rules that span slices
     loader.py    read a stack file or the Pulumi config map; ConfigError names the field and the fix
@@ -8,11 +9,12 @@
 
 from trainforge.stackconfig.aws import (BucketsConfig, ClusterConfig, DataRepositoryConfig, FsxConfig, NetworkConfig,
                                         NodeGroupConfig, TagsConfig)
+from trainforge.stackconfig.kubernetes import KubernetesConfig, MlflowConfig, MonitoringConfig
 from trainforge.stackconfig.loader import (CONFIG_KEY, STACK_FILE_PATTERN, ConfigError, StackFile, from_config_map,
                                            load_stack_file, parse, read_stack_file, stack_files)
 from trainforge.stackconfig.platform import PlatformConfig
 from trainforge.stackconfig.teams import TeamConfig
 
-__all__ = ["BucketsConfig", "CONFIG_KEY", "ClusterConfig", "ConfigError", "DataRepositoryConfig", "FsxConfig", "NetworkConfig",
+__all__ = ["BucketsConfig", "CONFIG_KEY", "ClusterConfig", "ConfigError", "DataRepositoryConfig", "FsxConfig", "KubernetesConfig", "MlflowConfig", "MonitoringConfig", "NetworkConfig",
            "NodeGroupConfig", "PlatformConfig", "STACK_FILE_PATTERN", "StackFile", "TagsConfig", "TeamConfig", "from_config_map",
            "load_stack_file", "parse", "read_stack_file", "stack_files"]

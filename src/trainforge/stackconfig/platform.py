@@ -15,6 +15,7 @@ from trainforge.contract import Flavour
 from trainforge.stackconfig.aws import (MAX_AZS, BucketsConfig, ClusterConfig, FsxConfig, NetworkConfig, NodeGroupConfig,
                                         TagsConfig)
 from trainforge.stackconfig.fields import DNS_LABEL, StrictModel as _Model
+from trainforge.stackconfig.kubernetes import KubernetesConfig
 from trainforge.stackconfig.teams import TeamConfig
 
 # Instance families EC2 sells Capacity Blocks for ML for (the accelerated training instances).
@@ -33,6 +34,7 @@ class PlatformConfig(_Model):
     fsx: FsxConfig
     buckets: BucketsConfig = BucketsConfig()
     tags: TagsConfig
+    kubernetes: KubernetesConfig = KubernetesConfig()
     teams: list[TeamConfig] = []
 
     @field_validator("availability_zones")

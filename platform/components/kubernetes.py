@@ -1,0 +1,164 @@
+"""The Kubernetes layer: thin components that apply platform/manifests on the AWS layer's cluster, through its
+Kubernetes provider. Order matters only where the cluster needs it: custom resources after the release that
+installs their CRDs, the DCGM exporter's ServiceMonitor after the Prometheus operator's CRDs.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from trainforge import contract
+from trainforge.infra.database import USERNAME
+from trainforge.infra.layer import AwsLayer
+from trainforge.platform.components.objects import apply, helm_release
+from trainforge.platform.manifests import charts as chart_table
+from trainforge.platform.manifests import kueue, monitoring, storage, values
+from trainforge.platform.training.runtime import cluster_training_runtimes
+from trainforge.stackconfig import PlatformConfig
+
+MANAGED = {f"{contract.LABEL_DOMAIN}/{contract.TAG_MANAGED_BY}": "trainforge"}
+
+
+def namespace(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(MANAGED)}}
+
+
+class Scheduling(pulumi.ComponentResource):
+    """Kueue, its ResourceFlavors (one per node flavour), the cohort and the priority classes."""
+
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:Scheduling", name, None, opts)
+        ns = apply(namespace(contract.NAMESPACE_KUEUE), parent=self)
+        self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns])
+        objects = [*kueue.resource_flavors(cfg), kueue.cohort(), *kueue.workload_priority_classes()]
+        self.objects = [apply(o, parent=self, depends_on=[self.release]) for o in objects]
+        self.register_outputs({"namespace": contract.NAMESPACE_KUEUE, "version": charts["kueue"].version})
+
+
+class TrainingOperators(pulumi.ComponentResource):
+    """Kubeflow Trainer (with JobSet) and the trainforge-torch runtimes; the v1 training operator if the stack asks."""
+
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], default_image: str, opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:TrainingOperators", name, None, opts)
+        ns = apply(namespace(contract.NAMESPACE_TRAINER), parent=self)
+        self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), parent=self, depends_on=[ns])
+        self.runtimes = [apply(r, parent=self, depends_on=[self.release]) for r in cluster_training_runtimes(default_image)]
+        if cfg.kubernetes.training_operator:
+            # No upstream chart: the kustomize overlay at the pinned tag (fetched by `pulumi up`, rendered by the provider).
+            k8s.kustomize.v2.Directory(f"{name}-training-operator", directory=chart_table.TRAINING_OPERATOR_MANIFESTS,
+                                       opts=pulumi.ResourceOptions(parent=self))
+        self.register_outputs({"namespace": contract.NAMESPACE_TRAINER, "runtimes": list(contract.TRAINING_RUNTIME_GRACE_S)})
+
+
+class GpuNodeAddons(pulumi.ComponentResource):
+    """Device plugins: NVIDIA on every GPU node, AWS EFA on EFA nodes (only when the stack has EFA groups)."""
+
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:GpuNodeAddons", name, None, opts)
+        self.releases = [helm_release(charts["nvidia-device-plugin"], values.nvidia_device_plugin(cfg), parent=self)]
+        if any(g.efa for g in cfg.node_groups):
+            self.releases.append(helm_release(charts["aws-efa-k8s-device-plugin"], values.efa_device_plugin(cfg), parent=self))
+        self.register_outputs({})
+
+
+class Monitoring(pulumi.ComponentResource):
+    """kube-prometheus-stack, the DCGM exporter, the trainer PodMonitor, the training alerts and the dashboard."""
+
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:Monitoring", name, None, opts)
+        ns = apply(namespace(contract.NAMESPACE_MONITORING), parent=self)
+        self.release = helm_release(charts["kube-prometheus-stack"], values.kube_prometheus_stack(cfg), parent=self, depends_on=[ns])
+        # The exporter's chart creates a ServiceMonitor: the operator's CRDs must exist first.
+        self.dcgm = helm_release(charts["dcgm-exporter"], values.dcgm_exporter(cfg), parent=self, depends_on=[self.release])
+        mon = cfg.kubernetes.monitoring
+        self.objects = [apply(monitoring.trainer_pod_monitor(), parent=self, depends_on=[self.release]),
+                        apply(monitoring.prometheus_rule(mon), parent=self, depends_on=[self.release]),
+                        apply(monitoring.dashboard_config_map(), parent=self, depends_on=[ns])]
+        self.register_outputs({"prometheus": contract.PROMETHEUS_URL, "grafana": contract.GRAFANA_URL})
+
+
+class Autoscaler(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], role_arn: pulumi.Input[str],
+                 opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:Autoscaler", name, None, opts)
+        self.release = helm_release(charts["cluster-autoscaler"], values.cluster_autoscaler(cfg, role_arn), parent=self)
+        self.register_outputs({})
+
+
+class SharedStorage(pulumi.ComponentResource):
+    """The FSx file system as a static StorageClass and, per team, a read-write and a read-only volume."""
+
+    def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:SharedStorage", name, None, opts)
+        fs = aws.file_system
+        apply(storage.storage_class(), parent=self)
+        for team in cfg.teams:
+            for read_only in (False, True):
+                apply(storage.team_volume(team.name, file_system_id=fs.id, dns_name=fs.dns_name, mount_name=fs.mount_name,
+                                          capacity_gib=cfg.fsx.storage_capacity_gib, read_only=read_only), parent=self)
+        self.register_outputs({"storage_class": storage.STORAGE_CLASS})
+
+
+class TrackingServer(pulumi.ComponentResource):
+    """MLflow on the stack's RDS PostgreSQL; the database password reaches the chart only as a Kubernetes Secret."""
+
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], aws: AwsLayer, opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:TrackingServer", name, None, opts)
+        ns = apply(namespace(contract.NAMESPACE_MLFLOW), parent=self)
+        secret = apply(database_secret(aws), parent=self, depends_on=[ns])
+        chart_values = values.mlflow(cfg, database_host=aws.database.instance.address, database_secret=DATABASE_SECRET,
+                                     artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn)
+        self.release = helm_release(charts["mlflow"], chart_values, parent=self, depends_on=[ns, secret])
+        self.register_outputs({"tracking_uri": contract.MLFLOW_TRACKING_URI})
+
+
+DATABASE_SECRET = "mlflow-database"
+
+
+def database_secret(aws: AwsLayer) -> dict[str, Any]:
+    encode = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": DATABASE_SECRET, "namespace": contract.NAMESPACE_MLFLOW, "labels": dict(MANAGED)},
+            "data": {"username": encode(USERNAME), "password": pulumi.Output.secret(aws.database.password).apply(encode)}}
+
+
+@dataclass(frozen=True)
+class KubernetesLayer:
+    outputs: dict[str, Any]
+
+
+def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLayer:
+    """Everything cluster-wide the teams stand on; tenancy (namespaces, queues, access) attaches after it."""
+    opts = pulumi.ResourceOptions(providers={"kubernetes": aws.cluster.provider})
+    charts = chart_table.pinned(cfg.kubernetes)
+    name = cfg.cluster_name
+    default_image = aws.outputs["runtime_image_repository"].apply(
+        lambda repo: f"{repo}:{contract.runtime_image_tag(_version())}")
+    Scheduling(f"{name}-scheduling", cfg, charts, opts)
+    TrainingOperators(f"{name}-training", cfg, charts, default_image, opts)
+    GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, opts)
+    Monitoring(f"{name}-monitoring", cfg, charts, opts)
+    Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role.arn, opts)
+    SharedStorage(f"{name}-storage", cfg, aws, opts)
+    TrackingServer(f"{name}-mlflow", cfg, charts, aws, opts)
+    return KubernetesLayer({
+        "kubernetes": {
+            "namespaces": {"kueue": contract.NAMESPACE_KUEUE, "trainer": contract.NAMESPACE_TRAINER,
+                           "monitoring": contract.NAMESPACE_MONITORING, "mlflow": contract.NAMESPACE_MLFLOW},
+            "charts": {c.release: c.version for c in charts.values()},
+            "training_runtimes": list(contract.TRAINING_RUNTIME_GRACE_S),
+            "mlflow_tracking_uri": contract.MLFLOW_TRACKING_URI,
+            "prometheus_url": contract.PROMETHEUS_URL, "grafana_url": contract.GRAFANA_URL,
+            "fsx_storage_class": storage.STORAGE_CLASS,
+        },
+    })
+
+
+def _version() -> str:
+    import trainforge
+    return trainforge.__version__

@@ -1,0 +1,56 @@
+"""How the platform layer registers what it applies: a Helm release from the chart table, and one Pulumi resource
+per Kubernetes object trainforge owns (typed for core kinds, the CustomResource registration for custom kinds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from trainforge.platform.manifests.charts import Chart
+
+CORE_KINDS = {
+    ("v1", "Namespace"): k8s.core.v1.Namespace,
+    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
+    ("v1", "Secret"): k8s.core.v1.Secret,
+    ("v1", "PersistentVolume"): k8s.core.v1.PersistentVolume,
+    ("storage.k8s.io/v1", "StorageClass"): k8s.storage.v1.StorageClass,
+}
+
+
+class CustomObject(pulumi.CustomResource):
+    """A custom resource with every top-level field of its manifest (a WorkloadPriorityClass keeps `value` at the top,
+    which `apiextensions.CustomResource` cannot carry). Registered exactly as CustomResource registers: by apiVersion
+    and kind, so the Kubernetes provider applies it the same way."""
+
+    def __init__(self, resource_name: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"kubernetes:{manifest['apiVersion']}:{manifest['kind']}", resource_name, dict(manifest), opts)
+
+
+def apply(manifest: dict[str, Any], *, parent: pulumi.Resource, depends_on: list[pulumi.Resource] | None = None) -> pulumi.CustomResource:
+    """One Pulumi resource for one object; the Kubernetes provider comes from the parent."""
+    name = "-".join(p for p in (manifest["metadata"].get("namespace"), manifest["kind"].lower(), manifest["metadata"]["name"]) if p)
+    opts = pulumi.ResourceOptions(parent=parent, depends_on=depends_on or [])
+    typed = CORE_KINDS.get((manifest["apiVersion"], manifest["kind"]))
+    if typed is None:
+        return CustomObject(name, manifest, opts)
+    fields = {_snake(k): v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+    return typed(name, **fields, opts=opts)
+
+
+def _snake(key: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
+
+
+def helm_release(chart: Chart, values: dict[str, Any], *, parent: pulumi.Resource, depends_on: list[pulumi.Resource] | None = None,
+                 create_namespace: bool = False) -> k8s.helm.v3.Release:
+    """The chart at its pinned version, under its fixed release name (selectors and service names depend on it)."""
+    oci = chart.repository.startswith("oci://")
+    return k8s.helm.v3.Release(
+        chart.release, name=chart.release, namespace=chart.namespace, create_namespace=create_namespace,
+        chart=f"{chart.repository}/{chart.chart}" if oci else chart.chart, version=chart.version,
+        repository_opts=None if oci else k8s.helm.v3.RepositoryOptsArgs(repo=chart.repository),
+        values=values, atomic=True, cleanup_on_fail=True, timeout=900,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on or []),
+    )

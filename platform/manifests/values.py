@@ -1,0 +1,150 @@
+"""Helm values for every chart, built from the typed stack config and the contract (no string templates).
+
+Each builder sets only keys that exist in the pinned chart's default values (tests/test_platform_layer.py checks
+every key path against `tests/data/helm/`): Helm silently ignores a misspelt key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from trainforge import contract
+from trainforge.contract import Flavour
+from trainforge.stackconfig import PlatformConfig
+
+CRITICAL_ADDONS = {"key": "CriticalAddonsOnly", "operator": "Exists"}
+# Device plugins and exporters run on GPU nodes, which are tainted (GPU; spot on spot groups): tolerate both.
+GPU_NODE_TOLERATIONS = [
+    CRITICAL_ADDONS,
+    {"key": contract.TAINT_GPU, "operator": "Exists", "effect": "NoSchedule"},
+    {"key": contract.TAINT_SPOT, "operator": "Exists", "effect": "NoSchedule"},
+]
+# Cluster services (controllers, Prometheus, MLflow) run on the untainted system nodes.
+SYSTEM_NODES = {contract.LABEL_FLAVOUR: Flavour.SYSTEM.value}
+
+
+def gpu_node_affinity() -> dict[str, Any]:
+    """Nodes of a GPU flavour (the flavour label the AWS layer puts on every node): the NVIDIA plugin's default
+    affinity wants NFD labels that EKS nodes do not have, so it would schedule nowhere; on CPU nodes it crash-loops."""
+    gpu = [f.value for f in contract.GPU_FLAVOURS]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": contract.LABEL_FLAVOUR, "operator": "In", "values": gpu}]}]}}}
+
+
+def nvidia_device_plugin(cfg: PlatformConfig) -> dict[str, Any]:
+    return {"tolerations": GPU_NODE_TOLERATIONS, "affinity": gpu_node_affinity(), "gfd": {"enabled": False}}
+
+
+def dcgm_exporter(cfg: PlatformConfig) -> dict[str, Any]:
+    return {
+        "tolerations": GPU_NODE_TOLERATIONS, "affinity": gpu_node_affinity(),
+        # The chart's ServiceMonitor, selected by kube-prometheus-stack's Prometheus through its release label.
+        "serviceMonitor": {"enabled": True, "interval": "15s", "additionalLabels": {"release": "kube-prometheus-stack"}},
+        "kubernetes": {"enablePodLabels": True},  # GPU series carry the training pod's labels (job, team)
+    }
+
+
+def efa_device_plugin(cfg: PlatformConfig) -> dict[str, Any]:
+    """On EFA groups only; the instance allowlist is the stack's EFA types (a chart whose list lacks one runs nowhere
+    there, and NCCL silently falls back to TCP)."""
+    types = sorted({t for g in cfg.node_groups if g.efa for t in g.instance_types})
+    return {
+        "tolerations": GPU_NODE_TOLERATIONS,
+        "nodeSelector": {contract.LABEL_EFA: "true"},
+        "supportedInstanceLabels": {"keys": ["node.kubernetes.io/instance-type"], "values": types},
+    }
+
+
+def kubeflow_trainer(cfg: PlatformConfig) -> dict[str, Any]:
+    # JobSet comes with the chart; the chart's own runtimes stay off: trainforge applies its ClusterTrainingRuntimes
+    # as typed resources (platform/training/runtime.py).
+    return {"jobset": {"install": True}, "runtimes": {"defaultEnabled": False},
+            "manager": {"nodeSelector": SYSTEM_NODES, "config": {"certManagement": {"enable": True}}}}
+
+
+def kueue_configuration(cfg: PlatformConfig) -> dict[str, Any]:
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2): the chart's defaults kept, trainforge's choices added."""
+    frameworks = ["batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]
+    if cfg.kubernetes.training_operator:
+        frameworks.append("kubeflow.org/pytorchjob")  # commented out of the chart's defaults since 0.19
+    out: dict[str, Any] = {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "health": {"healthProbeBindAddress": ":8081"},
+        "metrics": {"bindAddress": ":8443", "enableClusterQueueResources": True},  # quota and usage per ClusterQueue
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "controller": {"groupKindConcurrency": {"Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 10, "LocalQueue.kueue.x-k8s.io": 5,
+                                                "ClusterQueue.kueue.x-k8s.io": 5, "ResourceFlavor.kueue.x-k8s.io": 1}},
+        "clientConnection": {"qps": 300, "burst": 500},
+        # A job admitted but not running within the timeout (GPU nodes scaling from zero) is requeued, not stuck.
+        "waitForPodsReady": {"timeout": cfg.kubernetes.kueue.wait_for_pods_ready_timeout, "recoveryTimeout": "10m",
+                             "blockAdmission": False,
+                             "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5, "backoffBaseSeconds": 60,
+                                                   "backoffMaxSeconds": 3600}},
+        "integrations": {"frameworks": frameworks},
+    }
+    if cfg.kubernetes.kueue.fair_sharing:
+        out["fairSharing"] = {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}
+    return out
+
+
+def kueue(cfg: PlatformConfig) -> dict[str, Any]:
+    return {"enablePrometheus": True, "enableCertManager": False,
+            "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(kueue_configuration(cfg), sort_keys=False)},
+            "controllerManager": {"nodeSelector": SYSTEM_NODES}}
+
+
+def cluster_autoscaler(cfg: PlatformConfig, role_arn: Any) -> dict[str, Any]:
+    minor = cfg.cluster.version
+    return {
+        "cloudProvider": "aws", "awsRegion": cfg.region,
+        "autoDiscovery": {"clusterName": cfg.cluster_name},  # finds the node groups' ASGs by their discovery tags
+        "rbac": {"serviceAccount": {"name": "cluster-autoscaler", "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}}},
+        "image": {"tag": f"v{minor}.0"},  # the autoscaler's minor follows the cluster's
+        "nodeSelector": SYSTEM_NODES,
+        "extraArgs": {
+            "expander": cfg.kubernetes.autoscaler.expander,
+            "scale-down-unneeded-time": cfg.kubernetes.autoscaler.scale_down_unneeded_time,
+            "balance-similar-node-groups": True,
+            "skip-nodes-with-system-pods": False,
+        },
+    }
+
+
+def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
+    mon = cfg.kubernetes.monitoring
+    return {
+        "crds": {"enabled": True},
+        "prometheus": {"prometheusSpec": {
+            "retention": f"{mon.retention_days}d",
+            "storageSpec": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"],
+                                                             "resources": {"requests": {"storage": f"{mon.storage_gib}Gi"}}}}},
+            # Select PodMonitors, ServiceMonitors and rules labelled `release: kube-prometheus-stack` (the chart's default).
+            "podMonitorSelectorNilUsesHelmValues": True, "serviceMonitorSelectorNilUsesHelmValues": True,
+            "ruleSelectorNilUsesHelmValues": True,
+            "nodeSelector": SYSTEM_NODES,
+        }},
+        "grafana": {"enabled": True, "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1",
+                                                                "searchNamespace": "ALL"}}},
+        "alertmanager": {"enabled": True},
+    }
+
+
+def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, artifacts_bucket: Any, role_arn: Any) -> dict[str, Any]:
+    """The tracking server on RDS PostgreSQL; artifacts proxied to S3 through the server's IRSA role, so training
+    pods need no S3 permission for them."""
+    return {
+        "replicaCount": cfg.kubernetes.mlflow.replicas,
+        "service": {"port": contract.MLFLOW_PORT},
+        "serviceAccount": {"create": True, "name": "mlflow", "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}},
+        "backendStore": {
+            "databaseMigration": True,
+            "postgres": {"enabled": True, "host": database_host, "port": 5432, "database": "mlflow"},
+            "existingDatabaseSecret": {"name": database_secret, "usernameKey": "username", "passwordKey": "password"},
+        },
+        "artifactRoot": {"proxiedArtifactStorage": True, "s3": {"enabled": True, "bucket": artifacts_bucket, "path": "mlflow"}},
+        "postgresql": {"enabled": False},
+        "nodeSelector": SYSTEM_NODES,
+    }

@@ -1,0 +1,91 @@
+"""The Kubernetes slice of the stack config: chart versions, the optional v1 training operator, Kueue, the
+autoscaler, monitoring and MLflow. Every field has a default that works; a stack sets only what it changes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from trainforge.stackconfig.fields import StrictModel as _Model
+
+DURATION = re.compile(r"^(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
+EXACT_VERSION = re.compile(r"^v?\d+\.\d+\.\d+$")
+# Charts a stack may re-pin (platform/manifests/charts.py has the table); Trainer and Kueue are pinned as a pair in
+# trainforge.versions and are not overridable here: a Kueue that does not manage the Trainer leaves every TrainJob
+# suspended.
+OVERRIDABLE_CHARTS = ("nvidia-device-plugin", "dcgm-exporter", "aws-efa-k8s-device-plugin", "cluster-autoscaler",
+                      "kube-prometheus-stack", "mlflow")
+
+
+def duration_seconds(value: str) -> int:
+    m = DURATION.match(value)
+    if not value or m is None or not any(m.groupdict().values()):
+        raise ValueError(f"{value!r} is not a duration. Fix: e.g. 20m, 1h or 1h30m")
+    return int(m["h"] or 0) * 3600 + int(m["m"] or 0) * 60 + int(m["s"] or 0)
+
+
+class KueueConfig(_Model):
+    wait_for_pods_ready_timeout: str = Field(
+        "25m", description="how long an admitted job may wait for all its pods; above a GPU group's scale-from-zero time")
+    fair_sharing: bool = True
+
+    @field_validator("wait_for_pods_ready_timeout")
+    @classmethod
+    def _long_enough(cls, value: str) -> str:
+        seconds = duration_seconds(value)
+        if seconds < 15 * 60:
+            raise ValueError(f"{value} is shorter than a GPU node group's scale-from-zero (EC2 launch, GPU AMI boot, image "
+                             "pull: 10-15 min for p5): Kueue would evict jobs that were about to start. Fix: 15m or more")
+        return value
+
+
+class AutoscalerConfig(_Model):
+    scale_down_unneeded_time: str = Field("10m", description="an idle GPU node is removed after this long")
+    expander: Literal["least-waste", "priority", "random", "most-pods"] = "least-waste"
+
+    @field_validator("scale_down_unneeded_time")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        duration_seconds(value)
+        return value
+
+
+class MonitoringConfig(_Model):
+    retention_days: int = Field(15, ge=1, le=365, description="Prometheus keeps this many days of metrics")
+    storage_gib: int = Field(100, ge=10, le=16384, description="Prometheus volume (gp3)")
+    stalled_after_minutes: int = Field(15, ge=2, le=24 * 60, description="no step progress for this long fires TrainingJobStalled")
+    gpu_idle_below: float = Field(0.3, gt=0, lt=1, description="GPU utilisation under this for 30 minutes fires GPUUnderutilised")
+    s3_lag_minutes: int = Field(30, ge=1, description="a checkpoint waiting longer than this for S3 fires CheckpointUploadLagging")
+    quota_nearly_used: float = Field(0.9, gt=0, le=1, description="a team using this share of a flavour's quota fires")
+
+
+class MlflowConfig(_Model):
+    instance_class: str = Field("db.t4g.medium", pattern=r"^db\.[a-z0-9]+\.[a-z0-9]+$", description="the RDS PostgreSQL instance")
+    storage_gib: int = Field(50, ge=20, le=65536)
+    backup_retention_days: int = Field(7, ge=1, le=35)
+    multi_az: bool = False
+    replicas: int = Field(1, ge=1, le=10, description="tracking server pods")
+
+
+class KubernetesConfig(_Model):
+    charts: dict[str, str] = Field({}, description=f"exact chart versions replacing the pinned ones: {list(OVERRIDABLE_CHARTS)}")
+    training_operator: bool = Field(False, description="also install the v1 training operator (PyTorchJob)")
+    kueue: KueueConfig = KueueConfig()
+    autoscaler: AutoscalerConfig = AutoscalerConfig()
+    monitoring: MonitoringConfig = MonitoringConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+
+    @field_validator("charts")
+    @classmethod
+    def _pinned(cls, charts: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(charts) - set(OVERRIDABLE_CHARTS))
+        if unknown:
+            pair = " (Trainer and Kueue move together in trainforge.versions)" if {"kueue", "kubeflow-trainer"} & set(unknown) else ""
+            raise ValueError(f"{unknown} cannot be re-pinned here{pair}. Fix: one of {list(OVERRIDABLE_CHARTS)}")
+        loose = {name: v for name, v in charts.items() if not EXACT_VERSION.match(v)}
+        if loose:
+            raise ValueError(f"{loose}: a chart is pinned to an exact version, not a range. Fix: e.g. '0.20.0'")
+        return charts
