@@ -1,4 +1,5 @@
-"""How long the prod stack takes to evaluate under the Pulumi mock engine, and how that grows with teams.
+"""How long the prod stack takes to evaluate under the Pulumi mock engine: the AWS layer alone, the whole platform
+(AWS + Kubernetes layers), and how that grows with teams.
 
 Prints a table of wall times and ratios against the shipped prod stack measured in the same run (medians of
 --repeats runs). A benchmark, not a test: it never fails on a time.
@@ -17,9 +18,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from trainforge.stackconfig import CONFIG_KEY, parse
+import pulumi
+
+from trainforge.infra import engine
+from trainforge.infra.layer import build_aws_layer
 from trainforge.platform.components.offline import evaluate
-from trainforge.stackconfig import read_stack_file
+from trainforge.platform.components.program import config_from_pulumi
+from trainforge.stackconfig import CONFIG_KEY, parse, read_stack_file
 
 PROD = Path(__file__).resolve().parents[1] / "stacks" / "Pulumi.prod.yaml"
 
@@ -35,14 +40,20 @@ def with_teams(config: dict, count: int) -> dict:
     return config
 
 
-def measure(config: dict, repeats: int) -> tuple[float, float, int]:
-    """Median seconds for config validation alone, for the whole program, and the resource count."""
+def aws_layer_only() -> None:
+    """The program without its Kubernetes layer: the baseline the platform layer's cost is measured against."""
+    for name, value in build_aws_layer(config_from_pulumi()).outputs.items():
+        pulumi.export(name, value)
+
+
+def measure(config: dict, repeats: int, aws_only: bool = False) -> tuple[float, float, int]:
+    """Median seconds for config validation alone, for the program, and the resource count."""
     validate, whole, resources = [], [], 0
     for _ in range(repeats):
         started = time.perf_counter()
         parse(config[CONFIG_KEY], environment="prod", source="bench")
         validate.append(time.perf_counter() - started)
-        evaluation = evaluate(config, "prod")
+        evaluation = engine.evaluate(aws_layer_only, config, "prod") if aws_only else evaluate(config, "prod")
         whole.append(evaluation.seconds)
         resources = len(evaluation.resources)
     return statistics.median(validate), statistics.median(whole), resources
@@ -56,13 +67,14 @@ def main() -> None:
 
     base = read_stack_file(PROD).config
     evaluate(base, "prod")  # warm imports (pulumi_aws alone takes seconds) so they are not charged to the baseline
-    cases = [("prod as shipped", base)] + [(f"prod + {n} teams", with_teams(base, n)) for n in args.teams]
+    cases = [("prod, AWS layer only", base, True), ("prod as shipped (AWS + Kubernetes)", base, False)] + \
+        [(f"prod + {n} teams", with_teams(base, n), False) for n in args.teams]
     table = Table(title=f"Stack evaluation under the Pulumi mock engine (median of {args.repeats})", title_justify="left")
-    for column in ("case", "teams", "resources", "config validation ms", "whole program s", "ratio vs shipped"):
+    for column in ("case", "teams", "resources", "config validation ms", "program s", "ratio vs AWS layer only"):
         table.add_column(column, justify="right" if column != "case" else "left")
     baseline = None
-    for label, config in cases:
-        validate, whole, resources = measure(config, args.repeats)
+    for label, config, aws_only in cases:
+        validate, whole, resources = measure(config, args.repeats, aws_only)
         baseline = baseline or whole
         table.add_row(label, str(len(config[CONFIG_KEY]["teams"])), str(resources), f"{validate * 1000:.2f}", f"{whole:.3f}", f"{whole / baseline:.2f}x")
     Console(width=140).print(table)
