@@ -60,6 +60,13 @@ def report(evaluation: Evaluation) -> None:
                   + f"; buckets: {', '.join(out['buckets'].values())}")
     console.print(f"GPU capacity by flavour: {out['gpu_capacity']}")
 
+    charts = Table(title="Helm charts (the Kubernetes layer)", title_justify="left")
+    for col in ("release", "chart", "version", "namespace"):
+        charts.add_column(col)
+    for release in evaluation.of_type("kubernetes:helm.sh/v3:Release"):
+        charts.add_row(release.inputs["name"], release.inputs["chart"], release.inputs["version"], release.inputs["namespace"])
+    console.print(charts)
+
     counts = Table(title="Resources by type", title_justify="left")
     counts.add_column("type")
     counts.add_column("count", justify="right")
