@@ -1,69 +1,288 @@
-"""The policy pack's rules pass every resource the shipped stacks register, and catch the broken variants."""
+"""The policy pack: every rule passes a compliant resource and fails a violating one with a message that says what to
+change (built as the engine presents them: camelCase, provider default tags, unknowns at preview); every shipped stack
+passes every mandatory rule; and the pack runs as the Pulumi CLI runs it, over the analyzer protocol."""
 
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 
 import pytest
-from pulumi_policy import PolicyCustomTimeouts, PolicyResourceOptions, ResourceValidationArgs
+from conftest import REPO, STACK_FILES
+from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
+from pulumi_policy.policy import UnknownValueError
 
-from trainforge.policies.rules import POLICIES
+from trainforge import catalog, contract
+from trainforge.policies.pack import POLICIES, rules_table
+from trainforge.policies.registry import RULES, StackResource, check_resource, check_stack
+
+BY_NAME = {r.name: r for r in RULES}
+TAGS = {k: "x" for k in contract.REQUIRED_COST_TAGS}
+PROVIDER = {"region": "us-east-1", "defaultTags": json.dumps({"tags": TAGS})}  # provider config arrives JSON-encoded
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+NG = "aws:eks/nodeGroup:NodeGroup"
 
 
-def violations(resource_type: str, props: dict) -> list[str]:
-    opts = PolicyResourceOptions(protect=False, ignore_changes=[], delete_before_replace=None, aliases=[],
-                                 custom_timeouts=PolicyCustomTimeouts(0, 0, 0), additional_secret_outputs=[])
-    args = ResourceValidationArgs(resource_type, props, urn=f"urn:pulumi:test::trainforge::{resource_type}::r", name="r", opts=opts, provider=None)
-    found: list[str] = []
-    for policy in POLICIES:
-        policy.validate(args, lambda message, urn=None, name=policy.name: found.append(f"{name}: {message}"))
-    return found
+def lt(**changes):
+    props = {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1},
+             "blockDeviceMappings": [{"deviceName": "/dev/xvda", "ebs": {"encrypted": "true"}}],
+             "tagSpecifications": [{"resourceType": r, "tags": TAGS} for r in ("instance", "volume", "network-interface")]}
+    props.update(changes)
+    return props
 
 
-def test_shipped_stacks_comply_with_every_policy(stack):
+def ng(**changes):
+    props = {"amiType": "AL2023_x86_64_NVIDIA", "instanceTypes": ["g6.xlarge", "g5.xlarge"], "capacityType": "SPOT",
+             "taints": [{"key": contract.TAINT_GPU, "value": "present", "effect": "NO_SCHEDULE"}], "scalingConfig": {"maxSize": 8}}
+    props.update(changes)
+    return props
+
+
+p5 = catalog.lookup("p5.48xlarge")
+EFA_INTERFACES = [{"networkCardIndex": s.network_card_index, "deviceIndex": s.device_index, "interfaceType": s.interface_type}
+                  for s in catalog.efa_interface_layout(p5)]
+POD = {"containers": [{"name": "node", "image": "x"}]}
+
+# rule -> (resource type, compliant props, violating props, the fix the message must name)
+RESOURCE_CASES = {
+    "cost-tags": ("aws:ec2/natGateway:NatGateway", {"tags": {"Name": "nat"}}, {"tags": {"Name": "nat"}}, "Fix: tag it"),
+    "launch-templates-tag-what-they-create": (LT, lt(), lt(tagSpecifications=[{"resourceType": "instance", "tags": TAGS}]), "tag_specifications"),
+    "imdsv2-with-hop-limit-one": (LT, lt(), lt(metadataOptions={"httpTokens": "optional", "httpPutResponseHopLimit": 2}), "http_tokens"),
+    "node-volumes-encrypted-and-interfaces-private": (LT, lt(), lt(networkInterfaces=[{"associatePublicIpAddress": "true"}]),
+                                                      "associate_public_ip_address"),
+    "subnets-assign-no-public-ips": ("aws:ec2/subnet:Subnet", {"mapPublicIpOnLaunch": False}, {"mapPublicIpOnLaunch": True}, "map_public_ip_on_launch"),
+    "eks-secrets-encrypted": ("aws:eks/cluster:Cluster", {"encryptionConfig": {"resources": ["secrets"], "provider": {"keyArn": "arn:k"}}},
+                              {}, "encryption_config"),
+    "cluster-endpoint-not-open-to-the-world": ("aws:eks/cluster:Cluster", {"vpcConfig": {"endpointPublicAccess": True, "publicAccessCidrs": ["203.0.113.0/24"]}},
+                                               {"vpcConfig": {"endpointPublicAccess": True}}, "public_access_cidrs"),
+    "kms-keys-rotate": ("aws:kms/key:Key", {"enableKeyRotation": True}, {"enableKeyRotation": False}, "enable_key_rotation"),
+    "s3-encrypted-with-kms": ("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+                              {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": "arn:k"}}]},
+                              {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]}, "kms_master_key_id"),
+    "s3-public-access-blocked": ("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+                                 dict.fromkeys(("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"), True),
+                                 {**dict.fromkeys(("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls"), True), "restrictPublicBuckets": False},
+                                 "all four"),
+    "s3-requires-tls": ("aws:s3/bucketPolicy:BucketPolicy",
+                        {"policy": json.dumps({"Statement": [{"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})},
+                        {"policy": json.dumps({"Statement": [{"Effect": "Allow", "Action": "s3:GetObject"}]})}, "aws:SecureTransport"),
+    "fsx-encrypted": ("aws:fsx/lustreFileSystem:LustreFileSystem", {"deploymentType": "PERSISTENT_2", "kmsKeyId": "arn:k"},
+                      {"deploymentType": "PERSISTENT_2"}, "kms_key_id"),
+    "rds-encrypted-and-private": ("aws:rds/instance:Instance", {"storageEncrypted": True, "publiclyAccessible": False},
+                                  {"storageEncrypted": False, "publiclyAccessible": True}, "publicly_accessible"),
+    "gpu-node-groups-tainted-and-allowed": (NG, ng(), ng(taints=[], instanceTypes=["p3.2xlarge", "g6.xlarge"]), "allowedGpuFamilies"),
+    "spot-groups-diversified": (NG, ng(), ng(instanceTypes=["g6.xlarge"]), "at least 2 types"),
+    "node-group-size-bounded": (NG, ng(), ng(scalingConfig={"maxSize": 500}), "smaller max_size"),
+    "region-allowed": ("pulumi:providers:aws", {"region": "us-east-1"}, {"region": "ap-south-1"}, "one of ['us-east-1'"),
+    "efa-templates-complete": (LT, lt(networkInterfaces=EFA_INTERFACES, placement={"groupName": "pg"}),
+                               lt(networkInterfaces=EFA_INTERFACES[:5]), "placement.group_name"),
+    "helm-releases-pinned": ("kubernetes:helm.sh/v3:Release", {"chart": "kueue", "version": "0.19.2"}, {"chart": "kueue", "version": "~0.19"},
+                             "an exact version"),
+    "no-privileged-pods-outside-system-namespaces": (
+        "kubernetes:apps/v1:DaemonSet",
+        {"metadata": {"namespace": "kube-system"}, "spec": {"template": {"spec": {**POD, "volumes": [{"name": "h", "hostPath": {"path": "/"}}]}}}},
+        {"metadata": {"namespace": "team-vision"}, "spec": {"template": {"spec": {"containers": [{"name": "x", "securityContext": {"privileged": True}}],
+                                                                                  "volumes": [{"name": "h", "hostPath": {"path": "/var"}}]}}}},
+        "drop privileged"),
+    "team-namespaces-carry-cost-labels": (
+        "kubernetes:core/v1:Namespace",
+        {"metadata": {"name": "team-a", "labels": {"trainforge.io/team": "a", "trainforge.io/cost-centre": "cc", "trainforge.io/environment": "dev"}}},
+        {"metadata": {"name": "team-a", "labels": {"trainforge.io/team": "a"}}}, "label it"),
+}
+CONFIG = {"region-allowed": {"allowedRegions": ["us-east-1", "us-west-2"]}}
+NO_PROVIDER_TAGS = {"cost-tags"}  # the violating case loses what the provider would add
+
+
+def sr(resource_type, name, props, deps=()):
+    return StackResource(resource_type, name, f"urn:{name}", props, {}, tuple(f"urn:{d}" for d in deps))
+
+
+def efa_stack(*, fsx_zone="us-east-1a", group_zones=("us-east-1a",), strategy="cluster", self_open=True):
+    everything = {"protocol": "-1", "self": self_open, "fromPort": 0, "toPort": 0}
+    return [
+        sr("aws:ec2/subnet:Subnet", "a", {"availabilityZone": "us-east-1a"}), sr("aws:ec2/subnet:Subnet", "b", {"availabilityZone": "us-east-1b"}),
+        sr("aws:ec2/placementGroup:PlacementGroup", "pg", {"strategy": strategy}),
+        sr("aws:ec2/securityGroup:SecurityGroup", "efa-sg", {"ingress": [everything], "egress": [everything]}),
+        sr(LT, "lt", {"networkInterfaces": EFA_INTERFACES, "placement": {"groupName": "pg"}}, deps=("pg", "efa-sg")),
+        sr(NG, "p5", {"labels": {}, "taints": []}, deps=("lt", *("a" if z == "us-east-1a" else "b" for z in group_zones))),
+        sr("aws:fsx/lustreFileSystem:LustreFileSystem", "fsx", {}, deps=("a" if fsx_zone == "us-east-1a" else "b",)),
+    ]
+
+
+def flavour_stack(flavour_labels):
+    traits = contract.flavour_traits(contract.Flavour.GPU_SPOT)
+    return [sr(NG, "spot", {"labels": dict(traits.labels), "taints": [{"key": t.key, "value": t.value, "effect": "NO_SCHEDULE"} for t in traits.taints]}),
+            sr("kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor", "f", {"metadata": {"name": "gpu-spot"}, "spec": {
+                "nodeLabels": flavour_labels, "nodeTaints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in traits.taints]}})]
+
+
+def tenancy_stack(*, with_quota: bool):
+    ns = "team-vision"
+    objects = [sr("aws:iam/role:Role", "role", {"tags": {"team": "vision"}}),
+               sr("kubernetes:core/v1:Namespace", ns, {"metadata": {"name": ns, "labels": {"trainforge.io/team": "vision"}}}),
+               sr("kubernetes:core/v1:LimitRange", "lr", {"metadata": {"namespace": ns}}),
+               sr("kubernetes:networking.k8s.io/v1:NetworkPolicy", "deny", {"metadata": {"namespace": ns},
+                                                                           "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}),
+               sr("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue", "lq", {"metadata": {"namespace": ns}}),
+               sr("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue", "cq", {"metadata": {"name": contract.cluster_queue_name("vision")}})]
+    if with_quota:
+        objects.append(sr("kubernetes:core/v1:ResourceQuota", "q", {"metadata": {"namespace": ns}, "spec": {"hard": {"requests.nvidia.com/gpu": "8"}}}))
+    return objects
+
+
+# stack rule -> (compliant resources, violating resources, what the message must say)
+STACK_CASES = {
+    "efa-groups-coherent": (efa_stack(), efa_stack(fsx_zone="us-east-1b"), "put FSx in the EFA group's AZ"),
+    "resource-flavours-match-node-groups": (flavour_stack({contract.LABEL_FLAVOUR: "gpu-spot"}),
+                                            flavour_stack({contract.LABEL_FLAVOUR: "gpu-spot", "extra": "x"}), "flavour_traits"),
+    "teams-have-their-tenancy": (tenancy_stack(with_quota=True), tenancy_stack(with_quota=False), "requests.nvidia.com/gpu"),
+}
+
+
+def test_every_rule_has_a_case_both_ways():
+    assert set(RESOURCE_CASES) | set(STACK_CASES) == set(BY_NAME)
+
+
+@pytest.mark.parametrize("name", sorted(RESOURCE_CASES))
+def test_each_resource_rule_passes_the_compliant_and_fails_the_violating_resource(name):
+    resource_type, good, bad, fix = RESOURCE_CASES[name]
+    rule, config = BY_NAME[name], CONFIG.get(name)
+    assert check_resource(rule, resource_type, good, config=config, provider_props=PROVIDER) == []
+    found = check_resource(rule, resource_type, bad, config=config, provider_props={} if name in NO_PROVIDER_TAGS else PROVIDER)
+    assert found and any(fix in message for message in found), found
+
+
+@pytest.mark.parametrize("name", sorted(STACK_CASES))
+def test_each_stack_rule_passes_the_compliant_and_fails_the_violating_stack(name):
+    good, bad, fix = STACK_CASES[name]
+    assert check_stack(BY_NAME[name], good) == []
+    found = check_stack(BY_NAME[name], bad)
+    assert found and any(fix in message for message, _ in found), found
+
+
+def test_more_efa_mistakes_are_named():
+    messages = [m for m, _ in check_stack(BY_NAME["efa-groups-coherent"], efa_stack(group_zones=("us-east-1a", "us-east-1b"), strategy="spread",
+                                                                                    self_open=False))]
+    assert any("spans" in m for m in messages) and any("cluster placement group" in m for m in messages)
+    assert any("open to itself" in m or "itself" in m for m in messages)
+
+
+def test_provider_default_tags_count_as_the_resources_tags():
+    rule = BY_NAME["cost-tags"]
+    assert check_resource(rule, "aws:ec2/natGateway:NatGateway", {"tags": {"Name": "nat"}}, provider_props=PROVIDER) == []
+    assert check_resource(rule, "aws:ec2/natGateway:NatGateway", {}, provider_props={}) != []
+
+
+def test_an_unknown_value_at_preview_is_not_a_violation():
+    props = unknown_checking_proxy({"metadataOptions": UNKNOWN_STRING_VALUE})
+    with pytest.raises(UnknownValueError):  # the analyzer reports "can't run during preview", not a violation
+        check_resource(BY_NAME["imdsv2-with-hop-limit-one"], LT, props)
+
+
+def test_the_config_changes_what_is_allowed():
+    assert check_resource(BY_NAME["node-group-size-bounded"], NG, ng(), config={"maxNodeGroupSize": 4})
+    assert check_resource(BY_NAME["spot-groups-diversified"], NG, ng(), config={"minSpotInstanceTypes": 3})
+    assert not check_resource(BY_NAME["gpu-node-groups-tainted-and-allowed"], NG, ng(instanceTypes=["p3.2xlarge"]),
+                              config={"allowedGpuFamilies": ["p3", "g6"]})
+
+
+# ---- the shipped stacks ----------------------------------------------------------------------------------------
+
+def stack_resources(evaluation) -> tuple[list, list[StackResource]]:
+    """(resource validation inputs with their provider's props, stack resources with outputs and dependencies)."""
+    providers = {f"{r.urn}::{r.id}": r.inputs for r in evaluation.resources if r.type.startswith("pulumi:providers:")}
+    per_resource = [(r.type, r.name, r.inputs, providers.get(r.provider or "", {})) for r in evaluation.resources]
+    whole = [StackResource(r.type, r.name, r.urn, r.state, providers.get(r.provider or "", {}), tuple(r.dependencies)) for r in evaluation.resources]
+    return per_resource, whole
+
+
+def test_every_shipped_stack_passes_every_mandatory_rule(stack):
     evaluation, _ = stack
-    for r in evaluation.resources:
-        assert violations(r.type, r.inputs) == [], f"{r.type} {r.name}"
+    per_resource, whole = stack_resources(evaluation)
+    found = []
+    for rule in RULES:
+        if rule.level.value != "mandatory":
+            continue
+        if rule.is_stack_rule:
+            found += [f"{rule.name}: {m}" for m, _ in check_stack(rule, whole)]
+        else:
+            for resource_type, name, props, provider in per_resource:
+                found += [f"{rule.name} on {name}: {m}" for m in check_resource(rule, resource_type, props, provider_props=provider)]
+    assert found == []
 
 
-def first(evaluation, type_token, predicate=lambda r: True):
-    return copy.deepcopy(next(r for r in evaluation.of_type(type_token) if predicate(r)).inputs)
+def test_a_broken_stack_fails_its_rules(stack):
+    evaluation, _ = stack
+    per_resource, whole = stack_resources(evaluation)
+    (resource_type, name, props, provider) = next(x for x in per_resource if x[0] == LT)
+    broken = copy.deepcopy(props)
+    broken["metadataOptions"]["httpTokens"] = "optional"
+    assert check_resource(BY_NAME["imdsv2-with-hop-limit-one"], resource_type, broken, provider_props=provider)
 
+
+# ---- the pack as the Pulumi CLI runs it ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def prod(evaluations):
-    from conftest import STACKS
-    return evaluations(STACKS / "Pulumi.prod.yaml")
+def analyzer():
+    import grpc
+    from pulumi.runtime.proto import analyzer_pb2_grpc
+
+    process = subprocess.Popen([sys.executable, str(REPO / "policies" / "__main__.py")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    port = process.stdout.readline().decode().strip()  # the pack prints its port once its server listens
+    assert port.isdigit(), process.stderr.read().decode()[-2000:]
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=30)
+    yield analyzer_pb2_grpc.AnalyzerStub(channel)
+    channel.close()
+    process.kill()
+    process.wait()
 
 
-def test_imdsv1_and_a_second_hop_are_caught(prod):
-    props = first(prod, "aws:ec2/launchTemplate:LaunchTemplate")
-    props["metadataOptions"].update(httpTokens="optional", httpPutResponseHopLimit=2)
-    found = violations("aws:ec2/launchTemplate:LaunchTemplate", props)
-    assert len(found) == 2 and all(f.startswith("launch-templates-require-imdsv2") for f in found)
+def _struct(props):
+    from google.protobuf import json_format, struct_pb2
+    return json_format.ParseDict(json.loads(json.dumps(props, default=str)), struct_pb2.Struct())
 
 
-def test_an_untainted_gpu_group_is_caught(prod):
-    props = first(prod, "aws:eks/nodeGroup:NodeGroup", lambda r: "NVIDIA" in r.inputs["amiType"])
-    props["taints"] = [t for t in props["taints"] if t["key"] != "nvidia.com/gpu"]
-    assert [f.split(":")[0] for f in violations("aws:eks/nodeGroup:NodeGroup", props)] == ["gpu-node-groups-are-tainted"]
+def analyze(stub, resource_type, name, props, provider_props=None):
+    from pulumi.runtime.proto import analyzer_pb2
+    request = analyzer_pb2.AnalyzeRequest(type=resource_type, properties=_struct(props), urn=f"urn:pulumi:dev::trainforge::{resource_type}::{name}",
+                                          name=name)
+    if provider_props is not None:
+        request.provider.CopyFrom(analyzer_pb2.AnalyzerProviderResource(type="pulumi:providers:aws", properties=_struct(provider_props),
+                                                                       urn="urn:provider", name="aws"))
+    return [(d.policyName, d.message) for d in stub.Analyze(request).diagnostics]
 
 
-def test_a_half_open_bucket_is_caught(prod):
-    props = first(prod, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
-    props["restrictPublicBuckets"] = False
-    assert "restrictPublicBuckets" in violations("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", props)[0]
+def test_the_pack_lists_every_rule_over_the_analyzer_protocol(analyzer):
+    from google.protobuf import empty_pb2
+    info = analyzer.GetAnalyzerInfo(empty_pb2.Empty())
+    assert info.name == "trainforge" and {p.name for p in info.policies} == set(BY_NAME) == {p.name for p in POLICIES}
 
 
-@pytest.mark.parametrize("cidrs", [None, ["0.0.0.0/0"], ["10.0.0.0/8", "0.0.0.0/0"]])
-def test_a_world_open_api_endpoint_is_caught(prod, cidrs):
-    props = first(prod, "aws:eks/cluster:Cluster")
-    props["vpcConfig"]["endpointPublicAccess"] = True
-    props["vpcConfig"]["publicAccessCidrs"] = cidrs
-    assert violations("aws:eks/cluster:Cluster", props)[0].startswith("cluster-endpoint-not-open-to-the-world")
+def test_the_pack_reports_bad_resources_and_passes_good_ones(analyzer):
+    resource_type, good, bad, _ = RESOURCE_CASES["imdsv2-with-hop-limit-one"]
+    assert analyze(analyzer, resource_type, "good", good, PROVIDER) == []
+    assert {p for p, _ in analyze(analyzer, resource_type, "bad", bad, PROVIDER)} == {"imdsv2-with-hop-limit-one"}
+    assert [p for p, _ in analyze(analyzer, "aws:ec2/natGateway:NatGateway", "nat", {"tags": {"Name": "nat"}})] == ["cost-tags"]
 
 
-def test_a_nat_gateway_without_a_cost_centre_is_caught(prod):
-    props = first(prod, "aws:ec2/natGateway:NatGateway")
-    del props["tags"]["cost-centre"]
-    assert "['cost-centre']" in violations("aws:ec2/natGateway:NatGateway", props)[0]
+@pytest.mark.parametrize("path", STACK_FILES, ids=[p.name for p in STACK_FILES])
+def test_the_pack_passes_every_resource_of_the_shipped_stacks(analyzer, evaluations, path):
+    from pulumi.runtime.proto import analyzer_pb2
+    evaluation = evaluations(path)
+    per_resource, whole = stack_resources(evaluation)
+    found = []
+    for resource_type, name, props, provider in per_resource:
+        found += analyze(analyzer, resource_type, name, props, provider)
+    stack = analyzer_pb2.AnalyzeStackRequest(resources=[
+        analyzer_pb2.AnalyzerResource(type=r.resource_type, properties=_struct(r.props), urn=r.urn, name=r.name, dependencies=list(r.dependencies))
+        for r in whole])
+    diagnostics = analyzer.AnalyzeStack(stack).diagnostics
+    found += [(d.policyName, d.message) for d in diagnostics if d.enforcementLevel == analyzer_pb2.MANDATORY]
+    assert found == []
+
+
+def test_the_readme_carries_the_generated_rule_table():
+    assert rules_table() in (REPO / "README.md").read_text(), "README is stale: paste `python -m trainforge.policies.pack` into it"

@@ -3,15 +3,13 @@ properties that would break a real deployment (or a bill, or an audit) if they w
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 
 import pulumi
-from functools import cache
 
 from trainforge import catalog, contract
 from trainforge.contract import Flavour
+from trainforge.policies.aws import is_taggable
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NG = "aws:eks/nodeGroup:NodeGroup"
@@ -132,20 +130,9 @@ def test_launch_templates_require_imdsv2_encrypt_root_volumes_and_tag_what_they_
         assert "imageId" not in lt.inputs, "a custom AMI in the template would override the node group's GPU AMI type"
 
 
-@cache
-def _is_taggable(type_token: str) -> bool:
-    """Whether the provider SDK's resource class accepts `tags` (asked of the SDK, not a list kept here)."""
-    if not type_token.startswith("aws:"):
-        return False
-    module_path, class_name = type_token.split(":")[1].split("/")[0], type_token.rsplit(":", 1)[1]
-    module = importlib.import_module(f"pulumi_aws.{module_path}")
-    cls = getattr(module, class_name)
-    return "tags" in inspect.signature(cls._internal_init).parameters
-
-
 def test_every_taggable_resource_carries_the_cost_tags(stack):
     evaluation, cfg = stack
-    taggable = [r for r in evaluation.resources if _is_taggable(r.type)]
+    taggable = [r for r in evaluation.resources if is_taggable(r.type)]
     assert len(taggable) > 30
     for r in taggable:
         missing = set(contract.REQUIRED_COST_TAGS) - set(r.tags)
