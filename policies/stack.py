@@ -110,3 +110,19 @@ def _default_deny(props: dict[str, Any]) -> bool:
     spec = props.get("spec") or {}
     return spec.get("podSelector") == {} and set(spec.get("policyTypes") or []) == {"Ingress", "Egress"} \
         and not spec.get("ingress") and not spec.get("egress")
+
+
+BUCKET_GUARDS = {
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration": "a KMS encryption configuration",
+    "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock": "a public access block",
+    "aws:s3/bucketPolicy:BucketPolicy": "a policy that denies plain HTTP",
+}
+
+
+@stack_rule("Every S3 bucket has its encryption configuration, public access block and TLS-only policy.")
+def buckets_fully_guarded(resources: list[StackResource], ctx: Context) -> Violations:
+    for bucket in of_type(resources, "aws:s3/bucket:Bucket"):
+        guards = {r.resource_type for r in resources if bucket.urn in r.dependencies and r.resource_type in BUCKET_GUARDS}
+        for missing in sorted(set(BUCKET_GUARDS) - guards):
+            yield (f"bucket {bucket.name} has no {BUCKET_GUARDS[missing]}: the per-resource rules cannot see what is absent. "
+                   f"Fix: create it for this bucket (infra/storage.py Buckets does)"), bucket.urn

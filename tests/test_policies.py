@@ -17,6 +17,7 @@ from pulumi_policy.policy import UnknownValueError
 from trainforge import catalog, contract
 from trainforge.policies.pack import POLICIES, rules_table
 from trainforge.policies.registry import RULES, StackResource, check_resource, check_stack
+from trainforge.policies.stack import BUCKET_GUARDS
 
 BY_NAME = {r.name: r for r in RULES}
 TAGS = {k: "x" for k in contract.REQUIRED_COST_TAGS}
@@ -132,8 +133,13 @@ def tenancy_stack(*, with_quota: bool):
     return objects
 
 
+def bucket_stack(*guards):
+    return [sr("aws:s3/bucket:Bucket", "data", {}), *(sr(t, f"g{i}", {}, deps=("data",)) for i, t in enumerate(guards))]
+
+
 # stack rule -> (compliant resources, violating resources, what the message must say)
 STACK_CASES = {
+    "buckets-fully-guarded": (bucket_stack(*BUCKET_GUARDS), bucket_stack(*list(BUCKET_GUARDS)[:2]), "denies plain HTTP"),
     "efa-groups-coherent": (efa_stack(), efa_stack(fsx_zone="us-east-1b"), "put FSx in the EFA group's AZ"),
     "resource-flavours-match-node-groups": (flavour_stack({contract.LABEL_FLAVOUR: "gpu-spot"}),
                                             flavour_stack({contract.LABEL_FLAVOUR: "gpu-spot", "extra": "x"}), "flavour_traits"),
