@@ -64,7 +64,9 @@ def nodeadm_user_data(group: NodeGroupConfig) -> str | None:
         return None
     node_config = {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig",
                    "spec": {"instance": {"localStorage": {"strategy": "RAID0"}}}}
-    message = MIMEMultipart("mixed")
+    # A fixed boundary: a random one (the default) changes the user data, hence the launch template's version, on every
+    # `pulumi up`, and the node group would roll all its nodes each time.
+    message = MIMEMultipart("mixed", boundary="==trainforge-nodeadm==")
     message.attach(MIMEApplication(yaml.safe_dump(node_config, sort_keys=False), "node.eks.aws", _encoder=encode_7or8bit))
     return base64.b64encode(message.as_bytes()).decode()
 

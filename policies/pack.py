@@ -1,5 +1,5 @@
-"""The pack's policies, built from the rules declared in aws.py, kubernetes.py and stack.py (importing them
-registers them), and the README's table of rules. Building the `PolicyPack` itself starts a gRPC server that never
+"""The pack's policies, built from the rules declared in aws.py, kubernetes.py and stack.py (the
+registry loads them), and the README's table of rules. Building the `PolicyPack` itself starts a gRPC server that never
 returns, so only policies/__main__.py does that."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ from __future__ import annotations
 from pulumi_policy import (ReportViolation, ResourceValidationArgs, ResourceValidationPolicy, StackValidationArgs,
                            StackValidationPolicy)
 
-from trainforge.policies import aws, kubernetes, stack  # noqa: F401  (registers the rules)
-from trainforge.policies.registry import CONFIG_SCHEMA, RULES, Rule, StackResource, check_resource, check_stack
+from trainforge.policies.registry import CONFIG_SCHEMA, Rule, StackResource, check_resource, check_stack, rules
 
 
 def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
@@ -30,13 +29,13 @@ def _stack_policy(rule: Rule) -> StackValidationPolicy:
                                  config_schema=rule.config_schema())
 
 
-POLICIES = [_stack_policy(r) if r.is_stack_rule else _resource_policy(r) for r in RULES]
+POLICIES = [_stack_policy(r) if r.is_stack_rule else _resource_policy(r) for r in rules()]
 
 
 def rules_table() -> str:
     """The README's table: every rule of the pack, its level and what it checks; then the config."""
     lines = ["| rule | domain | level | what it checks |", "|---|---|---|---|"]
-    lines += [f"| `{r.name}` | {r.domain} | {r.level.value} | {r.description} |" for r in RULES]
+    lines += [f"| `{r.name}` | {r.domain} | {r.level.value} | {r.description} |" for r in rules()]
     lines += ["", "| config key | default | meaning |", "|---|---|---|"]
     lines += [f"| `{k}` | `{spec['default']}` | {spec['description']} |" for k, spec in CONFIG_SCHEMA.items()]
     return "\n".join(lines)

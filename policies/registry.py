@@ -85,7 +85,13 @@ class Rule:
         return PolicyConfigSchema({k: CONFIG_SCHEMA[k] for k in self.config_keys}) if self.config_keys else None
 
 
-RULES: list[Rule] = []
+_REGISTERED: list[Rule] = []
+
+
+def rules() -> list[Rule]:
+    """Every rule of the pack, in declaration order (importing the domain modules registers them)."""
+    from trainforge.policies import aws, kubernetes, stack  # noqa: F401
+    return list(_REGISTERED)
 
 
 def _types(types: Iterable[str] | Applies) -> Applies:
@@ -98,7 +104,7 @@ def _types(types: Iterable[str] | Applies) -> Applies:
 def resource_rule(domain: str, types: Iterable[str] | Applies, description: str, *, level: EnforcementLevel = EnforcementLevel.MANDATORY,
                   config: tuple[str, ...] = ()) -> Callable[[ResourceCheck], ResourceCheck]:
     def register(check: ResourceCheck) -> ResourceCheck:
-        RULES.append(Rule(check.__name__.replace("_", "-"), domain, description, level, _types(types), check, config))
+        _REGISTERED.append(Rule(check.__name__.replace("_", "-"), domain, description, level, _types(types), check, config))
         return check
     return register
 
@@ -106,7 +112,7 @@ def resource_rule(domain: str, types: Iterable[str] | Applies, description: str,
 def stack_rule(description: str, *, level: EnforcementLevel = EnforcementLevel.MANDATORY,
                config: tuple[str, ...] = ()) -> Callable[[StackCheck], StackCheck]:
     def register(check: StackCheck) -> StackCheck:
-        RULES.append(Rule(check.__name__.replace("_", "-"), "stack", description, level, None, check, config))
+        _REGISTERED.append(Rule(check.__name__.replace("_", "-"), "stack", description, level, None, check, config))
         return check
     return register
 

@@ -283,3 +283,11 @@ def test_the_provider_refuses_an_account_other_than_the_stacks(stack):
     (provider,) = evaluation.of_type("pulumi:providers:aws")
     assert cfg.account_id is not None
     assert json.loads(provider.inputs["allowedAccountIds"]) == [cfg.account_id]  # provider config arrives JSON-encoded
+
+
+def test_the_user_data_is_the_same_on_every_run():
+    """A launch template whose user data changes per run gets a new version on every `pulumi up`: a rolling replacement."""
+    from trainforge.infra.nodegroups import nodeadm_user_data
+    from trainforge.stackconfig import load_stack_file
+    group = next(g for g in load_stack_file(REPO / "stacks" / "Pulumi.prod.yaml").node_groups if g.name == "p5-efa")
+    assert nodeadm_user_data(group) == nodeadm_user_data(group) is not None

@@ -16,9 +16,10 @@ from pulumi_policy.policy import UnknownValueError
 
 from trainforge import catalog, contract
 from trainforge.policies.pack import POLICIES, rules_table
-from trainforge.policies.registry import RULES, StackResource, check_resource, check_stack
+from trainforge.policies.registry import StackResource, check_resource, check_stack, rules
 from trainforge.policies.stack import BUCKET_GUARDS
 
+RULES = rules()
 BY_NAME = {r.name: r for r in RULES}
 TAGS = {k: "x" for k in contract.REQUIRED_COST_TAGS}
 PROVIDER = {"region": "us-east-1", "defaultTags": json.dumps({"tags": TAGS})}  # provider config arrives JSON-encoded

@@ -138,3 +138,17 @@ def region_prices(region: str) -> list[dict]:
                      "spot_discount": round(1 - quote.spot / quote.on_demand, 3), "as_of": quote.as_of,
                      "source": "refreshed" if quote.refreshed else "shipped table"})
     return rows
+
+
+SERVICE_PRICES = Path(__file__).with_name("service_prices.yaml")
+
+
+@lru_cache(maxsize=1)
+def service_prices(path: Path = SERVICE_PRICES) -> dict:
+    """The dated table of service prices (EKS, NAT, EBS, FSx, S3, RDS, KMS, ECR, load balancers) `trainforge plan`
+    prices a stack with; `$TRAINFORGE_HOME/prices/services.yaml` overrides keys of it."""
+    table = yaml.safe_load(path.read_text())
+    override = paths.refreshed_prices_dir() / "services.yaml"
+    if override.exists():
+        table = {**table, **(yaml.safe_load(override.read_text()) or {})}
+    return table

@@ -151,3 +151,77 @@ def refreshed_table(refresh, types: list[str], before, path) -> None:
     console.print(view)
     if refresh.not_offered:
         console.print(f"not offered in {region} (kept out of the file): {', '.join(refresh.not_offered)}")
+
+
+KEY_PROPERTIES = {
+    "aws:eks/nodeGroup:NodeGroup": lambda i: f"{', '.join(i.get('instanceTypes', []))} {i.get('capacityType')} "
+                                             f"{i['scalingConfig']['minSize']:.0f}/{i['scalingConfig']['desiredSize']:.0f}/{i['scalingConfig']['maxSize']:.0f}",
+    "aws:fsx/lustreFileSystem:LustreFileSystem": lambda i: f"{i.get('deploymentType')} {i.get('storageCapacity', 0):.0f} GiB"
+                                                           + (f" {i['perUnitStorageThroughput']:.0f} MB/s/TiB" if i.get("perUnitStorageThroughput") else ""),
+    "aws:rds/instance:Instance": lambda i: f"{i.get('instanceClass')} {i.get('allocatedStorage', 0):.0f} GB"
+                                           + (" Multi-AZ" if i.get("multiAz") else ""),
+    "aws:s3/bucket:Bucket": lambda i: "bucket",
+    "kubernetes:helm.sh/v3:Release": lambda i: f"{i.get('chart')} {i.get('version')} in {i.get('namespace')}",
+    "aws:eks/cluster:Cluster": lambda i: f"Kubernetes {i.get('version')}",
+}
+
+
+def plan_tables(plan, diff=None, base=None) -> None:
+    """The plan as tables: resources by component and type with key properties, teams, policy verdicts, cost, diff."""
+    import sys
+    from collections import Counter
+    console = Console(width=None if sys.stdout.isatty() else 180)
+    console.print(f"[bold]plan[/] of stack [cyan]{plan.stack}[/] ({plan.config.region}, {plan.path}): {len(plan.resources)} resources, "
+                  f"evaluated offline in {plan.seconds:.1f} s")
+    counts = Counter((plan.components.get(r.urn) or r.name, r.type) for r in plan.resources)
+    table = Table(title="resources by component and type", title_justify="left")
+    for column in ("component", "type", "count"):
+        table.add_column(column, justify="right" if column == "count" else "left")
+    for (component, type_token), n in sorted(counts.items()):
+        table.add_row(component, type_token, str(n))
+    console.print(table)
+    key = Table(title="key properties", title_justify="left")
+    for column in ("type", "name", "what"):
+        key.add_column(column)
+    for r in plan.resources:
+        if r.type in KEY_PROPERTIES:
+            key.add_row(r.type.rsplit(":", 1)[-1], r.name, KEY_PROPERTIES[r.type](r.inputs))
+    console.print(key)
+    teams = Table(title="teams", title_justify="left")
+    for column in ("team", "cost centre", "GPU quota", "monthly budget"):
+        teams.add_column(column)
+    for team in plan.config.teams:
+        teams.add_row(team.name, team.cost_centre, ", ".join(f"{f.value}: {n}" for f, n in team.gpu_quota.items()), f"${team.monthly_budget_usd:,.0f}")
+    console.print(teams)
+    if plan.violations:
+        policy = Table(title="policy pack: violations", title_justify="left")
+        for column in ("rule", "level", "resource", "what to change"):
+            policy.add_column(column)
+        for v in plan.violations:
+            policy.add_row(v.rule, f"[red]{v.level}[/]" if v.level == "mandatory" else v.level, v.resource, v.message)
+        console.print(policy)
+    console.print("policy pack: [green]passed[/]" if not plan.mandatory_failures else f"policy pack: [red]{len(plan.mandatory_failures)} mandatory violation(s)[/]")
+    cost = Table(title=f"monthly cost (USD; instance prices of {plan.cost.as_of['instances']}, service prices of {plan.cost.as_of['services']})",
+                 title_justify="left")
+    for column in ("item", "quantity", "expected", "at min", "at max", "assumption"):
+        cost.add_column(column, justify="right" if column in ("expected", "at min", "at max") else "left")
+    money = lambda v: "[red]unknown[/]" if v is None else f"{v:,.2f}"  # noqa: E731
+    for line in plan.cost.lines:
+        cost.add_row(line.item, line.quantity, money(line.monthly_usd), "" if line.at_min_usd is None else money(line.at_min_usd),
+                     "" if line.at_max_usd is None else money(line.at_max_usd), line.assumption)
+    cost.add_row("[bold]total[/]", "", f"[bold]{plan.cost.monthly_usd:,.2f}[/]", "", "", "unknown prices: " + (", ".join(plan.cost.unknown) or "none"))
+    console.print(cost)
+    if diff is not None:
+        changes = Table(title=f"against {base.stack} ({base.path}): +{len(diff.added)} -{len(diff.removed)} ~{len(diff.changed)} resources", title_justify="left")
+        changes.add_column("")
+        changes.add_column("resource")
+        for mark, names in (("[green]+[/]", diff.added), ("[red]-[/]", diff.removed), ("[yellow]~[/]", diff.changed)):
+            for name in names:
+                changes.add_row(mark, name)
+        console.print(changes)
+        dollars = Table(title=f"cost difference: {diff.monthly_delta_usd:+,.2f} USD/month", title_justify="left")
+        for column in ("item", "before", "after", "delta"):
+            dollars.add_column(column, justify="left" if column == "item" else "right")
+        for row in diff.cost:
+            dollars.add_row(row["item"], money(row["before"]), money(row["after"]), "unknown" if row["delta"] is None else f"{row['delta']:+,.2f}")
+        console.print(dollars)
