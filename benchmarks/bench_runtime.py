@@ -35,8 +35,17 @@ def _state_mb(task) -> float:
 
 # ---- 1. throughput --------------------------------------------------------------------------------------------
 
+LOG_EVERY = 10  # the runtime reads the loss every 10 steps; both loops are timed over the same 10-step windows
+
+
+def windowed_rate(steps: list[int], times: list[float], warmup: int) -> float:
+    """Median of steps/second over consecutive windows, after the warm-up steps."""
+    pairs = [(s, t) for s, t in zip(steps, times) if s > warmup]
+    return statistics.median((b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(pairs, pairs[1:]))
+
+
 def plain_loop_steps_per_s(task, cfg, steps: int, warmup: int) -> float:
-    """A hand-written loop: AdamW, warmup+cosine, clipping, shuffled DataLoader. Median step period -> steps/s."""
+    """A hand-written loop: AdamW, warmup+cosine, clipping, shuffled DataLoader, the loss read every LOG_EVERY steps."""
     import torch
 
     from trainforge.trainer.runtime.build import lr_lambda
@@ -47,8 +56,8 @@ def plain_loop_steps_per_s(task, cfg, steps: int, warmup: int) -> float:
     loader = torch.utils.data.DataLoader(task.train_set, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
                                          generator=torch.Generator().manual_seed(cfg.seed))
     batches = iter(loader)
-    ends = []
-    for _ in range(steps):
+    logged_steps, logged_at = [], []
+    for step in range(1, steps + 1):
         try:
             batch = next(batches)
         except StopIteration:
@@ -60,17 +69,20 @@ def plain_loop_steps_per_s(task, cfg, steps: int, warmup: int) -> float:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        ends.append(time.perf_counter())
-    return 1.0 / statistics.median(b - a for a, b in zip(ends[warmup:], ends[warmup + 1:]))
+        if step % LOG_EVERY == 0:
+            loss.item()  # what any real loop does to print its loss
+            logged_steps.append(step)
+            logged_at.append(time.perf_counter())
+    return windowed_rate(logged_steps, logged_at, warmup)
 
 
 def runtime_steps_per_s(task, cfg, env, guard, warmup: int) -> float:
-    """The runtime's loop, everything on (metrics, JSONL log, per-step agreement). Median step period -> steps/s."""
+    """The runtime's loop, everything on (metrics, JSONL log, per-step agreement), over the same windows."""
     from trainforge.trainer.runtime.loop import Trainer
     Trainer(task, cfg, env).run(guard)
     records = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    t = sorted(r["t"] for r in records if "t" in r and r["step"] > warmup)
-    return 1.0 / statistics.median(b - a for a, b in zip(t, t[1:]))
+    logged = sorted((r["step"], r["t"]) for r in records if "loss" in r)
+    return windowed_rate([s for s, _ in logged], [t for _, t in logged], warmup)
 
 
 def bench_throughput(repeats: int) -> list[tuple]:
@@ -88,6 +100,7 @@ def bench_throughput(repeats: int) -> list[tuple]:
         for _ in range(repeats):  # interleaved, so drift on a shared machine hits both alike
             with tempfile.TemporaryDirectory() as tmp:
                 cfg = RunConfig.model_validate({"task": task_name, "max_steps": steps, "batch_size": batch, "eval_every": 10_000,
+                                                "log_every": LOG_EVERY,
                                                 "eval_batches": 1, "output_dir": f"{tmp}/run", "warmup_steps": 10,
                                                 "checkpoint": {"dir": f"{tmp}/ckpt", "interval_steps": 10_000}})
                 plain.append(plain_loop_steps_per_s(task, cfg, steps, warmup))

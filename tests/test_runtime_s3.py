@@ -66,7 +66,7 @@ def test_training_goes_on_while_the_endpoint_is_down_and_catches_up_when_it_retu
         assert "S3 upload of step" in output and "training goes on" in output
         records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         steps = [r["step"] for r in records if "loss" in r]
-        assert steps == list(range(1, 201)), "a training step was lost to the outage"
+        assert steps == list(range(10, 201, 10)), "a training step was lost to the outage (every log step is recorded)"
         deadline = time.time() + 30
         while 200 not in remote_steps(client, "job-2/") and time.time() < deadline:
             time.sleep(0.5)

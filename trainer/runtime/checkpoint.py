@@ -200,6 +200,14 @@ class CheckpointManager:
         if self._pending is not None and self._pending.future.done():
             self.wait()
 
+    def close(self) -> None:
+        """Commit what is in flight, then shut the async stager down (its executor thread and its cached, on GPUs
+        pinned, staging buffers), so nothing of it is left for interpreter teardown."""
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
     def wait(self) -> None:
         self.wait_for_staging()
         if self._pending is None:

@@ -69,6 +69,7 @@ class RunConfig(_Model):
     task: str = "classifier"
     task_args: dict[str, int | float | str] = Field({}, description="keyword arguments of the task factory, e.g. {width: 2048}")
     strategy: Literal["ddp", "fsdp"] = "ddp"
+    compile: bool = Field(False, description="torch.compile the model (per FSDP unit under FSDP); worth it on GPUs, off on CPU")
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     seed: int = 0
     deterministic: bool = True

@@ -36,7 +36,8 @@ class Distributed:
     world_size: int
     local_rank: int
     device: torch.device
-    checkpoint_group: dist.ProcessGroup
+    checkpoint_group: dist.ProcessGroup  # gloo: checkpoint collectives, some from DCP's background thread
+    control_group: dist.ProcessGroup  # gloo: the per-step stop agreement, a host-side collective that never waits on the GPU
 
     @property
     def is_main(self) -> bool:
@@ -62,7 +63,8 @@ def init_distributed() -> Distributed:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
     checkpoint_group = dist.new_group(backend="gloo")
-    return Distributed(rank, world, local, device, checkpoint_group)
+    control_group = dist.new_group(backend="gloo")
+    return Distributed(rank, world, local, device, checkpoint_group, control_group)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -96,13 +98,27 @@ class TrainerState:
 
 
 @dataclass
-class _StepReport:
-    step: int
-    lr: float
-    counts: dict[str, int]
-    step_s: float
-    values: torch.Tensor
+class _Agreement:
+    values: torch.Tensor  # int64 [told to stop, rank 0's stop code], on the host
     work: Any  # the async collective's handle
+
+
+class _Done:
+    """The handle of a collective that had nothing to wait for."""
+
+    def wait(self) -> bool:
+        return True
+
+
+_DONE = _Done()
+
+
+@dataclass
+class _LogInterval:
+    """Host-side bookkeeping between two log steps: nothing here reads the device."""
+    started_at: float
+    first_step: int
+    data_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
         self.sampler = ResumableDistributedSampler(len(task.train_set), env.rank, env.world_size, cfg.seed)
         self.state = TrainerState()
+        self._interval = _LogInterval(time.perf_counter(), 0)
         self.eval_hooks: list[hooks.EvalHook] = default_eval_hooks(cfg)
         self.checkpoints = CheckpointManager(cfg.checkpoint, rank=env.rank, world_size=env.world_size,
                                              metric_mode=cfg.metric_mode, process_group=env.checkpoint_group)
@@ -192,7 +209,9 @@ class Trainer:
         return tracker
 
     def close(self, status: str) -> None:
-        """Flush the side channels (S3, MLflow) before the process goes away."""
+        """Finish the checkpoint machinery (its staging threads and cached buffers must not outlive the process
+        group or the CUDA context), then flush the side channels (S3, MLflow) before the process goes away."""
+        self.checkpoints.close()
         if self.s3 is not None:
             if not self.s3.close(timeout=self.cfg.checkpoint.s3_close_timeout_s):
                 log.warning("the last checkpoint did not reach S3 within %.0f s; it is on the local tier only",
@@ -246,22 +265,23 @@ class Trainer:
     def _to_device(self, batch):
         return tuple(t.to(self.env.device, non_blocking=True) for t in batch)
 
-    def train_step(self, batches) -> tuple[float, dict[str, int]]:
-        """One optimizer step over grad_accum_steps micro-batches; returns this rank's mean loss and counts."""
-        total_loss, totals = 0.0, {"samples": 0}
+    def train_step(self, batches) -> tuple[torch.Tensor, dict[str, int]]:
+        """One optimizer step over grad_accum_steps micro-batches; returns this rank's mean loss (a device tensor: the
+        host reads it only at log steps) and the samples/tokens it trained on."""
+        total_loss, totals = None, {"samples": 0}
         accum = self.cfg.grad_accum_steps
         for i in range(accum):
             waited = time.perf_counter()
             batch = self._to_device(next(batches))
-            self.metrics.data_wait_seconds.inc(time.perf_counter() - waited)
+            self._interval.data_wait_s += time.perf_counter() - waited
             # DDP all-reduces gradients on every backward unless told not to: only the last micro-batch syncs.
             sync = i == accum - 1 or not hasattr(self.model, "no_sync")
             with (contextlib.nullcontext() if sync else self.model.no_sync()), autocast(self.cfg, self.env):
                 loss, counts = self.task.loss(self.model, batch)
-            scaled = loss / accum
+            scaled = loss / accum if accum > 1 else loss
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             self.sampler.advance(counts["samples"])
-            total_loss += loss.item()
+            total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
             for k, v in counts.items():
                 totals[k] = totals.get(k, 0) + v
         # An async checkpoint may still be copying parameters and optimizer state: the step must not mutate them yet.
@@ -279,7 +299,7 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_loss / accum, totals
+        return (total_loss / accum if accum > 1 else total_loss), totals
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -304,34 +324,41 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------------------------
 
     def run(self, guard: PreemptionGuard) -> RunResult:
+        """The loop. Per step the host reads nothing from the device: the loss stays there until a log step, and the
+        stop agreement is a host-side collective read one step later. So every rank stops at the same step, at most
+        one step after the first rank was told to stop (about two step times after SIGTERM), or at the step whose
+        evaluation made rank 0's hooks decide."""
         cfg, env = self.cfg, self.env
         resumed_from = self.resume()
         batches = micro_batches(self.task.train_set, self.sampler, cfg.batch_size)
         metrics_file = open(self.output / "metrics.jsonl", "a") if env.is_main else None
         stopped = "max_steps"
         self.model.train()
-        in_flight: _StepReport | None = None
+        in_flight: _Agreement | None = None
+        self._interval = _LogInterval(time.perf_counter(), self.state.step)
         try:
             while self.state.step < cfg.max_steps:
-                started = time.perf_counter()
                 loss, counts = self.train_step(batches)
                 self.state.step += 1
-                step_s = time.perf_counter() - started
                 evaluating = self.state.step % cfg.eval_every == 0 or self.state.step == cfg.max_steps
-                agreed = self._land(in_flight, metrics_file)  # the previous step's answer
+                agreed = self._land(in_flight)  # the previous step's answer
                 in_flight = None
                 stop_code = 0
                 if evaluating and not agreed.preempted:
                     stop_code = hooks.reason_code(self._after_eval(metrics_file))
-                in_flight = self._report(loss, counts, step_s, guard, stop_code)
+                in_flight = self._agree(guard, stop_code)
                 if agreed.preempted or evaluating:
                     # Read this step's answer now: a preemption stops here, and rank 0's decision after an
                     # evaluation stops every rank at this same step.
-                    answer = self._land(in_flight, metrics_file)
+                    answer = self._land(in_flight)
                     in_flight = None
                     if agreed.preempted or answer.preempted:
+                        self._log_step(loss, counts, metrics_file)
                         return self._preempted(guard, resumed_from)
                     stopped = answer.stop_reason or stopped
+                last = stopped != "max_steps" or self.state.step == cfg.max_steps
+                if self.state.step % cfg.log_every == 0 or last:
+                    self._log_step(loss, counts, metrics_file)
                 if self.state.step % cfg.checkpoint.interval_steps == 0:
                     self.save(blocking=False)
                 self.checkpoints.poll()
@@ -339,7 +366,7 @@ class Trainer:
                     break
                 if cfg.step_sleep_s:
                     time.sleep(cfg.step_sleep_s)
-            self._land(in_flight, metrics_file)
+            self._land(in_flight)
             in_flight = None
             self.checkpoints.wait()
             if self.checkpoints.last_commit is None or self.checkpoints.last_commit.step != self.state.step:
@@ -352,50 +379,56 @@ class Trainer:
             if metrics_file:
                 metrics_file.close()
 
-    def _report(self, loss: float, counts: dict[str, int], step_s: float, guard: PreemptionGuard, stop_code: int = 0) -> _StepReport:
-        """Start the step's one collective: the global loss, "has any rank been told to stop?" and rank 0's stop decision.
+    def _agree(self, guard: PreemptionGuard, stop_code: int) -> _Agreement:
+        """Start the step's agreement on the host: "has any rank been told to stop?" and rank 0's stop decision.
+        A gloo all_reduce of two integers on its own group: it never waits for the GPU, and it runs while the next
+        step computes (read in `_land` one step later, or at once after an evaluation)."""
+        decision = stop_code if self.env.is_main else 0  # summed over ranks: only rank 0's counts
+        values = torch.tensor([int(guard.requested.is_set()), decision], dtype=torch.int64)
+        if self.env.world_size == 1:
+            return _Agreement(values, _DONE)  # a world of one agrees with itself (the collective cost ~66 us a step)
+        return _Agreement(values, dist.all_reduce(values, group=self.env.control_group, async_op=True))
 
-        It runs while the next step computes and is read one step later (`_land`), or at once after an evaluation.
-        Every rank reads the same answer at the same step, so all ranks stop together: one step after the first
-        one heard SIGTERM, or at the step whose evaluation made rank 0 decide to stop.
-        """
-        decision = float(stop_code) if self.env.is_main else 0.0  # summed over ranks: only rank 0's counts
-        values = torch.tensor([loss, float(guard.requested.is_set()), decision], device=self.env.device)
-        work = dist.all_reduce(values, async_op=True)
-        return _StepReport(self.state.step, self.scheduler.get_last_lr()[0], counts, step_s, values, work)
-
-    def _land(self, report: _StepReport | None, metrics_file) -> Agreement:
-        """Finish a step's collective, record the step, and return what the ranks agreed."""
-        if report is None:
+    def _land(self, agreement: _Agreement | None) -> Agreement:
+        if agreement is None:
             return Agreement()
-        report.work.wait()
-        loss, stop, decision = report.values.tolist()
-        self._record_step(report.step, report.lr, loss / self.env.world_size, report.counts, report.step_s, metrics_file)
-        return Agreement(preempted=stop > 0, stop_reason=hooks.reason_of(int(round(decision))))
+        agreement.work.wait()
+        stop, decision = agreement.values.tolist()  # a host tensor: no device synchronisation
+        return Agreement(preempted=stop > 0, stop_reason=hooks.reason_of(int(decision)))
 
-    def _record_step(self, step: int, lr: float, loss: float, counts: dict[str, int], step_s: float, metrics_file) -> None:
-        """Per-step numbers: Prometheus every step, the JSONL log every step (rank 0), MLflow every log_every."""
-        world = self.env.world_size
+    def _log_step(self, loss: torch.Tensor, counts: dict[str, int], metrics_file) -> None:
+        """The one place the host reads the loss: at log steps (and the last step). The mean over ranks, the step time
+        averaged over the interval since the previous log step (measured after the read, so it includes the device's
+        work), then Prometheus, the JSONL log, the console and MLflow."""
+        mean = loss.detach().float().reshape(1).clone()
+        dist.all_reduce(mean)
+        loss_value = mean.item() / self.env.world_size
+        now, step, world = time.perf_counter(), self.state.step, self.env.world_size
+        interval = self._interval
+        steps = max(1, step - interval.first_step)
+        step_s = (now - interval.started_at) / steps
+        lr = self.scheduler.get_last_lr()[0]
         m = self.metrics
         m.step.set(step)
-        m.loss.set(loss)
-        m.step_seconds.observe(step_s)
+        m.loss.set(loss_value)
+        m.step_seconds.observe(step_s)  # one observation per log interval: its mean step time
         m.samples_per_second.set(counts["samples"] * world / step_s)
         if "tokens" in counts:
             m.tokens_per_second.set(counts["tokens"] * world / step_s)
+        m.data_wait_seconds.inc(interval.data_wait_s)
+        m.sample_gpu()
+        self._interval = _LogInterval(now, step)
         if metrics_file:
-            metrics_file.write(json.dumps({"step": step, "loss": loss, "lr": lr, "step_s": step_s, "samples": counts["samples"] * world,
+            metrics_file.write(json.dumps({"step": step, "loss": loss_value, "lr": lr, "step_s": step_s, "samples": counts["samples"] * world,
                                            "t": time.time()}) + "\n")
             metrics_file.flush()
-        if step % self.cfg.log_every == 0:
-            m.sample_gpu()
-            if self.env.is_main:
-                rate = 1.0 / step_s if step_s > 0 else 0.0
-                eta = (self.cfg.max_steps - step) / rate if rate else 0.0
-                log.info("step %d/%d  loss %.4f  lr %.2e  %.1f steps/s  %.0f samples/s  ETA %.0f s", step, self.cfg.max_steps,
-                         loss, lr, rate, counts["samples"] * world * rate, eta)
-            if self.tracker is not None:
-                self.tracker.log_metrics(step, {"loss": loss, "lr": lr, "samples_per_second": counts["samples"] * world / step_s})
+        if self.env.is_main:
+            rate = 1.0 / step_s if step_s > 0 else 0.0
+            eta = (self.cfg.max_steps - step) / rate if rate else 0.0
+            log.info("step %d/%d  loss %.4f  lr %.2e  %.1f steps/s  %.0f samples/s  ETA %.0f s", step, self.cfg.max_steps,
+                     loss_value, lr, rate, counts["samples"] * world * rate, eta)
+        if self.tracker is not None:
+            self.tracker.log_metrics(step, {"loss": loss_value, "lr": lr, "samples_per_second": counts["samples"] * world / step_s})
 
     def _after_eval(self, metrics_file) -> str | None:
         """Evaluate (every rank), then rank 0's hooks decide whether to stop; the other ranks learn it from the collective."""
