@@ -106,7 +106,8 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
 
     team_roles = {
         team.name: TeamAccess(
-            f"{env}-team-{team.name}", team, oidc_provider_arn=cluster.oidc_provider.arn, oidc_issuer_url=cluster.oidc_issuer_url,
+            f"{env}-team-{team.name}", team, cluster_name=cluster.cluster.name, oidc_provider_arn=cluster.oidc_provider.arn,
+            oidc_issuer_url=cluster.oidc_issuer_url,
             bucket_arns={kind: b.arn for kind, b in buckets.buckets.items()}, data_key_arn=keys.data.arn, tags=tags, opts=aws_opts,
         ).role.arn
         for team in cfg.teams

@@ -30,10 +30,18 @@ def team_policy(bucket_arns: dict[str, str], data_key_arn: str, team: str) -> st
     ]})
 
 
+def aws_eks_access_entry(name: str, cluster_name: pulumi.Input[str], principal: str, groups: list[str], tags: dict[str, str],
+                         parent: pulumi.Resource) -> None:
+    import pulumi_aws as aws
+    aws.eks.AccessEntry(name, cluster_name=cluster_name, principal_arn=principal, type="STANDARD", kubernetes_groups=groups,
+                        tags=tags, opts=pulumi.ResourceOptions(parent=parent))
+
+
 class TeamAccess(pulumi.ComponentResource):
     role: Role  # with its storage policy: what the team's pods assume
 
-    def __init__(self, name: str, team: TeamConfig, *, oidc_provider_arn: pulumi.Input[str], oidc_issuer_url: pulumi.Input[str],
+    def __init__(self, name: str, team: TeamConfig, *, cluster_name: pulumi.Input[str], oidc_provider_arn: pulumi.Input[str],
+                 oidc_issuer_url: pulumi.Input[str],
                  bucket_arns: dict[str, pulumi.Input[str]], data_key_arn: pulumi.Input[str], tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainforge:infra:TeamAccess", name, None, opts)
@@ -47,4 +55,8 @@ class TeamAccess(pulumi.ComponentResource):
         kinds = sorted(bucket_arns)
         self.role = inline_policy(f"{name}-storage", role, pulumi.Output.all(data_key_arn, *(bucket_arns[k] for k in kinds)).apply(
             lambda args: team_policy(dict(zip(kinds, args[1:])), args[0], team.name)))
+        # Each member reaches the cluster as the team's group (and the organisation's): RBAC in the namespace does the rest.
+        for i, principal in enumerate(team.members):
+            aws_eks_access_entry(f"{name}-member-{i}", cluster_name, principal, [contract.team_group(team.name), contract.ORGANISATION_GROUP],
+                                 team_tags, self)
         self.register_outputs({"role_arn": self.role.arn})

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from pulumi_policy import EnforcementLevel
-
 from trainforge import contract
 from trainforge.policies.kubernetes import TEAM_LABEL
 from trainforge.policies.registry import Context, StackResource, stack_rule
@@ -78,8 +76,7 @@ def resource_flavours_match_node_groups(resources: list[StackResource], ctx: Con
                    "nodes that never come. Fix: derive both from trainforge.contract.flavour_traits"), flavour.urn
 
 
-@stack_rule("Every team has its namespace, GPU quota, limits, default-deny network policy and queues (advisory until tenancy lands).",
-            level=EnforcementLevel.ADVISORY)
+@stack_rule("Every team has its namespace, GPU quota, limits, default-deny network policy and queues.")
 def teams_have_their_tenancy(resources: list[StackResource], ctx: Context) -> Violations:
     teams = {r.props.get("tags", {}).get(contract.TAG_TEAM) for r in of_type(resources, "aws:iam/role:Role")} - {None}
     namespaces = {(r.props.get("metadata") or {}).get("name"): r for r in of_type(resources, "kubernetes:core/v1:Namespace")

@@ -57,8 +57,22 @@ def test_admins_are_exactly_the_listed_principals_with_no_bootstrap_entry(stack)
     evaluation, cfg = stack
     (cluster,) = evaluation.of_type("aws:eks/cluster:Cluster")
     assert cluster.inputs["accessConfig"]["bootstrapClusterCreatorAdminPermissions"] is False
-    entries = sorted(e.inputs["principalArn"] for e in evaluation.of_type("aws:eks/accessEntry:AccessEntry"))
-    assert entries == sorted(cfg.cluster.admin_principal_arns)
+    admins = {a.inputs["principalArn"] for a in evaluation.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+              if a.inputs["policyArn"].endswith("/AmazonEKSClusterAdminPolicy")}
+    assert admins == set(cfg.cluster.admin_principal_arns)
+    entries = [e.inputs["principalArn"] for e in evaluation.of_type("aws:eks/accessEntry:AccessEntry")]
+    assert len(entries) == len(set(entries)), "one access entry per principal: a second one fails the deploy with a 409"
+
+
+def test_a_principal_with_two_access_entries_is_rejected():
+    raw = raw_stack("dev")
+    raw["teams"][0]["members"] = [raw["cluster"]["admin_principal_arns"][0]]
+    with pytest.raises(ConfigError, match=r"teams\[0\]\.members: .* already an admin"):
+        parse(raw, environment="dev", source="dev")
+    raw = raw_stack("dev")
+    raw["teams"][1]["members"] = list(raw["teams"][0]["members"])
+    with pytest.raises(ConfigError, match=r"teams\[1\]\.members: .* also a member of team 'vision'"):
+        parse(raw, environment="dev", source="dev")
 
 
 def test_a_stack_without_admins_is_rejected():

@@ -20,7 +20,11 @@ from trainforge.stackconfig import CONFIG_KEY, ConfigError, parse, read_stack_fi
 HELM = REPO / "tests" / "data" / "helm"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 CORE_TYPES = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:ConfigMap", "kubernetes:core/v1:Secret",
-              "kubernetes:core/v1:PersistentVolume", "kubernetes:storage.k8s.io/v1:StorageClass"}
+              "kubernetes:core/v1:PersistentVolume", "kubernetes:storage.k8s.io/v1:StorageClass",
+              # tenancy's
+              "kubernetes:core/v1:PersistentVolumeClaim", "kubernetes:core/v1:ResourceQuota", "kubernetes:core/v1:LimitRange",
+              "kubernetes:core/v1:ServiceAccount", "kubernetes:rbac.authorization.k8s.io/v1:Role",
+              "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "kubernetes:networking.k8s.io/v1:NetworkPolicy"}
 SECRET_SIG = pulumi.runtime.rpc._special_secret_sig
 SIG_KEY = pulumi.runtime.rpc._special_sig_key
 
@@ -70,7 +74,8 @@ def test_every_custom_resource_validates_against_its_pinned_crd(stack):
     evaluation, _ = stack
     custom = [r for r in kubernetes_objects(evaluation) if r.type not in CORE_TYPES]
     kinds = {manifest(r)["kind"] for r in custom}
-    assert kinds == {"ResourceFlavor", "Cohort", "WorkloadPriorityClass", "ClusterTrainingRuntime", "PodMonitor", "PrometheusRule"}
+    assert kinds == {"ResourceFlavor", "Cohort", "WorkloadPriorityClass", "ClusterTrainingRuntime", "PodMonitor", "PrometheusRule",
+                     "ClusterQueue", "LocalQueue"}  # the last two: tenancy
     for resource in custom:
         assert k8s_schema.problems(manifest(resource)) == [], resource.name
 

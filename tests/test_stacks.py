@@ -237,7 +237,8 @@ def test_cluster_encrypts_secrets_logs_everything_and_uses_access_entries(stack)
     entries = {e.inputs["principalArn"] for e in evaluation.of_type("aws:eks/accessEntry:AccessEntry")}
     admins = {a.inputs["principalArn"] for a in evaluation.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
               if a.inputs["policyArn"].endswith("/AmazonEKSClusterAdminPolicy")}
-    assert entries == admins == set(cfg.cluster.admin_principal_arns)
+    members = {m for team in cfg.teams for m in team.members}  # their entries map them to team groups, without a policy
+    assert admins == set(cfg.cluster.admin_principal_arns) and entries == admins | members
 
 
 def test_addons_get_aws_permissions_through_irsa_and_the_cni_enforces_network_policy(stack):

@@ -96,11 +96,11 @@ class SharedStorage(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:SharedStorage", name, None, opts)
         fs = aws.file_system
-        apply(storage.storage_class(), parent=self)
+        self.objects = [apply(storage.storage_class(), parent=self)]
         for team in cfg.teams:
             for read_only in (False, True):
-                apply(storage.team_volume(team.name, file_system_id=fs.id, dns_name=fs.dns_name, mount_name=fs.mount_name,
-                                          capacity_gib=cfg.fsx.storage_capacity_gib, read_only=read_only), parent=self)
+                self.objects.append(apply(storage.team_volume(team.name, file_system_id=fs.id, dns_name=fs.dns_name, mount_name=fs.mount_name,
+                                                              capacity_gib=cfg.fsx.storage_capacity_gib, read_only=read_only), parent=self))
         self.register_outputs({"storage_class": storage.STORAGE_CLASS})
 
 
@@ -139,13 +139,18 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     name = cfg.cluster_name
     default_image = aws.outputs["runtime_image_repository"].apply(
         lambda repo: f"{repo}:{contract.runtime_image_tag(_version())}")
-    Scheduling(f"{name}-scheduling", cfg, charts, opts)
+    scheduling = Scheduling(f"{name}-scheduling", cfg, charts, opts)
     TrainingOperators(f"{name}-training", cfg, charts, default_image, opts)
     GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, opts)
     Monitoring(f"{name}-monitoring", cfg, charts, opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role.arn, opts)
-    SharedStorage(f"{name}-storage", cfg, aws, opts)
+    shared = SharedStorage(f"{name}-storage", cfg, aws, opts)
     TrackingServer(f"{name}-mlflow", cfg, charts, aws, opts)
+    from trainforge.pricing import price_table
+    from trainforge.platform.components.tenancy import Tenancy
+    for team in cfg.teams:
+        Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.outputs["team_role_arns"][team.name], prices_as_of=price_table().as_of,
+                after=[scheduling.release, *shared.objects], opts=opts)
     return KubernetesLayer({
         "kubernetes": {
             "namespaces": {"kueue": contract.NAMESPACE_KUEUE, "trainer": contract.NAMESPACE_TRAINER,

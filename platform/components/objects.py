@@ -15,7 +15,14 @@ CORE_KINDS = {
     ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
     ("v1", "Secret"): k8s.core.v1.Secret,
     ("v1", "PersistentVolume"): k8s.core.v1.PersistentVolume,
+    ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
+    ("v1", "ResourceQuota"): k8s.core.v1.ResourceQuota,
+    ("v1", "LimitRange"): k8s.core.v1.LimitRange,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
     ("storage.k8s.io/v1", "StorageClass"): k8s.storage.v1.StorageClass,
+    ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
+    ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
 }
 
 

@@ -105,6 +105,14 @@ TRAINING_SERVICE_ACCOUNT = "trainforge-trainer"
 IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
 
 
+def team_group(team: str) -> str:
+    """The Kubernetes group a team's members act as: their EKS access entries map them to it, its RoleBinding grants it."""
+    return f"trainforge:team:{team}"
+
+
+ORGANISATION_GROUP = "trainforge:organisation"  # every member of every team (a team may let it read its jobs)
+
+
 def team_s3_prefix(team: str) -> str:
     """Where a team's checkpoints and artifacts live inside the shared buckets."""
     return f"teams/{team}/"

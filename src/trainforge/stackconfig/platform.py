@@ -93,6 +93,17 @@ class PlatformConfig(_Model):
         dupes = [n for n, c in Counter(t.name for t in self.teams).items() if c > 1]
         if dupes:
             out.append(f"teams: names {dupes} are used twice (a team is a namespace). Fix: give every team its own name")
+        # Each principal gets exactly one EKS access entry: a second one for the same principal fails the deploy (409).
+        seen: dict[str, str] = {}
+        for i, team in enumerate(self.teams):
+            for member in team.members:
+                if member in self.cluster.admin_principal_arns:
+                    out.append(f"teams[{i}].members: {member} is already an admin (cluster.admin_principal_arns): a second access "
+                               "entry for it fails the deploy. Fix: leave admins out of team members")
+                elif member in seen:
+                    out.append(f"teams[{i}].members: {member} is also a member of team {seen[member]!r}: one principal, one access "
+                               "entry, one team. Fix: give the person one team (or a separate role per team)")
+                seen.setdefault(member, team.name)
         capacity = self.gpu_capacity()
         for i, team in enumerate(self.teams):
             for flavour, gpus in team.gpu_quota.items():

@@ -1,0 +1,216 @@
+"""Teams as tenants, under the mock engine for every stack: each team has every object, its quotas equal the config,
+every object is valid and cost-labelled, and isolation holds when the generated documents are evaluated (IAM for S3,
+RBAC across namespaces, NetworkPolicy ingress) — not merely because the objects exist."""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+import re
+
+import pytest
+from conftest import REPO
+from test_platform_layer import manifest
+
+from trainforge import contract, k8s_schema
+from trainforge.contract import Flavour
+from trainforge.stackconfig import CONFIG_KEY, ConfigError, parse, read_stack_file
+
+KINDS = {"Namespace", "ResourceQuota", "LimitRange", "ClusterQueue", "LocalQueue", "Role", "RoleBinding", "NetworkPolicy",
+         "ServiceAccount", "ConfigMap", "PersistentVolumeClaim"}
+CORE = KINDS - {"ClusterQueue", "LocalQueue"}
+TEAM_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}"
+
+
+def team_objects(evaluation, team: str) -> list[dict]:
+    out = []
+    for r in evaluation.resources:
+        if r.type.startswith("kubernetes:") and "helm.sh" not in r.type:
+            obj = manifest(r)
+            if (obj.get("metadata") or {}).get("labels", {}).get(TEAM_LABEL) == team and obj["kind"] in KINDS:
+                out.append(obj)
+    return out
+
+
+def one(objects, kind, name=None):
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, (kind, name, [o["metadata"]["name"] for o in found])
+    return found[0]
+
+
+def test_every_team_has_every_object_valid_and_cost_labelled(stack):
+    import kubernetes_validate
+    evaluation, cfg = stack
+    for team in cfg.teams:
+        objects = team_objects(evaluation, team.name)
+        assert {o["kind"] for o in objects} == KINDS, team.name
+        for obj in objects:
+            labels = obj["metadata"]["labels"]
+            assert labels[f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"] and labels[f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}"] == cfg.environment
+            if obj["kind"] in CORE:
+                kubernetes_validate.validate(obj, f"{cfg.cluster.version}.0", strict=True)
+            else:
+                assert k8s_schema.problems(obj) == [], obj["kind"]
+            if obj["kind"] not in ("Namespace", "ClusterQueue"):
+                assert obj["metadata"]["namespace"] == contract.namespace_name(team.name)
+        namespace = one(objects, "Namespace")["metadata"]["labels"]
+        assert namespace["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_quotas_equal_the_config(stack):
+    evaluation, cfg = stack
+    for team in cfg.teams:
+        objects = team_objects(evaluation, team.name)
+        queue = one(objects, "ClusterQueue")["spec"]
+        assert queue["cohortName"] == contract.KUEUE_COHORT
+        nominal = {f["name"]: next(r for r in f["resources"] if r["name"] == contract.RESOURCE_GPU) for f in queue["resourceGroups"][0]["flavors"]}
+        assert {name: gpu["nominalQuota"] for name, gpu in nominal.items() if name != Flavour.SYSTEM.value} == \
+            {f.value: n for f, n in team.gpu_quota.items() if n > 0}
+        for flavour, gpu in nominal.items():
+            if flavour != Flavour.SYSTEM.value:
+                assert gpu["borrowingLimit"] == team.borrowing_limit.get(Flavour(flavour), 0)
+        assert queue["preemption"]["reclaimWithinCohort"] == "Any"
+        hard = one(objects, "ResourceQuota")["spec"]["hard"]
+        assert int(hard[f"requests.{contract.RESOURCE_GPU}"]) == sum(team.reachable_gpus(f) for f in contract.GPU_FLAVOURS)
+        local = one(objects, "LocalQueue")
+        assert local["metadata"]["name"] == contract.queue_name(team.name) and local["spec"]["clusterQueue"] == contract.cluster_queue_name(team.name)
+        account = one(objects, "ServiceAccount")
+        assert account["metadata"]["name"] == contract.TRAINING_SERVICE_ACCOUNT
+        assert account["metadata"]["annotations"][contract.IRSA_ROLE_ANNOTATION] == evaluation.outputs["team_role_arns"][team.name]
+        settings = one(objects, "ConfigMap")["data"]
+        assert float(settings["monthly_budget_usd"]) == team.monthly_budget_usd and settings["region"] == cfg.region
+
+
+def test_members_reach_the_cluster_as_their_team(stack):
+    evaluation, cfg = stack
+    entries = {e.inputs["principalArn"]: e.inputs["kubernetesGroups"] for e in evaluation.of_type("aws:eks/accessEntry:AccessEntry")
+               if e.inputs.get("kubernetesGroups")}
+    for team in cfg.teams:
+        for member in team.members:
+            assert entries[member] == [contract.team_group(team.name), contract.ORGANISATION_GROUP]
+
+
+# ---- isolation, evaluated -------------------------------------------------------------------------------------
+
+def allowed(policy: dict, action: str, resource: str, context: dict[str, str]) -> bool:
+    """IAM's answer for one request under one identity policy: an Allow statement whose action, resource and
+    conditions (StringLike) all match, and no matching Deny."""
+    def matches(statement) -> bool:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        if not any(fnmatch.fnmatchcase(action.lower(), a.lower()) for a in actions):
+            return False
+        if not any(fnmatch.fnmatchcase(resource, r) for r in resources):
+            return False
+        for operator, conditions in (statement.get("Condition") or {}).items():
+            assert operator == "StringLike", operator
+            for key, patterns in conditions.items():
+                if not any(fnmatch.fnmatchcase(context.get(key, ""), p) for p in (patterns if isinstance(patterns, list) else [patterns])):
+                    return False
+        return True
+    statements = policy["Statement"]
+    return any(s["Effect"] == "Allow" and matches(s) for s in statements) and not any(s["Effect"] == "Deny" and matches(s) for s in statements)
+
+
+def test_a_teams_identity_reaches_no_other_teams_prefixes(stack):
+    evaluation, cfg = stack
+    roles = {r.state["arn"]: r for r in evaluation.of_type("aws:iam/role:Role")}
+    buckets = {b.inputs["tags"]["purpose"]: b.state["arn"] for b in evaluation.of_type("aws:s3/bucket:Bucket")}
+    for team in cfg.teams:
+        role = roles[evaluation.outputs["team_role_arns"][team.name]]
+        (policy,) = [json.loads(p.inputs["policy"]) for p in evaluation.of_type("aws:iam/rolePolicy:RolePolicy") if p.inputs["role"] == role.id]
+        for other in cfg.teams:
+            prefix = contract.team_s3_prefix(other.name)
+            for kind in ("checkpoints", "artifacts"):
+                verdicts = {action: allowed(policy, action, f"{buckets[kind]}/{prefix}step-1/model.pt", {})
+                            for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")}
+                verdicts["s3:ListBucket"] = allowed(policy, "s3:ListBucket", buckets[kind], {"s3:prefix": prefix})
+                assert all(verdicts.values()) == (other is team) and any(verdicts.values()) == (other is team), (team.name, other.name, kind, verdicts)
+
+
+def test_a_teams_role_grants_nothing_in_another_namespace(stack):
+    evaluation, cfg = stack
+    objects = [manifest(r) for r in evaluation.resources if r.type.startswith("kubernetes:rbac.authorization.k8s.io/")]
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")], "no cluster-wide grants to teams"
+    for team in cfg.teams:
+        namespace = contract.namespace_name(team.name)
+        for binding in [o for o in objects if o["kind"] == "RoleBinding" and any(s["name"] == contract.team_group(team.name) for s in o["subjects"])]:
+            assert binding["metadata"]["namespace"] == namespace and binding["roleRef"]["kind"] == "Role"
+            role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == binding["roleRef"]["name"]
+                        and o["metadata"]["namespace"] == namespace)
+            assert not any("secrets" in rule["resources"] for rule in role["rules"])
+        organisation = [o for o in objects if o["kind"] == "RoleBinding" and any(s["name"] == contract.ORGANISATION_GROUP for s in o["subjects"])
+                        and o["metadata"]["namespace"] == namespace]
+        assert [(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in organisation] == ([("ClusterRole", "view")] if team.visible_to_organisation else [])
+
+
+def admitted(policies: list[dict], from_namespace: str, port: int, own_namespace: str) -> bool:
+    """Whether NetworkPolicy lets a pod in `from_namespace` reach port `port` of a pod in `own_namespace`."""
+    selecting = [p for p in policies if p["spec"]["podSelector"] == {} and "Ingress" in p["spec"]["policyTypes"]]
+    if not selecting:
+        return True
+    def peer_admits(peer: dict) -> bool:
+        if "ipBlock" in peer:
+            return True  # an address range can hold any pod: count it as admitting everyone
+        if "namespaceSelector" in peer:
+            labels = peer["namespaceSelector"].get("matchLabels", {})
+            expressions = peer["namespaceSelector"].get("matchExpressions", [])
+            assert not expressions, "extend the model before using matchExpressions"
+            return all({"kubernetes.io/metadata.name": from_namespace}.get(k) == v for k, v in labels.items())  # {} selects every namespace
+        return from_namespace == own_namespace  # a podSelector alone means this namespace
+
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress", []):
+            peers_ok = "from" not in rule or any(peer_admits(peer) for peer in rule["from"])
+            ports_ok = not rule.get("ports") or any(p.get("port") == port for p in rule["ports"])
+            if peers_ok and ports_ok:
+                return True
+    return False
+
+
+def test_network_policies_admit_no_other_team(stack):
+    evaluation, cfg = stack
+    for team in cfg.teams:
+        namespace = contract.namespace_name(team.name)
+        policies = [o for o in team_objects(evaluation, team.name) if o["kind"] == "NetworkPolicy"]
+        assert admitted(policies, namespace, 29500, namespace), "ranks of one job must reach each other (rendezvous)"
+        assert admitted(policies, contract.NAMESPACE_MONITORING, contract.METRICS_PORT, namespace)
+        assert not admitted(policies, contract.NAMESPACE_MONITORING, 22, namespace)
+        for other in cfg.teams:
+            if other is not team:
+                for port in (22, 443, 29500, contract.METRICS_PORT):
+                    assert not admitted(policies, contract.namespace_name(other.name), port, namespace), (team.name, other.name, port)
+        deny = one(policies, "NetworkPolicy", "default-deny")["spec"]
+        assert set(deny["policyTypes"]) == {"Ingress", "Egress"} and "ingress" not in deny and "egress" not in deny
+
+
+# ---- onboarding and config -------------------------------------------------------------------------------------
+
+def test_onboarding_a_team_adds_exactly_that_teams_objects(tmp_path):
+    from trainforge.platform.plan.plan import difference, make_plan
+    import yaml
+    raw = copy.deepcopy(read_stack_file(REPO / "stacks" / "Pulumi.dev.yaml").config[CONFIG_KEY])
+    raw["teams"].append({"name": "robotics", "cost_centre": "cc-3001", "gpu_quota": {"gpu-spot": 2}, "monthly_budget_usd": 500,
+                         "members": ["arn:aws:iam::111122223333:role/sso-rob"]})
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text(yaml.safe_dump({"config": {CONFIG_KEY: raw}}))
+    diff = difference(make_plan(REPO / "stacks" / "Pulumi.dev.yaml"), make_plan(path))
+    assert diff.removed == [] and diff.changed == []
+    assert all("robotics" in name for name in diff.added), [n for n in diff.added if "robotics" not in n]
+    kinds = {name.split()[0] for name in diff.added}
+    assert {"trainforge:platform:Tenancy", "kubernetes:core/v1:Namespace", "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue",
+            "kubernetes:networking.k8s.io/v1:NetworkPolicy", "aws:eks/accessEntry:AccessEntry", "aws:iam/role:Role"} <= kinds
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"members": ["alice@example.com"]}, "e-mail addresses; EKS grants access to IAM principals"),
+    ({"members": ["arn:aws:iam::111122223333:role/a", "arn:aws:iam::111122223333:role/a"]}, "lists a principal twice"),
+    ({"lending_limit": {"gpu-spot": 99}}, "lending_limit"),
+    ({"borrowing_limit": {"system": 2}}, "'system' nodes have no GPUs"),
+])
+def test_bad_team_settings_are_rejected_with_the_fix(change, message):
+    raw = copy.deepcopy(read_stack_file(REPO / "stacks" / "Pulumi.dev.yaml").config[CONFIG_KEY])
+    raw["teams"][0].update(change)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(raw, environment="dev", source="dev")
