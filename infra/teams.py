@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pulumi
+import pulumi_aws as aws
 
 from trainforge import contract
 from trainforge.stackconfig import TeamConfig
@@ -32,7 +33,6 @@ def team_policy(bucket_arns: dict[str, str], data_key_arn: str, team: str) -> st
 
 def aws_eks_access_entry(name: str, cluster_name: pulumi.Input[str], principal: str, groups: list[str], tags: dict[str, str],
                          parent: pulumi.Resource) -> None:
-    import pulumi_aws as aws
     aws.eks.AccessEntry(name, cluster_name=cluster_name, principal_arn=principal, type="STANDARD", kubernetes_groups=groups,
                         tags=tags, opts=pulumi.ResourceOptions(parent=parent))
 

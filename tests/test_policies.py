@@ -197,12 +197,9 @@ def test_the_config_changes_what_is_allowed():
 
 # ---- the shipped stacks ----------------------------------------------------------------------------------------
 
-def stack_resources(evaluation) -> tuple[list, list[StackResource]]:
-    """(resource validation inputs with their provider's props, stack resources with outputs and dependencies)."""
-    providers = {f"{r.urn}::{r.id}": r.inputs for r in evaluation.resources if r.type.startswith("pulumi:providers:")}
-    per_resource = [(r.type, r.name, r.inputs, providers.get(r.provider or "", {})) for r in evaluation.resources]
-    whole = [StackResource(r.type, r.name, r.urn, r.state, providers.get(r.provider or "", {}), tuple(r.dependencies)) for r in evaluation.resources]
-    return per_resource, whole
+def stack_resources(evaluation):
+    from trainforge.platform.plan.plan import policy_view
+    return policy_view(evaluation)
 
 
 def test_every_shipped_stack_passes_every_mandatory_rule(stack):

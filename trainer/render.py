@@ -7,7 +7,6 @@ Kueue queue and priority labels, cost labels, and the training service account (
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from trainforge import contract
@@ -68,7 +67,7 @@ def labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
            contract.KUEUE_QUEUE_LABEL: contract.queue_name(spec.team),
            contract.KUEUE_PRIORITY_LABEL: contract.priority_class_name(spec.priority)}
     if cost_centre:
-        out[f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"] = re.sub(r"[^A-Za-z0-9_.-]", "-", cost_centre)[:63]
+        out[f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"] = contract.label_value(cost_centre)
     return out
 
 

@@ -26,12 +26,7 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on
 
 
 def cost_labels(team: TeamConfig, environment: str) -> dict[str, str]:
-    return {TEAM_LABEL: team.name, COST_CENTRE_LABEL: _label_value(team.cost_centre), ENVIRONMENT_LABEL: environment}
-
-
-def _label_value(text: str) -> str:
-    import re
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
+    return {TEAM_LABEL: team.name, COST_CENTRE_LABEL: contract.label_value(team.cost_centre), ENVIRONMENT_LABEL: environment}
 
 
 def _meta(name: str, team: TeamConfig, environment: str, namespaced: bool = True) -> dict[str, Any]:

@@ -80,21 +80,27 @@ def top_components(evaluation: Evaluation) -> dict[str, str]:
     return out
 
 
-def verdicts(evaluation: Evaluation) -> list[Violation]:
-    """The policy pack's rules on what the program registered: resource rules on inputs (with their provider), stack
-    rules on outputs and dependencies, as the Pulumi CLI hands them to the pack."""
+def policy_view(evaluation: Evaluation) -> tuple[list[tuple[str, str, dict[str, Any], dict[str, Any]]], list[StackResource]]:
+    """What the Pulumi CLI hands the pack: per resource (type, name, inputs, its provider's inputs), and the whole stack
+    (outputs and dependencies)."""
     providers = {f"{r.urn}::{r.id}": r.inputs for r in evaluation.resources if r.type.startswith(PROVIDER_PREFIX)}
+    per_resource = [(r.type, r.name, r.inputs, providers.get(r.provider or "", {})) for r in evaluation.resources]
     whole = [StackResource(r.type, r.name, r.urn, r.state, providers.get(r.provider or "", {}), tuple(r.dependencies))
              for r in evaluation.resources]
+    return per_resource, whole
+
+
+def verdicts(evaluation: Evaluation) -> list[Violation]:
+    """The policy pack's rules on what the program registered, as the pack would judge it under `pulumi preview`."""
+    per_resource, whole = policy_view(evaluation)
+    names = {r.urn: r.name for r in whole}
     found = []
     for rule in rules():
         if rule.is_stack_rule:
-            by_urn = {r.urn: r.name for r in whole}
-            found += [Violation(rule.name, by_urn.get(urn or "", "stack"), rule.level.value, m) for m, urn in check_stack(rule, whole)]
+            found += [Violation(rule.name, names.get(urn or "", "stack"), rule.level.value, m) for m, urn in check_stack(rule, whole)]
             continue
-        for r in evaluation.resources:
-            for message in check_resource(rule, r.type, r.inputs, name=r.name, provider_props=providers.get(r.provider or "", {})):
-                found.append(Violation(rule.name, r.name, rule.level.value, message))
+        for resource_type, name, props, provider in per_resource:
+            found += [Violation(rule.name, name, rule.level.value, m) for m in check_resource(rule, resource_type, props, name=name, provider_props=provider)]
     return found
 
 

@@ -105,6 +105,12 @@ TRAINING_SERVICE_ACCOUNT = "trainforge-trainer"
 IRSA_ROLE_ANNOTATION = "eks.amazonaws.com/role-arn"
 
 
+def label_value(text: str) -> str:
+    """`text` as a Kubernetes label value (63 characters of [A-Za-z0-9_.-], starting and ending alphanumeric)."""
+    import re
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
+
+
 def team_group(team: str) -> str:
     """The Kubernetes group a team's members act as: their EKS access entries map them to it, its RoleBinding grants it."""
     return f"trainforge:team:{team}"
