@@ -84,7 +84,8 @@ def _charged_flavour(spec: JobSpec, platform: PlatformConfig, team: TeamConfig, 
     return None
 
 
-def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: float = 0.0) -> Admission:
+def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: float = 0.0, budget_usd: float | None = None) -> Admission:
+    """`budget_usd`: the cluster's figure for the team's monthly budget, which wins over the stack's where given."""
     problems: list[str] = []
     where = placing.decide(spec, platform)
     instance = where.instance
@@ -108,9 +109,10 @@ def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: floa
                             f"{spec.limits.max_runtime}), ${expected - limit:,.2f} over the limit of ${limit:,.2f}. "
                             "Fix: a shorter max_runtime, fewer nodes, spot capacity, or a higher limit")
         if team is not None:
-            remaining = team.monthly_budget_usd - spent_this_month_usd
+            budget = team.monthly_budget_usd if budget_usd is None else budget_usd
+            remaining = budget - spent_this_month_usd
             if expected > remaining:
                 problems.append(f"team budget: the estimate is ${expected:,.2f} but team {team.name!r} has ${remaining:,.2f} left of "
-                                f"${team.monthly_budget_usd:,.2f} this month (${expected - remaining:,.2f} short). "
+                                f"${budget:,.2f} this month (${expected - remaining:,.2f} short). "
                                 "Fix: a cheaper job, or a budget increase from the team's cost-centre owner")
     return Admission(where, chosen, cost, problems)

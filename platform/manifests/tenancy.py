@@ -21,7 +21,7 @@ TEAM_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}"
 COST_CENTRE_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"
 ENVIRONMENT_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}"
 MEMBER_ROLE = "trainforge-team-member"
-SETTINGS_CONFIG_MAP = "trainforge-team"
+SETTINGS_CONFIG_MAP = contract.TEAM_SETTINGS_CONFIG_MAP
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
 
@@ -164,7 +164,7 @@ def service_account(cfg: PlatformConfig, team: TeamConfig, role_arn: Any) -> dic
 def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str) -> dict[str, Any]:
     """What the CLI needs of the team without the stack file (the budget controller adds spent / as-of)."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(SETTINGS_CONFIG_MAP, team, cfg.environment),
-            "data": {"team": team.name, "cost_centre": team.cost_centre, "monthly_budget_usd": f"{team.monthly_budget_usd:.2f}",
+            "data": {"team": team.name, "cost_centre": team.cost_centre, contract.SETTING_BUDGET_USD: f"{team.monthly_budget_usd:.2f}",
                      "region": cfg.region, "prices_as_of": prices_as_of, "queue": contract.queue_name(team.name)}}
 
 

@@ -252,3 +252,20 @@ def priority_class_name(priority: str) -> str:
 def cluster_queue_name(team: str) -> str:
     """The Kueue ClusterQueue holding a team's quota (its LocalQueue points at it)."""
     return f"team-{team}"
+
+
+# Team settings and the monthly budget: the ConfigMap the platform writes into each team namespace, which the budget
+# controller updates and the submitter reads (so `trainforge check/submit` and the cluster agree).
+TEAM_SETTINGS_CONFIG_MAP = "trainforge-team"
+SETTING_BUDGET_USD = "monthly_budget_usd"  # written by the platform (pulumi up)
+SETTING_SPENT_USD = "spent_usd"  # written by the budget controller, with the two below
+SETTING_SPENT_MONTH = "spent_month"  # YYYY-MM (UTC) the figure belongs to
+SETTING_SPENT_AS_OF = "spent_as_of"  # RFC 3339 (UTC), the end of the cost window OpenCost answered for
+# A ClusterQueue held for budget carries this annotation: the controller lifts only the holds it set itself.
+BUDGET_HOLD_ANNOTATION = f"{LABEL_DOMAIN}/budget-hold"
+NAMESPACE_OPENCOST = "opencost"
+OPENCOST_API_PORT = 9003
+OPENCOST_URL = f"http://opencost.{NAMESPACE_OPENCOST}.svc.cluster.local:{OPENCOST_API_PORT}"
+NAMESPACE_SYSTEM = "trainforge-system"  # trainforge's own controllers
+BUDGET_CONTROLLER = "trainforge-budget"  # its Deployment, ServiceAccount and ClusterRole
+BUDGET_METRICS_PORT = 9401

@@ -6,13 +6,16 @@ kubeconfig (`pulumi stack output kubeconfig`), so every call runs as the researc
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from trainforge import contract
 from trainforge.errors import EXIT_BAD_INPUT, EXIT_FAILED, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
-from trainforge.trainer.backends import JobReport, Progress
+from trainforge.trainer.backends import JobReport, NoSuchJob, Progress
 from trainforge.trainer.render import Kind, render
 from trainforge.trainer.spec import JobSpec
 
@@ -27,74 +30,181 @@ class ClusterError(TrainforgeError):
 
     exit_code = EXIT_FAILED
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED):
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED, status: int | None = None):
         super().__init__("", [message], exit_code)
+        self.status = status
 
 
+def _reason(body: str | None) -> dict[str, Any]:
+    """The API server's Status object, when the body is one (a 404 for an unknown resource type is plain text)."""
+    try:
+        status = json.loads(body or "")
+    except ValueError:
+        return {}
+    return status if isinstance(status, dict) and status.get("kind") == "Status" else {}
+
+
+def explain(what: str, status: int, body: str | None, namespace: str | None, host: str) -> ClusterError:
+    """One clear message and exit code per way the API server refuses (the user can fix 401, 403 and 404)."""
+    message = _reason(body).get("message", "")
+    if status == 401:
+        return ClusterError(f"{what}: the cluster at {host} did not accept your credentials (401 Unauthorized; an EKS token lasts "
+                            "15 minutes, a kubeconfig's exec plugin renews it). Fix: `aws eks update-kubeconfig --name <cluster>` "
+                            "with the AWS identity the platform team onboarded", EXIT_BAD_INPUT, status)
+    if status == 403:
+        return ClusterError(f"{what}: forbidden (403){': ' + message if message else ''}. Your identity may not do this"
+                            f"{' in namespace ' + namespace if namespace else ''}. Fix: use the team you are a member of (--team), or "
+                            "ask the platform team to add your role ARN to that team's members", EXIT_BAD_INPUT, status)
+    if status == 404:
+        details = _reason(body).get("details") or {}
+        if details.get("kind") == "namespaces":
+            return ClusterError(f"{what}: namespace {details.get('name')} does not exist on this cluster. Fix: check the team "
+                                "name; a new team needs its entry under `teams:` and a `pulumi up`", EXIT_BAD_INPUT, status)
+        if not details:
+            return ClusterError(f"{what}: this cluster does not serve that API (404). Fix: is this a trainforge cluster? "
+                                "(`kubectl api-resources | grep -e trainjobs -e clusterqueues`)", EXIT_BAD_INPUT, status)
+        return ClusterError(f"{what}: not found (404){': ' + message if message else ''}", EXIT_BAD_INPUT, status)
+    return ClusterError(f"{what}: {status} {message or (body or '')[:300]}", EXIT_FAILED, status)
 
 
 @dataclass
 class Cluster:
+    """The official client, configured from the kubeconfig (a researcher) or the pod's service account (in the cluster)."""
+
     context: str | None = None
+    timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         from kubernetes import client, config
         try:
             config.load_kube_config(context=self.context)
         except Exception as exc:  # noqa: BLE001 - the client raises several types for a bad kubeconfig
-            raise ClusterError(f"no usable kubeconfig{' context ' + self.context if self.context else ''}: {exc}. "
-                               "Fix: `pulumi stack output kubeconfig --show-secrets > ~/.kube/config`, or use --backend local",
-                               exit_code=EXIT_BAD_INPUT) from None
-        self.custom = client.CustomObjectsApi()
-        self.core = client.CoreV1Api()
+            if self.context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config()
+            else:
+                raise ClusterError(f"no usable kubeconfig{' context ' + self.context if self.context else ''}: {exc}. "
+                                   "Fix: `pulumi stack output kubeconfig --show-secrets > ~/.kube/config`, or use --backend local",
+                                   exit_code=EXIT_BAD_INPUT) from None
+        configuration = client.Configuration.get_default_copy()
+        configuration.retries = 1  # a cluster that is down is said at once, not after urllib3's default retries
+        api = client.ApiClient(configuration)
+        self.host = api.configuration.host
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
 
-    def _call(self, what: str, fn, *args, **kwargs):
+    def _call(self, what: str, fn, *args, namespace: str | None = None, missing_ok: bool = False, **kwargs):
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
         try:
-            return fn(*args, **kwargs)
+            return fn(*args, _request_timeout=self.timeout_s, **kwargs)
         except ApiException as exc:
-            raise ClusterError(f"{what}: {exc.status} {exc.reason}: {(exc.body or '')[:300]}") from None
+            if missing_ok and exc.status == 404 and _reason(exc.body):
+                return None
+            raise explain(what, exc.status, exc.body, namespace, self.host) from None
+        except HTTPError as exc:
+            raise ClusterError(f"{what}: the Kubernetes API at {self.host} cannot be reached ({type(exc).__name__}). Fix: check the "
+                               "network path to the cluster endpoint (`kubectl cluster-info`); nothing was changed") from None
 
+    # Jobs.
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         group, version, plural = API[manifest["kind"]]
         namespace = manifest["metadata"]["namespace"]
         return self._call(f"creating {manifest['kind']} {namespace}/{manifest['metadata']['name']}",
-                          self.custom.create_namespaced_custom_object, group, version, namespace, plural, manifest)
+                          self.custom.create_namespaced_custom_object, group, version, namespace, plural, manifest, namespace=namespace)
 
-    def get(self, kind: str, team: str, name: str) -> dict[str, Any]:
+    def get(self, kind: str, team: str, name: str) -> dict[str, Any] | None:
         group, version, plural = API[kind]
-        return self._call(f"reading {kind} {name}", self.custom.get_namespaced_custom_object, group, version,
-                          contract.namespace_name(team), plural, name)
+        namespace = contract.namespace_name(team)
+        return self._call(f"reading {kind} {namespace}/{name}", self.custom.get_namespaced_custom_object, group, version,
+                          namespace, plural, name, namespace=namespace, missing_ok=True)
 
-    def cancel(self, kind: str, team: str, name: str) -> None:
-        """Delete the job: its pods get SIGTERM and their grace period, so the runtime writes its emergency checkpoint."""
+    def cancel(self, kind: str, team: str, name: str) -> bool:
+        """Delete the job and, first, its pods (foreground): each gets SIGTERM and its grace period, so the runtime writes
+        its emergency checkpoint. False if there was no such job."""
         group, version, plural = API[kind]
-        self._call(f"deleting {kind} {name}", self.custom.delete_namespaced_custom_object, group, version,
-                   contract.namespace_name(team), plural, name, propagation_policy="Foreground")
+        namespace = contract.namespace_name(team)
+        done = self._call(f"deleting {kind} {namespace}/{name}", self.custom.delete_namespaced_custom_object, group, version,
+                          namespace, plural, name, propagation_policy="Foreground", namespace=namespace, missing_ok=True)
+        return done is not None
 
     def list(self, kind: str, team: str) -> list[dict[str, Any]]:
         group, version, plural = API[kind]
-        found = self._call(f"listing {kind}s", self.custom.list_namespaced_custom_object, group, version,
-                           contract.namespace_name(team), plural)
+        namespace = contract.namespace_name(team)
+        found = self._call(f"listing {kind}s in {namespace}", self.custom.list_namespaced_custom_object, group, version,
+                           namespace, plural, namespace=namespace)
         return list(found.get("items", []))
 
     def logs(self, kind: str, team: str, name: str, tail: int = 200) -> dict[str, str]:
         namespace = contract.namespace_name(team)
-        pods = self._call("listing pods", self.core.list_namespaced_pod, namespace, label_selector=f"{POD_SELECTOR[kind]}={name}")
+        pods = self._call(f"listing the pods of {name}", self.core.list_namespaced_pod, namespace,
+                          label_selector=f"{POD_SELECTOR[kind]}={name}", namespace=namespace)
         return {pod.metadata.name: self._call(f"reading logs of {pod.metadata.name}", self.core.read_namespaced_pod_log,
-                                              pod.metadata.name, namespace, tail_lines=tail) for pod in pods.items}
+                                              pod.metadata.name, namespace, tail_lines=tail, namespace=namespace)
+                for pod in sorted(pods.items, key=lambda p: p.metadata.name)}
+
+    # The team's queue and settings.
+    def cluster_queue(self, team: str) -> dict[str, Any]:
+        return self._call(f"reading ClusterQueue {contract.cluster_queue_name(team)}", self.custom.get_cluster_custom_object,
+                          *KUEUE, "clusterqueues", contract.cluster_queue_name(team))
+
+    def list_cluster_queues(self, label_selector: str) -> list[dict[str, Any]]:
+        found = self._call("listing ClusterQueues", self.custom.list_cluster_custom_object, *KUEUE, "clusterqueues",
+                           label_selector=label_selector)
+        return list(found.get("items", []))
+
+    def set_queue_hold(self, team: str, *, hold: bool, note: str = "") -> None:
+        """Hold (queued workloads wait, admitted ones run to the end) or release the team's ClusterQueue; the annotation
+        marks a hold as the budget controller's, so it never lifts one it did not set."""
+        patch = {"metadata": {"annotations": {contract.BUDGET_HOLD_ANNOTATION: note if hold else None}},
+                 "spec": {"stopPolicy": "Hold" if hold else "None"}}
+        self._call(f"{'holding' if hold else 'releasing'} ClusterQueue {contract.cluster_queue_name(team)}",
+                   self.custom.patch_cluster_custom_object, *KUEUE, "clusterqueues", contract.cluster_queue_name(team), patch)
+
+    def team_settings(self, team: str) -> dict[str, str] | None:
+        namespace = contract.namespace_name(team)
+        found = self._call(f"reading ConfigMap {namespace}/{contract.TEAM_SETTINGS_CONFIG_MAP}", self.core.read_namespaced_config_map,
+                           contract.TEAM_SETTINGS_CONFIG_MAP, namespace, namespace=namespace, missing_ok=True)
+        return None if found is None else dict(found.data or {})
+
+    def patch_team_settings(self, team: str, data: dict[str, str]) -> None:
+        namespace = contract.namespace_name(team)
+        # A merge patch touches only these keys; Pulumi's server-side apply owns the others and keeps them.
+        self._call(f"updating ConfigMap {namespace}/{contract.TEAM_SETTINGS_CONFIG_MAP}", self.core.patch_namespaced_config_map,
+                   contract.TEAM_SETTINGS_CONFIG_MAP, namespace, {"data": data}, namespace=namespace,
+                   _content_type="application/merge-patch+json")
+
+    def record_event(self, team: str, *, reason: str, message: str, warning: bool, at: datetime.datetime) -> None:
+        """An Event on the team's settings ConfigMap, in its namespace, where `kubectl get events` shows it to the team."""
+        namespace = contract.namespace_name(team)
+        stamp = at.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"generateName": f"{contract.BUDGET_CONTROLLER}-", "namespace": namespace},
+                 "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": contract.TEAM_SETTINGS_CONFIG_MAP, "namespace": namespace},
+                 "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+                 "source": {"component": contract.BUDGET_CONTROLLER}, "reportingComponent": contract.BUDGET_CONTROLLER,
+                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+        self._call(f"recording an event in {namespace}", self.core.create_namespaced_event, namespace, event, namespace=namespace)
 
     def gpu_quota(self, team: str) -> dict[str, int]:
         """The team's nominal GPU quota per Kueue ResourceFlavor, read from its ClusterQueue."""
-        queue = self._call("reading the team's ClusterQueue", self.custom.get_cluster_custom_object, "kueue.x-k8s.io", "v1beta1",
-                           "clusterqueues", contract.cluster_queue_name(team))
-        quota: dict[str, int] = {}
-        for group in queue.get("spec", {}).get("resourceGroups", []):
-            for flavor in group.get("flavors", []):
-                for resource in flavor.get("resources", []):
-                    if resource["name"] == contract.RESOURCE_GPU:
-                        quota[flavor["name"]] = int(resource["nominalQuota"])
-        return quota
+        return gpu_quota(self.cluster_queue(team))
+
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+
+
+def gpu_quota(queue: dict[str, Any]) -> dict[str, int]:
+    quota: dict[str, int] = {}
+    for group in queue.get("spec", {}).get("resourceGroups", []):
+        for flavor in group.get("flavors", []):
+            for resource in flavor.get("resources", []):
+                if resource["name"] == contract.RESOURCE_GPU:
+                    quota[flavor["name"]] = int(resource["nominalQuota"])
+    return quota
+
+
+def is_held(queue: dict[str, Any]) -> bool:
+    return queue.get("spec", {}).get("stopPolicy", "None") in ("Hold", "HoldAndDrain")
 
 
 class KubernetesBackend:
@@ -109,9 +219,21 @@ class KubernetesBackend:
             raise TrainforgeError("", ["the kubernetes backend needs the job's team (its namespace). Fix: --team <team>"])
         return self.team
 
+    def budget(self, team: str, now: datetime.datetime | None = None) -> TeamSpend:
+        """The team's budget and month-to-date spend as the cluster's budget controller last wrote them."""
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        settings = self.cluster.team_settings(team)
+        if settings is None:
+            raise ClusterError(f"team {team!r} has no {contract.TEAM_SETTINGS_CONFIG_MAP} ConfigMap in namespace "
+                               f"{contract.namespace_name(team)}. Fix: check the team name; the platform's `pulumi up` creates it",
+                               EXIT_BAD_INPUT)
+        queue = self.cluster.cluster_queue(team)
+        return TeamSpend.read(team, settings, is_held(queue), queue.get("metadata", {}).get("annotations") or {}, now)
+
     def submit(self, spec: JobSpec, admission: Admission, *, detach: bool = True, on_progress: Progress | None = None) -> JobReport:
-        """Create the job once the live ClusterQueue agrees with the stack's quota (the cluster wins if they differ)."""
-        problems = list(admission.problems) or self._live_quota_problems(spec, admission)
+        """Create the job once the live ClusterQueue agrees: quota from it (the cluster wins if it differs from the stack),
+        and a queue held for budget refuses the job before it is created (Kueue would leave it queued all month)."""
+        problems = list(admission.problems) or self._queue_problems(spec, admission)
         if problems:
             raise NotAdmitted(spec.name, problems)
         manifest = render(spec, admission.placement, self.kind, self.cost_centre)
@@ -123,41 +245,101 @@ class KubernetesBackend:
                 + ". Kueue admits it when the team's quota has room.")
         return JobReport(spec.name, spec.team, "created", line, {"manifest": manifest})
 
-    def _live_quota_problems(self, spec: JobSpec, admission: Admission) -> list[str]:
+    def _queue_problems(self, spec: JobSpec, admission: Admission) -> list[str]:
+        queue = self.cluster.cluster_queue(spec.team)
+        if is_held(queue):
+            note = (queue["metadata"].get("annotations") or {}).get(contract.BUDGET_HOLD_ANNOTATION)
+            if note is not None:
+                return [f"team budget: team {spec.team!r} is over its monthly budget ({note}); its queue is held until the month "
+                        "rolls over or the budget is raised. Fix: a budget increase from the team's cost-centre owner"]
+            return [f"queue: the platform team has stopped ClusterQueue {contract.cluster_queue_name(spec.team)} (stopPolicy "
+                    f"{queue['spec']['stopPolicy']}). Fix: ask them when it reopens"]
         if admission.flavour is None:
             return []
-        import logging
-        try:
-            live = self.cluster.gpu_quota(spec.team).get(admission.flavour.value)
-        except ClusterError as exc:
-            logging.getLogger("trainforge").warning("could not read the team's ClusterQueue (%s); using the stack's quota", exc)
-            return []
+        live = gpu_quota(queue).get(admission.flavour.value)
         if live is not None and admission.gpus > live:
             return [f"resources: {admission.gpus} {admission.flavour.value} GPUs needed, the cluster's quota for "
                     f"team {spec.team!r} is {live}. Fix: fewer GPUs, or a larger quota"]
         return []
 
-    def status(self, name: str) -> JobReport:
+    def _get(self, name: str) -> tuple[str, dict[str, Any]]:
         team = self._namespace_team()
         obj = self.cluster.get(KIND_NAMES[self.kind], team, name)
-        summary = conditions(obj)
-        return JobReport(name, team, summary, f"{name}: {summary}", obj.get("status", {}))
+        if obj is None:
+            raise NoSuchJob(name, f"({KIND_NAMES[self.kind]}) in namespace {contract.namespace_name(team)}",
+                            f"`trainforge list --backend kubernetes --team {team} --kind {self.kind}`")
+        return team, obj
+
+    def status(self, name: str) -> JobReport:
+        team, obj = self._get(name)
+        state = job_state(self.kind, obj)
+        return JobReport(name, team, state, f"{name}: {state} ({conditions(obj)})", obj.get("status", {}))
 
     def logs(self, name: str, *, follow: bool = False) -> Iterator[str]:
-        for pod, text in self.cluster.logs(KIND_NAMES[self.kind], self._namespace_team(), name).items():
+        team, _ = self._get(name)
+        found = self.cluster.logs(KIND_NAMES[self.kind], team, name)
+        if not found:
+            yield f"{name}: no pods yet (queued, or still starting)\n"
+        for pod, text in found.items():
             yield f"==> {pod} <==\n{text}\n"
 
     def cancel(self, name: str) -> JobReport:
         team = self._namespace_team()
-        self.cluster.cancel(KIND_NAMES[self.kind], team, name)
+        if not self.cluster.cancel(KIND_NAMES[self.kind], team, name):
+            raise NoSuchJob(name, f"({KIND_NAMES[self.kind]}) in namespace {contract.namespace_name(team)}",
+                            f"`trainforge list --backend kubernetes --team {team} --kind {self.kind}`")
         return JobReport(name, team, "deleted", f"{name}: deleted; its pods checkpoint within their grace period")
 
     def list(self) -> list[JobReport]:
         team = self._namespace_team()
-        kind = KIND_NAMES[self.kind]
-        found = self.cluster.list(kind, team)
-        return [JobReport(o["metadata"]["name"], team, conditions(o), f"{o['metadata']['name']}: {conditions(o)}", o.get("status", {}))
-                for o in found]
+        found = self.cluster.list(KIND_NAMES[self.kind], team)
+        return [JobReport(o["metadata"]["name"], team, job_state(self.kind, o), f"{o['metadata']['name']}: {conditions(o)}",
+                          o.get("status", {})) for o in found]
+
+
+@dataclass(frozen=True)
+class TeamSpend:
+    team: str
+    budget_usd: float
+    spent_usd: float  # this month's; 0 when the controller's last figure is from an earlier month
+    as_of: str | None
+    month: str
+    held_for_budget: bool
+    held: bool
+
+    @property
+    def left_usd(self) -> float:
+        return self.budget_usd - self.spent_usd
+
+    @classmethod
+    def read(cls, team: str, settings: dict[str, str], held: bool, annotations: dict[str, str], now: datetime.datetime) -> TeamSpend:
+        month = now.astimezone(datetime.timezone.utc).strftime("%Y-%m")
+        try:
+            budget = float(settings[contract.SETTING_BUDGET_USD])
+            spent = float(settings.get(contract.SETTING_SPENT_USD) or 0.0)
+        except (KeyError, ValueError):
+            raise ClusterError(f"team {team!r}: {contract.TEAM_SETTINGS_CONFIG_MAP} has no usable {contract.SETTING_BUDGET_USD} / "
+                               f"{contract.SETTING_SPENT_USD}. Fix: the platform's `pulumi up` rewrites it", EXIT_BAD_INPUT) from None
+        current = settings.get(contract.SETTING_SPENT_MONTH) == month
+        return cls(team, budget, spent if current else 0.0, settings.get(contract.SETTING_SPENT_AS_OF) if current else None, month,
+                   held and contract.BUDGET_HOLD_ANNOTATION in annotations, held)
+
+
+def job_state(kind: Kind, obj: dict[str, Any]) -> str:
+    """queued (suspended: Kueue has not admitted it) -> running -> succeeded | failed, from the job's conditions."""
+    status = obj.get("status", {})
+    true = {c["type"] for c in status.get("conditions", []) if c.get("status") == "True"}
+    if true & {"Complete", "Succeeded"}:
+        return "succeeded"
+    if "Failed" in true:
+        return "failed"
+    if "Suspended" in true or obj.get("spec", {}).get("suspend") is True and not true & {"Running"}:
+        return "queued"
+    if "Running" in true or any(j.get("active", 0) > 0 for j in status.get("jobsStatus", [])):
+        return "running"
+    if "Restarting" in true:
+        return "restarting"
+    return "created"
 
 
 def conditions(obj: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from trainforge.trainer.cli import cost, jobs, plan, prices
+from trainforge.trainer.cli import budget, cost, jobs, plan, prices
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Submit, watch and cost training jobs — on this machine or on the trainforge cluster.")
@@ -16,6 +16,7 @@ jobs.register(app)
 cost.register(app)
 plan.register(app)
 app.add_typer(prices.app, name="prices")
+app.add_typer(budget.app, name="budget")
 
 
 def main() -> None:

@@ -32,13 +32,19 @@ def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
 
 def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
           stack: Path = typer.Option(DEFAULT_STACK, help="the environment's stack file (team quotas, budgets, region)"),
-          spent: float = typer.Option(0.0, help="what the team has spent this month, USD"),
+          spent: Optional[float] = typer.Option(None, help="what the team has spent this month, USD (default: local jobs' cost, "
+                                                "or with --backend kubernetes the cluster's figure)"),
+          backend_name: BackendName = typer.Option(BackendName.local, "--backend", help="kubernetes: the team's spend and budget "
+                                                   "as the cluster's budget controller last recorded them"),
+          context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
           output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
     """Quota, cost limit and budget: would the cluster admit this job? Exit 0 yes, 3 no."""
     from trainforge.trainer.admission import admit
     from trainforge.trainer.cli import views
     spec, platform = load_spec(spec_file), load_platform(stack)
-    decision = admit(spec, platform, spent_this_month_usd=spent)
+    target = backend(backend_name, team=spec.team, context=context) if backend_name is BackendName.kubernetes else None
+    used, budget = _spend(spec, spent, target)
+    decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget)
     if output is Output.json:
         typer.echo(json.dumps(views.admission_json(decision), indent=2))
     else:
@@ -49,13 +55,20 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
         raise typer.Exit(3)
 
 
-def _spent(spec, spent: Optional[float]) -> float:
-    """The team's spend this month: as given, else what its local jobs cost."""
+def _spend(spec, spent: Optional[float], cluster=None) -> tuple[float, Optional[float]]:
+    """The team's spend this month and, from a cluster, its budget there: as given, else what the cluster's budget
+    controller recorded (so the CLI and the cluster agree), else what the team's local jobs cost."""
+    budget = None
+    if cluster is not None:
+        recorded = cluster.budget(spec.team)
+        budget = recorded.budget_usd
+        if spent is None:
+            spent = recorded.spent_usd
     if spent is not None:
-        return spent
+        return spent, budget
     from trainforge.trainer import ledger
     from trainforge.trainer.backends.local import all_jobs
-    return ledger.spent_this_month(spec.team, all_jobs())
+    return ledger.spent_this_month(spec.team, all_jobs()), budget
 
 
 def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
@@ -64,7 +77,8 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
            kind: Kind = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob or PyTorchJob"),
            context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
            stack: Optional[Path] = typer.Option(None, help="stack file: quota, cost limit and budget are checked first (required for kubernetes)"),
-           spent: Optional[float] = typer.Option(None, help="team spend this month in USD (default: local jobs' cost this month)")) -> None:
+           spent: Optional[float] = typer.Option(None, help="team spend this month in USD (default: the cluster's figure on "
+                                                 "kubernetes, local jobs' cost this month otherwise)")) -> None:
     """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.admission import NotAdmitted, admit, unchecked
@@ -75,8 +89,12 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
                                    "anything. Fix: --stack stacks/Pulumi.<env>.yaml"])
     platform = load_platform(stack) if stack is not None else None
     spec = with_image(spec, platform)
-    decision = admit(spec, platform, spent_this_month_usd=_spent(spec, spent)) if platform is not None else unchecked(spec)
     target = backend(backend_name, team=spec.team, kind=kind, context=context, cost_centre=cost_centre(spec, platform))
+    if platform is None:
+        decision = unchecked(spec)
+    else:
+        used, budget = _spend(spec, spent, target if backend_name is BackendName.kubernetes else None)
+        decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget)
     if not decision.admitted:
         raise NotAdmitted(spec.name, decision.problems, "created" if backend_name is BackendName.kubernetes else "started")
     if backend_name is BackendName.kubernetes or detach:

@@ -225,3 +225,14 @@ def plan_tables(plan, diff=None, base=None) -> None:
         for row in diff.cost:
             dollars.add_row(row["item"], money(row["before"]), money(row["after"]), "unknown" if row["delta"] is None else f"{row['delta']:+,.2f}")
         console.print(dollars)
+
+
+def team_budget_table(spend) -> None:
+    table = Table(title=f"team {spend.team}: budget for {spend.month} (the cluster's budget controller, from OpenCost)", title_justify="left")
+    for column in ("budget", "spent", "left", "used", "as of", "queue"):
+        table.add_column(column)
+    used = spend.spent_usd / spend.budget_usd if spend.budget_usd else 1.0
+    queue = "held: over budget" if spend.held_for_budget else "stopped by the platform team" if spend.held else "open"
+    table.add_row(f"${spend.budget_usd:,.2f}", f"${spend.spent_usd:,.2f}", f"${spend.left_usd:,.2f}", f"{used:.0%}",
+                  spend.as_of or "no figure yet this month", queue)
+    Console().print(table)
