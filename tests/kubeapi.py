@@ -99,7 +99,8 @@ class KubeApi:
         return self.objects.get((group, version, plural, namespace, name))
 
     def of_kind(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [o for (g, v, p, ns, _), o in sorted(self.objects.items(), key=lambda kv: str(kv[0])) if p == plural and (namespace is None or ns == namespace)]
+        """In the order they were created."""
+        return [o for (g, v, p, ns, _), o in self.objects.items() if p == plural and (namespace is None or ns == namespace)]
 
 
 def status(code: int, reason: str, message: str, details: dict | None = None) -> dict[str, Any]:

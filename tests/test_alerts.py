@@ -13,6 +13,7 @@ from trainforge.platform.manifests import monitoring
 from trainforge.stackconfig import MonitoringConfig
 
 CFG = MonitoringConfig()
+ALL = monitoring.alerts(CFG) + monitoring.budget_alerts(CFG)
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package `prometheus`; .ci/run installs it)")
 
@@ -27,7 +28,7 @@ def job(name: str) -> dict:
 
 def firing(alert: str, at: str, labels: dict, summary: str) -> dict:
     return {"eval_time": at, "alertname": alert,
-            "exp_alerts": [{"exp_labels": {"severity": next(a.severity for a in monitoring.alerts(CFG) if a.name == alert), **labels},
+            "exp_alerts": [{"exp_labels": {"severity": next(a.severity for a in ALL if a.name == alert), **labels},
                             "exp_annotations": {"summary": summary}}]}
 
 
@@ -69,11 +70,24 @@ CASES = {
         [firing("TeamGPUQuotaNearlyExhausted", "20m", {"cluster_queue": "team-full", "flavor": "gpu-spot"},
                 f"team-full uses {CFG.quota_nearly_used:.0%} or more of its gpu-spot GPUs"),
          quiet("TeamGPUQuotaNearlyExhausted", "10m")]),
+    # The budget controller's metrics: one team at 85 %, one at 102 %, one at 7 %.
+    "TeamBudgetNearlySpent": (1, [series("trainforge_team_spent_usd", "1275x10", team="vision"), series("trainforge_team_budget_usd", "1500x10", team="vision"),
+                                  series("trainforge_team_spent_usd", "1530x10", team="language"), series("trainforge_team_budget_usd", "1500x10", team="language"),
+                                  series("trainforge_team_spent_usd", "100x10", team="speech"), series("trainforge_team_budget_usd", "1500x10", team="speech")],
+                              [firing("TeamBudgetNearlySpent", "5m", {"team": "vision"}, "team vision has spent 85% of its monthly budget")]),
+    "TeamBudgetReached": (1, [series("trainforge_team_spent_usd", "1275x10", team="vision"), series("trainforge_team_budget_usd", "1500x10", team="vision"),
+                              series("trainforge_team_spent_usd", "1530x10", team="language"), series("trainforge_team_budget_usd", "1500x10", team="language")],
+                          [firing("TeamBudgetReached", "5m", {"team": "language"}, "team language reached its monthly budget: its queue is held "
+                                  "until the month rolls over or the budget is raised")]),
+    "BudgetControllerNotRunning": (5, [series("trainforge_budget_last_pass_timestamp_seconds", "0+300x4 1200x12")],
+                                   [firing("BudgetControllerNotRunning", "60m", {}, "budgets are not enforced: the budget controller has completed "
+                                           f"no pass for over {3 * CFG.budget_every_minutes} minutes (is OpenCost up?)"),
+                                    quiet("BudgetControllerNotRunning", "30m")]),
 }
 
 
 def test_every_alert_has_a_case():
-    assert {a.name for a in monitoring.alerts(CFG)} == set(CASES)
+    assert {a.name for a in ALL} == set(CASES)
 
 
 @pytest.mark.parametrize("alert", sorted(CASES))

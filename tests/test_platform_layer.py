@@ -15,6 +15,7 @@ import yaml
 from conftest import REPO
 
 from trainforge import contract, k8s_schema, versions
+from trainforge.platform.manifests import monitoring
 from trainforge.stackconfig import CONFIG_KEY, ConfigError, parse, read_stack_file
 
 HELM = REPO / "tests" / "data" / "helm"
@@ -24,7 +25,10 @@ CORE_TYPES = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:ConfigMap", "k
               # tenancy's
               "kubernetes:core/v1:PersistentVolumeClaim", "kubernetes:core/v1:ResourceQuota", "kubernetes:core/v1:LimitRange",
               "kubernetes:core/v1:ServiceAccount", "kubernetes:rbac.authorization.k8s.io/v1:Role",
-              "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "kubernetes:networking.k8s.io/v1:NetworkPolicy"}
+              "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "kubernetes:networking.k8s.io/v1:NetworkPolicy",
+              # the budget controller's
+              "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding",
+              "kubernetes:apps/v1:Deployment"}
 SECRET_SIG = pulumi.runtime.rpc._special_secret_sig
 SIG_KEY = pulumi.runtime.rpc._special_sig_key
 
@@ -249,7 +253,9 @@ def test_prometheus_selects_our_monitors_and_rules(stack):
         if obj["kind"] in ("PodMonitor", "PrometheusRule"):
             assert obj["metadata"]["labels"]["release"] == release["name"], obj["kind"]
     assert releases(evaluation)["dcgm-exporter"]["values"]["serviceMonitor"]["additionalLabels"]["release"] == release["name"]
-    (monitor,) = [manifest(r) for r in kubernetes_objects(evaluation) if r.type.endswith(":PodMonitor")]
+    assert releases(evaluation)["opencost"]["values"]["opencost"]["metrics"]["serviceMonitor"]["additionalLabels"]["release"] == release["name"]
+    (monitor,) = [manifest(r) for r in kubernetes_objects(evaluation) if r.type.endswith(":PodMonitor")
+                  and manifest(r)["metadata"]["name"] == monitoring.TRAINER_PODMONITOR]
     assert monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == contract.METRICS_PORT_NAME
 
@@ -270,15 +276,17 @@ def test_every_metric_the_rules_and_dashboard_query_is_exported():
 
     from trainforge.platform.manifests import monitoring
     from trainforge.stackconfig import MonitoringConfig
+    from trainforge.trainer.budget import PrometheusMetrics
     from trainforge.trainer.runtime.metrics import RuntimeMetrics
     registry = CollectorRegistry()
     RuntimeMetrics(job="j", team="t", rank=0, registry=registry)
+    PrometheusMetrics(registry)  # the budget controller's
     exported = {s.name for family in registry.collect() for s in family.samples} | {f.name for f in registry.collect()}
     queried = set()
     for expr in monitoring.queried_expressions(MonitoringConfig()):
         queried |= set(re.findall(r"\b(trainforge_[a-z_]+|kueue_[a-z_]+|DCGM_[A-Z_]+)\b", expr))
     ours = {m for m in queried if m.startswith("trainforge_")}
-    assert ours and ours <= exported, f"not exported by the runtime: {sorted(ours - exported)}"
+    assert ours and ours <= exported, f"not exported by the runtime or the budget controller: {sorted(ours - exported)}"
     assert queried - ours <= set(monitoring.EXTERNAL_METRICS)
 
 

@@ -130,9 +130,10 @@ def decide(team: TeamBudget, spent_usd: float, month: str) -> Decision:
         return Decision(team.team, "hold", f"{figures}: the budget is reached; queued jobs wait, running ones finish",
                         spent_usd, team.budget_usd, month)
     if not over and team.held_for_budget:
+        # In the same month a held team's spend does not fall, unless OpenCost revises it: so the budget rose.
         why = (f"a new month began ({month})" if team.spent_month not in (None, month)
-               else "the budget was raised" if team.spent_usd is not None and team.spent_usd >= team.budget_usd
-               else "the spend is under the budget again")
+               else "OpenCost revised the month's spend down" if team.spent_usd is not None and spent_usd < team.spent_usd
+               else "the budget was raised")
         return Decision(team.team, "release", f"{figures}: {why}; queued jobs may start", spent_usd, team.budget_usd, month)
     return Decision(team.team, "none", figures, spent_usd, team.budget_usd, month)
 

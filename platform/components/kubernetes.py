@@ -17,7 +17,7 @@ from trainforge.infra.database import USERNAME
 from trainforge.infra.layer import AwsLayer
 from trainforge.platform.components.objects import apply, helm_release
 from trainforge.platform.manifests import charts as chart_table
-from trainforge.platform.manifests import kueue, monitoring, storage, values
+from trainforge.platform.manifests import budget, kueue, monitoring, storage, values
 from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.stackconfig import PlatformConfig
 
@@ -117,6 +117,22 @@ class TrackingServer(pulumi.ComponentResource):
         self.register_outputs({"tracking_uri": contract.MLFLOW_TRACKING_URI})
 
 
+class CostControl(pulumi.ComponentResource):
+    """OpenCost (cost per namespace from Prometheus and AWS prices) and the budget controller that holds a team's
+    ClusterQueue at its monthly budget (platform/manifests/budget.py), scraped for the budget alerts."""
+
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], image: pulumi.Input[str],
+                 monitoring_release: pulumi.Resource, opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:CostControl", name, None, opts)
+        ns = apply(namespace(contract.NAMESPACE_OPENCOST), parent=self)
+        # The chart's ServiceMonitor needs the Prometheus operator's CRDs.
+        self.release = helm_release(charts["opencost"], values.opencost(cfg), parent=self, depends_on=[ns, monitoring_release])
+        system = apply(namespace(contract.NAMESPACE_SYSTEM), parent=self)
+        self.objects = [apply(o, parent=self, depends_on=[system]) for o in budget.controller_objects(cfg, image)]
+        self.objects.append(apply(budget.pod_monitor(), parent=self, depends_on=[monitoring_release]))
+        self.register_outputs({"opencost": contract.OPENCOST_URL, "budget_controller": contract.BUDGET_CONTROLLER})
+
+
 DATABASE_SECRET = "mlflow-database"
 
 
@@ -142,7 +158,8 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     scheduling = Scheduling(f"{name}-scheduling", cfg, charts, opts)
     TrainingOperators(f"{name}-training", cfg, charts, default_image, opts)
     GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, opts)
-    Monitoring(f"{name}-monitoring", cfg, charts, opts)
+    monitoring_ = Monitoring(f"{name}-monitoring", cfg, charts, opts)
+    CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role.arn, opts)
     shared = SharedStorage(f"{name}-storage", cfg, aws, opts)
     TrackingServer(f"{name}-mlflow", cfg, charts, aws, opts)
@@ -154,11 +171,12 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     return KubernetesLayer({
         "kubernetes": {
             "namespaces": {"kueue": contract.NAMESPACE_KUEUE, "trainer": contract.NAMESPACE_TRAINER,
-                           "monitoring": contract.NAMESPACE_MONITORING, "mlflow": contract.NAMESPACE_MLFLOW},
+                           "monitoring": contract.NAMESPACE_MONITORING, "mlflow": contract.NAMESPACE_MLFLOW,
+                           "opencost": contract.NAMESPACE_OPENCOST, "system": contract.NAMESPACE_SYSTEM},
             "charts": {c.release: c.version for c in charts.values()},
             "training_runtimes": list(contract.TRAINING_RUNTIME_GRACE_S),
             "mlflow_tracking_uri": contract.MLFLOW_TRACKING_URI,
-            "prometheus_url": contract.PROMETHEUS_URL, "grafana_url": contract.GRAFANA_URL,
+            "prometheus_url": contract.PROMETHEUS_URL, "grafana_url": contract.GRAFANA_URL, "opencost_url": contract.OPENCOST_URL,
             "fsx_storage_class": storage.STORAGE_CLASS,
         },
     })

@@ -31,6 +31,7 @@ CHARTS: dict[str, Chart] = {c.release: c for c in (
     Chart("kube-prometheus-stack", "https://prometheus-community.github.io/helm-charts", "kube-prometheus-stack", "88.5.3",
           contract.NAMESPACE_MONITORING),
     Chart("mlflow", "https://community-charts.github.io/helm-charts", "mlflow", "1.11.5", contract.NAMESPACE_MLFLOW),
+    Chart("opencost", "https://opencost.github.io/opencost-helm-chart", "opencost", "2.5.17", contract.NAMESPACE_OPENCOST),
 )}
 
 # The v1 training operator ships no Helm chart: its kustomize overlay at the pinned tag (stack option).

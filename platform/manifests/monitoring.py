@@ -79,11 +79,29 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
     ]
 
 
+def budget_alerts(cfg: MonitoringConfig) -> list[Alert]:
+    """From the budget controller's metrics (trainer/budget.py): a team near and at its budget, and a controller that
+    has stopped completing passes (OpenCost down, the API refusing it), which means budgets are not enforced."""
+    used = "(max by (team) (trainforge_team_spent_usd) / max by (team) (trainforge_team_budget_usd))"
+    stale_s = 3 * cfg.budget_every_minutes * 60
+    return [
+        Alert("TeamBudgetNearlySpent", f"({used} >= {cfg.budget_warning}) unless ({used} >= 1)", "0m", "warning",
+              "team {{ $labels.team }} has spent {{ $value | humanizePercentage }} of its monthly budget"),
+        Alert("TeamBudgetReached", f"{used} >= 1", "0m", "warning",
+              "team {{ $labels.team }} reached its monthly budget: its queue is held until the month rolls over or the budget is raised"),
+        Alert("BudgetControllerNotRunning",
+              f"(time() - max(trainforge_budget_last_pass_timestamp_seconds) > {stale_s}) or absent(trainforge_budget_last_pass_timestamp_seconds)",
+              "10m", "warning", f"budgets are not enforced: the budget controller has completed no pass for over {stale_s // 60} minutes "
+              "(is OpenCost up?)"),
+    ]
+
+
 def prometheus_rule(cfg: MonitoringConfig) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
         "metadata": {"name": RULES_NAME, "namespace": contract.NAMESPACE_MONITORING, "labels": dict(SELECTED)},
-        "spec": {"groups": [{"name": "trainforge.training", "rules": [a.rule() for a in alerts(cfg)]}]},
+        "spec": {"groups": [{"name": "trainforge.training", "rules": [a.rule() for a in alerts(cfg)]},
+                            {"name": "trainforge.budget", "rules": [a.rule() for a in budget_alerts(cfg)]}]},
     }
 
 
@@ -131,5 +149,5 @@ def dashboard_config_map() -> dict[str, Any]:
 
 def queried_expressions(cfg: MonitoringConfig) -> list[str]:
     """Every PromQL expression the rules and the dashboard evaluate."""
-    return [a.expr for a in alerts(cfg)] + [expr for _, exprs, _ in PANELS for expr in exprs.values()] + \
+    return [a.expr for a in alerts(cfg) + budget_alerts(cfg)] + [expr for _, exprs, _ in PANELS for expr in exprs.values()] + \
         [dashboard()["templating"]["list"][0]["query"]["query"]]

@@ -148,3 +148,17 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
         "postgresql": {"enabled": False},
         "nodeSelector": SYSTEM_NODES,
     }
+
+
+def opencost(cfg: PlatformConfig) -> dict[str, Any]:
+    """Cost allocation per namespace from the platform's Prometheus and AWS list prices; its own metrics scraped by
+    that Prometheus (OpenCost computes allocations from them). The budget controller reads its allocation API."""
+    return {
+        "opencost": {
+            "exporter": {"defaultClusterId": cfg.cluster_name},
+            "prometheus": {"internal": {"enabled": True, "serviceName": "kube-prometheus-stack-prometheus",
+                                        "namespaceName": contract.NAMESPACE_MONITORING, "port": 9090}},
+            "metrics": {"serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}}},
+            "nodeSelector": SYSTEM_NODES,
+        },
+    }

@@ -76,16 +76,17 @@ class Cluster:
 
     def __post_init__(self) -> None:
         from kubernetes import client, config
+        configuration = client.Configuration()  # this Cluster's own; the client's process-wide default stays untouched
         try:
-            config.load_kube_config(context=self.context)
+            # $KUBECONFIG read now, not when the client was imported (the client freezes its default path at import).
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=self.context, client_configuration=configuration)
         except Exception as exc:  # noqa: BLE001 - the client raises several types for a bad kubeconfig
             if self.context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config()
+                config.load_incluster_config(client_configuration=configuration)
             else:
                 raise ClusterError(f"no usable kubeconfig{' context ' + self.context if self.context else ''}: {exc}. "
                                    "Fix: `pulumi stack output kubeconfig --show-secrets > ~/.kube/config`, or use --backend local",
                                    exit_code=EXIT_BAD_INPUT) from None
-        configuration = client.Configuration.get_default_copy()
         configuration.retries = 1  # a cluster that is down is said at once, not after urllib3's default retries
         api = client.ApiClient(configuration)
         self.host = api.configuration.host

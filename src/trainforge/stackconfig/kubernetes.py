@@ -60,6 +60,8 @@ class MonitoringConfig(_Model):
     gpu_idle_below: float = Field(0.3, gt=0, lt=1, description="GPU utilisation under this for 30 minutes fires GPUUnderutilised")
     s3_lag_minutes: int = Field(30, ge=1, description="a checkpoint waiting longer than this for S3 fires CheckpointUploadLagging")
     quota_nearly_used: float = Field(0.9, gt=0, le=1, description="a team using this share of a flavour's quota fires")
+    budget_warning: float = Field(0.8, gt=0, lt=1, description="a team that has spent this share of its monthly budget fires TeamBudgetNearlySpent")
+    budget_every_minutes: int = Field(5, ge=1, le=60, description="the budget controller's pass interval")
 
 
 class MlflowConfig(_Model):
