@@ -47,8 +47,21 @@ def runtime_args(spec: JobSpec, *, output_dir: str | None = None, checkpoint_dir
         values.update({f"task_args.{k}": v for k, v in spec.entry.args.items()})
     if spec.checkpoint.s3_uri:
         values["checkpoint.s3_uri"] = spec.checkpoint.s3_uri
-    values.update(spec.hyperparameters)
+    values.update(dotted(spec.hyperparameters))
+    if spec.sweep:
+        values.update(dotted({"sweep": spec.sweep}))
     return [a for k, v in values.items() for a in ("--set", f"{k}={_yaml_scalar(v)}")]
+
+
+def dotted(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"sweep": {"study": "s"}} -> {"sweep.study": "s"}: the runtime's --set takes one scalar per dotted key."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _yaml_scalar(value: Any) -> str:

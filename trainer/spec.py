@@ -147,11 +147,12 @@ class JobSpec(_Model):
     hyperparameters: dict[str, Any] = Field({}, description="run config fields for the runtime, e.g. {lr: 3e-4, max_steps: 5000}")
     limits: Limits = Limits()
     priority: Literal["low", "normal", "high"] = "normal"
+    sweep: dict[str, Any] | None = Field(None, description="set by `trainforge sweep` on its trials: the study the trial reports to")
 
     @field_validator("hyperparameters")
     @classmethod
     def _known_run_fields(cls, values: dict[str, Any]) -> dict[str, Any]:
-        reserved = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics"}
+        reserved = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics", "sweep"}
         clash = sorted(reserved & set(values))
         if clash:
             raise ValueError(f"{clash} are set by the submitter from the spec itself. Fix: use entry, checkpoint or tracking instead")

@@ -4,6 +4,7 @@ run's output directory. Every layer that reads or writes these paths asks here, 
     $TRAINFORGE_HOME/
       jobs/<name>/            one local job: spec.yaml, state.json, job.log, supervisor.log, run/, checkpoints/, exit/
       prices/<region>.yaml    prices fetched by `trainforge prices refresh`, overriding the shipped table there
+      sweeps/<name>/          one sweep started here: sweep.json (where its study lives), study.db (local sweeps), report/
 """
 
 from __future__ import annotations
@@ -41,3 +42,7 @@ def job_dir(name: str) -> Path:
 
 def refreshed_prices_dir() -> Path:
     return home() / "prices"
+
+
+def sweep_dir(name: str) -> Path:
+    return home() / "sweeps" / name

@@ -235,6 +235,9 @@ def start_detached(spec: JobSpec, state: JobState) -> int:
     with open(job_dir(spec.name) / paths.SUPERVISOR_LOG_FILE, "a") as log:
         process = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.backends.local", spec.name], stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True, env={**os.environ})
+    # Reap it when it ends: a long-lived caller (a sweep controller) would otherwise keep it as a zombie, which
+    # still answers kill(pid, 0) and so reads as a supervisor alive.
+    threading.Thread(target=process.wait, name=f"reap-{spec.name}", daemon=True).start()
     state.supervisor_pid = process.pid
     state.save()
     return process.pid

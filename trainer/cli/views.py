@@ -236,3 +236,67 @@ def team_budget_table(spend) -> None:
     table.add_row(f"${spend.budget_usd:,.2f}", f"${spend.spent_usd:,.2f}", f"${spend.left_usd:,.2f}", f"{used:.0%}",
                   spend.as_of or "no figure yet this month", queue)
     Console().print(table)
+
+
+class SweepProgress:
+    """`trainforge sweep`'s live line: trials done of planned, running, best value, dollars spent."""
+
+    def __init__(self, sweep):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        self.sweep = sweep
+        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} trials"),
+                            TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+        self.task = self.bar.add_task(sweep.name, total=sweep.planned_trials, detail="opening the study")
+
+    def __enter__(self) -> SweepProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, controller) -> None:
+        from trainforge.trainer.sweep.controller import counted, rows
+        found = rows(controller.study)
+        pruned = sum(1 for r in found if r.state == "pruned")
+        values = [r.value for r in found if r.value is not None]
+        best = (max if self.sweep.direction == "maximize" else min)(values) if values else None
+        detail = (f"{len(controller.running)} running, {pruned} pruned, best {self.sweep.spec.objective.metric} "
+                  f"{best:.4g}" if best is not None else f"{len(controller.running)} running, {pruned} pruned") + \
+            f", ${controller.spent_usd():,.2f} spent"
+        self.bar.update(self.task, completed=counted(controller.study), detail=detail)
+
+
+def sweep_table(name: str, study, found) -> None:
+    direction = study.direction.name.lower()
+    table = Table(title=f"sweep {name} ({direction}){': ' + study.user_attrs['finished_because'] if study.user_attrs.get('finished_because') else ''}",
+                  title_justify="left")
+    for column in ("trial", "state", "value", "params", "last step", "cost $", "duration s", "job"):
+        table.add_column(column)
+    values = [r.value for r in found if r.value is not None]
+    best = (max if direction == "maximize" else min)(values) if values else None
+    for r in found:
+        mark = "[green]" if r.value is not None and r.value == best else ""
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.params.items())
+        state = r.state + (f" (retry of {r.retry_of})" if r.retry_of is not None else "")
+        table.add_row(str(r.number), state, f"{mark}{r.value:.5g}" if r.value is not None else "-", params,
+                      str(r.last_step) if r.last_step is not None else "-", f"{r.cost_usd:.4f}" if r.cost_usd is not None else "-",
+                      f"{r.duration_s:.1f}" if r.duration_s is not None else "-", r.job or "-")
+    import sys
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+def sweep_summary(controller, why: str) -> None:
+    from trainforge.trainer.sweep.controller import rows
+    study, sweep = controller.study, controller.sweep
+    sweep_table(sweep.name, study, rows(study))
+    import sys
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(f"sweep {sweep.name}: {why}; ${controller.spent_usd():,.4f} spent"
+                  + (f" of ${sweep.spec.budget.usd:,.2f}" if sweep.spec.budget.usd else ""))
+    try:
+        best = study.best_trial
+        console.print(f"best: trial {best.number} ({best.user_attrs.get('job')}) {sweep.spec.objective.metric} = {best.value:.5g} "
+                      f"with {best.params}. `trainforge sweep best {sweep.name} --write best.yaml` gives its job spec")
+    except ValueError:
+        console.print("no complete trial")

@@ -65,10 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     from trainforge.trainer.runtime.api import train
     from trainforge.trainer.runtime.tasks import load_task
 
-    result = train(load_task(cfg.task, **cfg.task_args), cfg)
+    # A sweep trial: rank 0 reports each evaluation to the study and asks its pruner (runtime/pruning.py).
+    reporter = None
+    if cfg.sweep is not None and rank == 0:
+        from trainforge.trainer.runtime.pruning import TrialReporter
+        reporter = TrialReporter(cfg.sweep)
+    result = train(load_task(cfg.task, **cfg.task_args), cfg, eval_hooks=(reporter,) if reporter else ())
     if rank == 0:
         log.info("finished: %s", json.dumps(result.__dict__))
         Path(cfg.output_dir, "result.json").write_text(json.dumps(result.__dict__))
+    if reporter is not None:
+        told = reporter.finish(result.exit_code, result.stopped_because, result.last_eval)
+        if told:
+            log.info("sweep trial %d: %s", cfg.sweep.trial_id, told)
     import torch.distributed as dist
     if result.exit_code == contract.EXIT_OK:
         dist.destroy_process_group()

@@ -18,6 +18,9 @@ from trainforge.errors import TrainforgeError
 # The bundled tasks and their factory arguments, known without importing torch. tasks.py builds them; a test
 # keeps the two equal.
 BUNDLED_TASKS: dict[str, tuple[str, ...]] = {"classifier": ("width", "depth"), "char_lm": ("context", "dim", "layers", "heads")}
+# The eval metrics each bundled task reports, and its default metric with its direction (a test keeps them equal to tasks.py).
+BUNDLED_TASK_METRICS: dict[str, tuple[str, ...]] = {"classifier": ("loss", "accuracy"), "char_lm": ("loss", "perplexity")}
+BUNDLED_DEFAULT_METRIC: dict[str, tuple[str, str]] = {"classifier": ("accuracy", "max"), "char_lm": ("loss", "min")}
 # A researcher's own task: "package.module:factory", a function returning a Task.
 TASK_REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
@@ -63,6 +66,17 @@ class TrackingConfig(_Model):
     close_timeout_s: float = Field(30.0, ge=0)
 
 
+class SweepTrialConfig(_Model):
+    """Set by `trainforge sweep` on each trial: rank 0 reports every evaluation to the study and stops a pruned trial."""
+
+    storage: str = Field(..., description="the study's Optuna storage URL (SQLite locally, the platform's PostgreSQL on the cluster)")
+    study: str
+    trial_id: int = Field(..., ge=0)
+    metric: str = Field(..., description="the eval metric the study optimises")
+    heartbeat_s: float = Field(10.0, gt=0, description="how often rank 0 tells the study the trial is alive")
+    parent_run_id: str | None = Field(None, description="the sweep's MLflow run: the trial's run is nested under it")
+
+
 class RunConfig(_Model):
     job_id: str = Field("adhoc", pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=63)
     team: str = Field("default", pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=63)
@@ -92,6 +106,7 @@ class RunConfig(_Model):
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
     tracking: TrackingConfig = TrackingConfig()
+    sweep: SweepTrialConfig | None = None
     # Test hook: sleep this long after each step (to give a killer a window mid-run). Zero in real runs.
     step_sleep_s: float = Field(0.0, ge=0)
 

@@ -194,7 +194,9 @@ class Trainer:
         if cfg.tracking.uri is None or not env.is_main:
             return None
         from trainforge.trainer.runtime.tracking import Tracker, flatten
-        tags = {"trainforge.team": cfg.team, "trainforge.world_size": str(env.world_size), "trainforge.task": self.task.name,
+        tags = {**({"mlflow.parentRunId": cfg.sweep.parent_run_id} if cfg.sweep and cfg.sweep.parent_run_id else {}),
+                **({"trainforge.sweep": cfg.sweep.study, "trainforge.trial": str(cfg.sweep.trial_id)} if cfg.sweep else {}),
+                "trainforge.team": cfg.team, "trainforge.world_size": str(env.world_size), "trainforge.task": self.task.name,
                 "trainforge.git_commit": git_commit(), "trainforge.data_checksum": data_checksum(self.task),
                 "trainforge.image": os.environ.get("TRAINFORGE_IMAGE", "local")}
         tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, job_id=cfg.job_id, run_name=cfg.job_id,

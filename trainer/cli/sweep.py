@@ -1,0 +1,178 @@
+"""`trainforge sweep`: hyperparameter sweeps whose trials are real training jobs (trainer/sweep/)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from typer.core import TyperGroup
+
+from trainforge.trainer.cli.common import BackendName, Kind, Output
+
+
+class RunByDefault(TyperGroup):
+    """`trainforge sweep sweep.yaml` is `trainforge sweep run sweep.yaml`."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["run", *args]
+        return super().resolve_command(ctx, args)
+
+
+app = typer.Typer(cls=RunByDefault, no_args_is_help=True,
+                  help="Hyperparameter sweeps: `trainforge sweep sweep.yaml` runs (or continues) one; status, report, best, cancel.")
+
+
+def _record(name: str) -> dict:
+    from trainforge import paths
+    path = paths.sweep_dir(name) / "sweep.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _storage(name: str, storage: Optional[str]) -> str:
+    """Where the study lives: as given, else as recorded when this machine started the sweep, else the local default."""
+    from trainforge import paths
+    return storage or _record(name).get("storage") or f"sqlite:///{(paths.sweep_dir(name) / 'study.db').resolve()}"
+
+
+@app.command()
+def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
+        backend_name: BackendName = typer.Option(BackendName.local, "--backend", help="local: trials on this machine; kubernetes: a TrainJob per trial"),
+        stack: Optional[Path] = typer.Option(None, help="stack file: every trial is admitted against its quota, cost limit and budget"),
+        storage: Optional[str] = typer.Option(None, help="the study's storage URL (default: SQLite under $TRAINFORGE_HOME; the cluster "
+                                              "needs the platform's PostgreSQL, e.g. postgresql://.../optuna)"),
+        kind: Kind = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob or PyTorchJob"),
+        context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
+        poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials")) -> None:
+    """Run a sweep, or continue it (same name, same spec): finished trials are kept, running ones adopted."""
+    from trainforge import paths
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.admission import admit, unchecked
+    from trainforge.trainer.cli.common import backend, cost_centre, load_platform
+    from trainforge.trainer.spec import with_image
+    from trainforge.trainer.sweep.spec import load_sweep
+
+    sweep = load_sweep(sweep_file)  # every problem of the spec, before anything is created
+    platform = load_platform(stack) if stack is not None else None
+    if backend_name is BackendName.kubernetes:
+        if platform is None:
+            raise TrainforgeError("", ["--stack: a cluster sweep admits every trial against the stack's quota and budget. Fix: --stack stacks/Pulumi.<env>.yaml"])
+        if storage is None or storage.startswith("sqlite"):
+            raise TrainforgeError("", ["--storage: trial pods report to the study, and cannot reach a file on this machine. "
+                                       "Fix: --storage postgresql://<user>:<password>@<host>/optuna (the platform's PostgreSQL)"])
+    else:
+        processes = sweep.base.workers.nodes * sweep.base.workers.procs_per_node * sweep.spec.max_parallel
+        if processes > (os.cpu_count() or 1):
+            raise TrainforgeError(str(sweep_file), [f"max_parallel: {sweep.spec.max_parallel} trials x {processes // sweep.spec.max_parallel} "
+                                                    f"worker processes need {processes} cores; this machine has {os.cpu_count()}. "
+                                                    f"Fix: max_parallel: {max(1, (os.cpu_count() or 1) // (processes // sweep.spec.max_parallel))}"])
+    url = storage or _storage(sweep.name, None)
+    directory = paths.sweep_dir(sweep.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sweep.json").write_text(json.dumps({"storage": url, "backend": backend_name.value, "kind": kind.value,
+                                                      "team": sweep.base.team, "source": str(sweep_file.resolve())}, indent=2))
+    target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre(sweep.base, platform))
+
+    def admission(spec):
+        spec = with_image(spec, platform)
+        return admit(spec, platform) if platform is not None else unchecked(spec)
+
+    from trainforge.trainer.cli import views
+    from trainforge.trainer.sweep.controller import SweepController
+    with views.SweepProgress(sweep) as bar:
+        controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+                                     poll_s=poll, on_change=bar.update)
+        bar.update(controller)
+        why = controller.run()
+    views.sweep_summary(controller, why)
+
+
+@app.command()
+def status(name: str, storage: Optional[str] = typer.Option(None, help="default: where this machine recorded it"),
+           output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+    """Trials: state, value, parameters, cost, duration."""
+    from dataclasses import asdict
+
+    from trainforge.trainer.cli import views
+    from trainforge.trainer.sweep.controller import load_existing, rows
+    study = load_existing(name, _storage(name, storage))
+    found = rows(study)
+    if output is Output.json:
+        typer.echo(json.dumps({"sweep": name, "direction": study.direction.name.lower(), "trials": [asdict(r) for r in found],
+                               "finished_because": study.user_attrs.get("finished_because")}, indent=2, default=str))
+        return
+    views.sweep_table(name, study, found)
+
+
+@app.command()
+def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (default: $TRAINFORGE_HOME/sweeps/NAME/report)"),
+           storage: Optional[str] = typer.Option(None)) -> None:
+    """Plots: optimisation history, parameter importances, parallel coordinates, intermediate values (PNG and HTML)."""
+    from trainforge import paths
+    from trainforge.trainer.sweep.controller import load_existing
+    from trainforge.trainer.sweep.report import write_report
+    directory = out or paths.sweep_dir(name) / "report"
+    done = write_report(load_existing(name, _storage(name, storage)), directory)
+    for file in done["written"]:
+        typer.echo(f"wrote {directory / file}")
+    for why in done["skipped"]:
+        typer.echo(f"skipped {why}")
+
+
+@app.command()
+def best(name: str, write: Optional[Path] = typer.Option(None, help="write the best trial's job spec here (submit it as a job)"),
+         storage: Optional[str] = typer.Option(None), output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+    """The best trial: its value, parameters, job, checkpoint and MLflow run."""
+    import yaml
+
+    from trainforge import paths
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.sweep.controller import load_existing
+    from trainforge.trainer.sweep.spec import load_sweep, trial_job
+    study = load_existing(name, _storage(name, storage))
+    try:
+        trial = study.best_trial
+    except ValueError:
+        raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=1) from None
+    job = trial.user_attrs.get("job")
+    record = _record(name)
+    checkpoint = (str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR) if record.get("backend", "local") == "local"
+                  else f"/fsx/teams/{record.get('team')}/jobs/{job}/checkpoints")
+    found = {"trial": trial.number, "value": trial.value, "params": trial.params, "job": job, "checkpoint": checkpoint,
+             "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
+    if write is not None:
+        if not record.get("source"):
+            raise TrainforgeError("", [f"--write: this machine did not start sweep {name!r}, so its base spec is unknown here"])
+        sweep = load_sweep(record["source"])
+        spec = trial_job(sweep.base, f"{name}-best", trial.params, None)
+        raw = spec.model_dump(mode="json", exclude_none=True)
+        write.write_text(yaml.safe_dump(raw, sort_keys=False))
+        found["written"] = str(write)
+    typer.echo(json.dumps(found, indent=2, default=str) if output is Output.json else
+               "\n".join(f"{k}: {v}" for k, v in found.items()))
+
+
+@app.command()
+def cancel(name: str, storage: Optional[str] = typer.Option(None)) -> None:
+    """Stop the sweep: its controller stops launching and cancels running trials (each checkpoints first)."""
+    from optuna.trial import TrialState
+
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.cli.common import backend
+    from trainforge.trainer.sweep.controller import load_existing
+    study = load_existing(name, _storage(name, storage))
+    study.set_user_attr("cancelled", True)  # a running controller stops launching and exits
+    record = _record(name)
+    target = backend(BackendName(record.get("backend", "local")), team=record.get("team"), kind=Kind(record.get("kind", "trainjob")))
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        job = trial.user_attrs.get("job")
+        if job:
+            study.set_user_attr(f"trial.{trial.number}.stopped", "cancelled by `trainforge sweep cancel`")
+            try:
+                typer.echo(target.cancel(job).summary)
+            except TrainforgeError as exc:
+                typer.echo(f"{job}: {exc}")
+    typer.echo(f"sweep {name}: cancelled; `trainforge sweep status {name}` shows what finished")

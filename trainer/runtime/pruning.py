@@ -1,0 +1,95 @@
+"""A sweep trial's side of the study, on rank 0: report every evaluation, stop when the pruner says so, and tell
+the study how the trial ended.
+
+The decision to prune rides the step agreement like every stop rule (hooks.py), so every rank stops at the same
+step; the trial exits 0 with its checkpoint kept and its state PRUNED. A heartbeat thread keeps the trial's
+heartbeat fresh in the study's storage, so the controller can tell a trial whose worker died (stale heartbeat,
+failed and retried once) from one that is merely slow. A preempted trial tells nothing: it resumes and goes on
+reporting (a step reported twice is ignored by Optuna).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any
+
+from trainforge.trainer.runtime.config import SweepTrialConfig
+
+log = logging.getLogger("trainforge.runtime")
+
+
+class TrialReporter:
+    name = "pruned"
+
+    def __init__(self, cfg: SweepTrialConfig):
+        import warnings
+
+        import optuna
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats: meant for optimize()
+        self.cfg = cfg
+        self.storage = optuna.storages.RDBStorage(cfg.storage, heartbeat_interval=max(1, int(cfg.heartbeat_s)),
+                                                  engine_kwargs=_engine_kwargs(cfg.storage))
+        # The study's pruner, as the controller configured it (recorded in the study: one configuration for both sides).
+        study_id = self.storage.get_study_id_from_name(cfg.study)
+        self.study = optuna.load_study(study_name=cfg.study, storage=self.storage,
+                                       pruner=make_pruner(self.storage.get_study_user_attrs(study_id).get("pruner", {"type": "none"})))
+        self.trial = optuna.trial.Trial(self.study, cfg.trial_id)
+        self.last_value: float | None = None
+        self._stop = threading.Event()
+        self._beat()
+        self._thread = threading.Thread(target=self._beating, name="trainforge-trial-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        try:
+            self.storage.record_heartbeat(self.cfg.trial_id)
+        except Exception as exc:  # noqa: BLE001 - a missed beat is not worth a failed trial; the next one may land
+            log.warning("trial heartbeat not recorded: %s", exc)
+
+    def _beating(self) -> None:
+        while not self._stop.wait(self.cfg.heartbeat_s):
+            self._beat()
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> str | None:
+        value = float(metrics[self.cfg.metric])
+        if not math.isfinite(value):
+            return "pruned"  # a diverged trial: nothing to learn from continuing it
+        self.last_value = value
+        self.trial.report(value, step)
+        return "pruned" if self.trial.should_prune() else None
+
+    def finish(self, exit_code: int, stop_reason: str | None, final_eval: dict[str, Any] | None) -> str | None:
+        """Tell the study the trial's outcome; None while the job goes on elsewhere (preempted: it resumes)."""
+        import optuna
+        self._stop.set()
+        if exit_code != 0:
+            return None
+        if stop_reason == "pruned":
+            self.study.tell(self.trial, state=optuna.trial.TrialState.PRUNED)
+            return "pruned"
+        value = (final_eval or {}).get(self.cfg.metric, self.last_value)
+        if value is None or not math.isfinite(float(value)):
+            self.study.tell(self.trial, state=optuna.trial.TrialState.FAIL)
+            return "failed"
+        self.study.tell(self.trial, float(value))
+        return "complete"
+
+
+def make_pruner(cfg: dict[str, Any]):
+    """An Optuna pruner from its recorded configuration (the sweep controller writes it into the study)."""
+    import optuna
+    kind = cfg.get("type", "none")
+    if kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=cfg["startup_trials"], n_warmup_steps=cfg["warmup_steps"])
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=cfg["min_resource"], max_resource=cfg["max_resource"],
+                                              reduction_factor=cfg["reduction_factor"])
+    return optuna.pruners.NopPruner()
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    # Several trials and the controller write one SQLite file: wait for the lock rather than fail at once.
+    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}

@@ -1,0 +1,384 @@
+"""The sweep controller: an Optuna study whose trials are real training jobs on a Backend.
+
+State lives in the study's storage, never in this process: every trial's job name, its estimate and its cost are
+recorded there as they happen, so a controller killed at any point and started again with the same command
+continues the same study — finished trials kept; running trials reconciled with their jobs (a job still running is
+adopted, a job that is gone or failed makes its trial FAIL and, once, retried with the same parameters); no trial
+launched twice; the planned number of trials in the end.
+
+A trial is pruned from inside the runtime (runtime/pruning.py): rank 0 reports each evaluation and asks the
+study's pruner. The controller only launches, watches, prices and reconciles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
+from trainforge.trainer.admission import Admission, NotAdmitted
+from trainforge.trainer.backends import NoSuchJob
+from trainforge.trainer.runtime.pruning import make_pruner
+from trainforge.trainer.spec import JobSpec
+from trainforge.trainer.sweep.spec import Sweep, trial_job
+
+log = logging.getLogger("trainforge.sweep")
+TERMINAL = {"succeeded", "failed", "cancelled", "deleted", "lost"}  # lost: a local supervisor gone
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+HEARTBEAT_S = 10.0
+GRACE_S = 120  # a trial whose worker has not beaten for this long is failed (and retried once)
+
+
+class SweepError(TrainforgeError):
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str):
+        super().__init__("", [message])
+
+
+def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistribution]:
+    out: dict[str, optuna.distributions.BaseDistribution] = {}
+    for name, p in sweep.spec.space.items():
+        if p.type == "float":
+            out[name] = optuna.distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+        elif p.type == "int":
+            out[name] = optuna.distributions.IntDistribution(p.low, p.high, log=p.log, step=p.step)
+        else:
+            out[name] = optuna.distributions.CategoricalDistribution(p.choices)
+    return out
+
+
+def sampler_for(sweep: Sweep) -> optuna.samplers.BaseSampler:
+    seed = sweep.spec.seed
+    return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, sweep.planned_trials // 4))),
+            "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+            "grid": lambda: optuna.samplers.GridSampler(sweep.spec.grid(), seed=seed),
+            "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)}[sweep.spec.sampler]()
+
+
+def pruner_config(sweep: Sweep) -> dict[str, Any]:
+    """Recorded in the study, so the controller and every trial's rank 0 build the same pruner (runtime/pruning.py)."""
+    p = sweep.spec.pruner
+    if p.type == "median":
+        return {"type": "median", "startup_trials": p.startup_trials, "warmup_steps": p.warmup_steps}
+    if p.type == "hyperband":
+        return {"type": "hyperband", "min_resource": p.min_resource or sweep.eval_every(), "max_resource": sweep.max_steps(),
+                "reduction_factor": p.reduction_factor}
+    return {"type": "none"}
+
+
+def quiet_optuna() -> None:
+    """Heartbeats are an 'experimental' Optuna feature meant for Study.optimize; we drive trials ourselves on purpose."""
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def storage_for(url: str) -> optuna.storages.RDBStorage:
+    quiet_optuna()
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(url, heartbeat_interval=int(HEARTBEAT_S), grace_period=GRACE_S, engine_kwargs=kwargs)
+
+
+def open_study(sweep: Sweep, storage_url: str) -> optuna.Study:
+    """Create the study, or open it again — only for the same sweep (a changed spec is another sweep)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=sweep.name, storage=storage_for(storage_url), sampler=sampler_for(sweep),
+                                pruner=make_pruner(pruner_config(sweep)), direction=sweep.direction, load_if_exists=True)
+    fingerprint = sweep.spec.model_dump_json()
+    recorded = study.user_attrs.get("spec")
+    if recorded is None:
+        study.set_user_attr("spec", fingerprint)
+        study.set_user_attr("started_at", time.time())
+        study.set_user_attr("planned_trials", sweep.planned_trials)
+        study.set_user_attr("pruner", pruner_config(sweep))
+    elif recorded != fingerprint:
+        raise SweepError(f"a sweep named {sweep.name!r} already exists in {storage_url} with another spec. Fix: give the new "
+                         "sweep another name (a changed search space or objective is a new study)")
+    return study
+
+
+def load_existing(name: str, storage_url: str) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=name, storage=storage_for(storage_url))
+    except KeyError:
+        raise SweepError(f"no sweep named {name!r} in {storage_url}. Fix: check the name (`trainforge sweep status` lists "
+                         "what this machine started)") from None
+
+
+@dataclass
+class TrialRow:
+    number: int
+    state: str
+    value: float | None
+    params: dict[str, Any]
+    cost_usd: float | None
+    duration_s: float | None
+    job: str | None
+    retry_of: int | None
+    last_step: int | None
+
+
+def rows(study: optuna.Study) -> list[TrialRow]:
+    attrs = study.user_attrs
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+        out.append(TrialRow(t.number, t.state.name.lower(), t.value if t.state is TrialState.COMPLETE else None, dict(t.params),
+                            attrs.get(f"trial.{t.number}.cost_usd"), duration, t.user_attrs.get("job"), t.user_attrs.get("retry_of"),
+                            max(t.intermediate_values) if t.intermediate_values else None))
+    return out
+
+
+def counted(study: optuna.Study) -> int:
+    """Trials that count towards the plan: finished ones, less failures that were retried (their retry counts)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    return sum(1 for t in trials if t.state in FINISHED and not (t.state is TrialState.FAIL and t.number in retried))
+
+
+class SweepController:
+    def __init__(self, sweep: Sweep, backend: Any, admit: Callable[[JobSpec], Admission], storage_url: str,
+                 tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None):
+        self.sweep, self.backend, self.admit, self.storage_url = sweep, backend, admit, storage_url
+        self.poll_s, self.on_change = poll_s, on_change
+        self.study = open_study(sweep, storage_url)
+        self.running: dict[int, tuple[int, str]] = {}  # trial number -> (trial id, job name)
+        self.stopped_because = ""
+        self.tracking = _Tracking(tracking_uri, sweep, self.study) if tracking_uri else None
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+
+    def run(self) -> str:
+        self.reconcile()
+        while True:
+            optuna.storages.fail_stale_trials(self.study)  # workers whose heartbeat stopped: FAIL, then retried below
+            self.poll()
+            if self.study.user_attrs.get("cancelled"):
+                self.stop_all("cancelled by `trainforge sweep cancel`")
+                return self.finish("cancelled")
+            if self.out_of_time():
+                self.stop_all(f"the sweep's wall time ({self.sweep.spec.budget.wall_time}) ran out")
+                return self.finish("wall time reached")
+            self.launch_what_fits()
+            if not self.running:
+                return self.finish(self.stopped_because or "all planned trials done")
+            time.sleep(self.poll_s)
+
+    def reconcile(self) -> None:
+        """After a restart: adopt trials whose jobs still run; fail (and retry) those whose jobs are gone."""
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            job = trial.user_attrs.get("job")
+            state = self._job_state(job) if job else "missing"
+            if state in TERMINAL or state == "missing":
+                self._settle(trial.number, trial._trial_id, job, state)
+            else:
+                log.info("trial %d: adopted its running job %s", trial.number, job)
+                self.running[trial.number] = (trial._trial_id, job)
+        self._retry_failures()
+
+    def poll(self) -> None:
+        for number, (trial_id, job) in list(self.running.items()):
+            trial = self.study._storage.get_trial(trial_id)
+            state = self._job_state(job)
+            if trial.state is TrialState.FAIL and state not in TERMINAL and state != "missing":
+                # Failed while its job runs on: a stale heartbeat (a worker hung or gone) or a diverged trial. End the job.
+                self._cancel(job)
+                state = "cancelled"
+            if state in TERMINAL or state == "missing":
+                self._settle(number, trial_id, job, state)
+                del self.running[number]
+                self._changed()
+        self._retry_failures()
+
+    def launch_what_fits(self) -> None:
+        while len(self.running) < self.sweep.spec.max_parallel and not self.stopped_because:
+            waiting = len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+            if counted(self.study) + len(self.running) >= self.sweep.planned_trials and not waiting:
+                return
+            if self.sweep.spec.sampler == "grid" and self.study.sampler.is_exhausted(self.study) and not waiting:
+                return
+            if not self._launch_one():
+                return
+
+    def _launch_one(self) -> bool:
+        trial = self.study.ask(distributions(self.sweep))
+        name = f"{self.sweep.name}-t{trial.number:03d}"
+        link = {"storage": self.storage_url, "study": self.sweep.name, "trial_id": trial._trial_id,
+                "metric": self.sweep.spec.objective.metric, "heartbeat_s": HEARTBEAT_S}
+        if self.tracking:
+            link["parent_run_id"] = self.tracking.parent_run_id
+        spec = trial_job(self.sweep.base, name, trial.params, link)
+        decision = self.admit(spec)
+        estimate = decision.cost.expected_usd if decision.cost else 0.0
+        over = self._over_budget(estimate)
+        if over or not decision.admitted:
+            self.stopped_because = over or "a trial was not admitted: " + "; ".join(decision.problems)
+            self._give_back(trial)
+            return False
+        trial.set_user_attr("job", name)
+        trial.set_user_attr("estimate_usd", round(estimate, 6))
+        try:
+            self.backend.submit(spec, decision, detach=True)
+        except NotAdmitted as exc:  # the cluster said no (a held queue, a lower live quota): stop launching, say why
+            self.stopped_because = "a trial was not admitted by the cluster: " + "; ".join(exc.problems)
+            self._give_back(trial)
+            return False
+        log.info("trial %d: launched %s with %s", trial.number, name, json.dumps(trial.params))
+        self.running[trial.number] = (trial._trial_id, name)
+        self._changed()
+        return True
+
+    def _give_back(self, trial: optuna.Trial) -> None:
+        """A trial asked for but never started: its parameters go back to the queue (WAITING), so a later run of the
+        sweep (a raised budget) starts exactly these."""
+        self.study.tell(trial, state=TrialState.FAIL)
+        self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, "never_started": True})
+
+    # ---- settling a trial --------------------------------------------------------------------------------------
+
+    def _job_state(self, job: str) -> str:
+        try:
+            return self.backend.status(job).state
+        except NoSuchJob:
+            return "missing"
+
+    def _settle(self, number: int, trial_id: int, job: str | None, job_state: str) -> None:
+        trial = self.study._storage.get_trial(trial_id)
+        if trial.state is TrialState.RUNNING:
+            # The worker tells the study how its trial ended; a job that ended without telling it failed.
+            self.study.tell(number, state=TrialState.FAIL)
+            log.warning("trial %d: job %s ended %s without reporting an outcome: failed", number, job, job_state)
+        cost, seconds = self._cost(job, trial)
+        self.study.set_user_attr(f"trial.{number}.cost_usd", round(cost, 6))
+        if seconds is not None:
+            self.study.set_user_attr(f"trial.{number}.run_s", round(seconds, 3))
+        if self.tracking:
+            self.tracking.trial_finished(self.study._storage.get_trial(trial_id), job, cost)
+
+    def _cost(self, job: str | None, trial: optuna.trial.FrozenTrial) -> tuple[float, float | None]:
+        """What the trial's job cost: the backend's own figure where it keeps one (local: node-hours x price), else
+        the estimate scaled by how long the trial ran."""
+        if job is None:
+            return 0.0, None
+        report = None
+        try:
+            report = self.backend.status(job)
+        except NoSuchJob:
+            pass
+        details = report.details if report is not None else {}
+        priced = (details.get("cost") or {}).get("cost_usd")  # the local backend's ledger: node-hours x price
+        if priced is not None:
+            return float(priced), details.get("run_seconds")
+        estimate = float(trial.user_attrs.get("estimate_usd", 0.0))
+        ran = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete and trial.datetime_start else None
+        max_runtime_s = self.sweep.base.limits.max_runtime_hours * 3600
+        return (estimate * min(1.0, ran / max_runtime_s) if ran is not None else estimate), ran
+
+    def _retry_failures(self) -> None:
+        """Each failed trial is retried once, with the same parameters (a retry that fails stays failed)."""
+        trials = self.study.get_trials(deepcopy=False)
+        retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+        for t in trials:
+            if t.state is TrialState.FAIL and "retry_of" not in t.user_attrs and t.number not in retried and "job" in t.user_attrs \
+                    and not self.study.user_attrs.get(f"trial.{t.number}.stopped"):
+                log.warning("trial %d failed: retrying it once with the same parameters", t.number)
+                self.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+
+    # ---- limits ------------------------------------------------------------------------------------------------
+
+    def spent_usd(self) -> float:
+        return sum(v for k, v in self.study.user_attrs.items() if k.startswith("trial.") and k.endswith(".cost_usd"))
+
+    def committed_usd(self) -> float:
+        return sum(float(self.study._storage.get_trial(tid).user_attrs.get("estimate_usd", 0.0)) for tid, _ in self.running.values())
+
+    def _over_budget(self, estimate: float) -> str:
+        budget = self.sweep.spec.budget.usd
+        if budget is None:
+            return ""
+        spent, committed = self.spent_usd(), self.committed_usd()
+        if spent + committed + estimate > budget:
+            return (f"the USD budget: ${spent:,.2f} spent + ${committed:,.2f} committed to running trials + this trial's "
+                    f"${estimate:,.2f} estimate would pass ${budget:,.2f}")
+        return ""
+
+    def out_of_time(self) -> bool:
+        limit = self.sweep.spec.budget.wall_time_s
+        return limit is not None and time.time() - float(self.study.user_attrs["started_at"]) > limit
+
+    def stop_all(self, why: str) -> None:
+        self.stopped_because = why
+        for number, (trial_id, job) in list(self.running.items()):
+            self.study.set_user_attr(f"trial.{number}.stopped", why)  # stopped on purpose: not retried
+            self._cancel(job)
+            self._settle(number, trial_id, job, "cancelled")
+            del self.running[number]
+
+    def _cancel(self, job: str) -> None:
+        try:
+            self.backend.cancel(job)
+        except TrainforgeError as exc:  # gone already, or ended on its own meanwhile
+            log.info("cancelling %s: %s", job, exc)
+
+    def finish(self, why: str) -> str:
+        self.study.set_user_attr("finished_because", why)
+        if self.tracking:
+            self.tracking.sweep_finished(self.study, self.spent_usd(), why)
+        self._changed()
+        return why
+
+    def _changed(self) -> None:
+        if self.on_change:
+            self.on_change(self)
+
+
+class _Tracking:
+    """The sweep's parent run in MLflow; each trial's own run (created by its rank 0) is nested under it."""
+
+    def __init__(self, uri: str, sweep: Sweep, study: optuna.Study):
+        from mlflow.tracking import MlflowClient
+        self.client = MlflowClient(uri)
+        self.parent_run_id = study.user_attrs.get("mlflow_run_id")
+        if self.parent_run_id is None:
+            experiment = self.client.get_experiment_by_name(sweep.base.tracking.experiment)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(sweep.base.tracking.experiment)
+            run = self.client.create_run(experiment_id, run_name=sweep.name, tags={"trainforge.sweep": sweep.name})
+            self.parent_run_id = run.info.run_id
+            study.set_user_attr("mlflow_run_id", self.parent_run_id)
+            spec = sweep.spec
+            params = {"sampler": spec.sampler, "pruner": spec.pruner.type, "max_trials": spec.max_trials, "max_parallel": spec.max_parallel,
+                      "objective": f"{spec.objective.metric} ({sweep.direction})", "seed": spec.seed,
+                      "space": json.dumps({k: v.model_dump() for k, v in spec.space.items()})[:6000]}
+            for key, value in params.items():
+                self.client.log_param(self.parent_run_id, key, value)
+
+    def trial_finished(self, trial: optuna.trial.FrozenTrial, job: str | None, cost: float) -> None:
+        self.client.log_metric(self.parent_run_id, "trial_cost_usd", cost, step=trial.number)
+        if trial.value is not None:
+            self.client.log_metric(self.parent_run_id, "trial_value", trial.value, step=trial.number)
+        found = self.client.search_runs([self.client.get_run(self.parent_run_id).info.experiment_id],
+                                        filter_string=f"tags.`trainforge.job_id` = '{job}'", max_results=1) if job else []
+        for run in found:
+            for key, value in {"trainforge.trial.number": trial.number, "trainforge.trial.state": trial.state.name.lower(),
+                               "trainforge.trial.cost_usd": f"{cost:.6f}", "trainforge.trial.value": trial.value}.items():
+                self.client.set_tag(run.info.run_id, key, str(value))
+
+    def sweep_finished(self, study: optuna.Study, spent: float, why: str) -> None:
+        self.client.set_tag(self.parent_run_id, "trainforge.sweep.finished_because", why)
+        self.client.log_metric(self.parent_run_id, "spent_usd", spent)
+        complete = [t for t in study.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE]
+        if complete:
+            best = study.best_trial
+            self.client.log_metric(self.parent_run_id, "best_value", best.value)
+            self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_trial", str(best.number))
+            self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_job", str(best.user_attrs.get("job")))
+        self.client.set_terminated(self.parent_run_id, "FINISHED")

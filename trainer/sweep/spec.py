@@ -1,0 +1,278 @@
+"""The sweep spec: a base job, a search space over its run-config fields, an objective, a sampler and a pruner,
+limits on trials, parallelism, dollars and time. Validated whole before anything is created: every problem named by
+its field, with the fix. Imports no torch and no optuna.
+
+    name: lr-sweep
+    base: ../examples/classifier.yaml      # or the job spec inline
+    space:
+      lr: {type: float, low: 1e-4, high: 3e-1, log: true}
+      batch_size: {type: int, low: 16, high: 128, step: 16}
+      task_args.width: {type: categorical, choices: [64, 128, 256]}
+    objective: {metric: accuracy, direction: maximize}
+    sampler: tpe            # tpe | random | grid | cmaes
+    pruner: {type: hyperband}   # median | hyperband | none
+    max_trials: 16
+    max_parallel: 2
+    budget: {usd: 25, wall_time: 2h}
+    seed: 0
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainforge import errors
+from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS, BUNDLED_TASKS, RunConfig
+from trainforge.trainer.spec import JobSpec, SpecError, parse_spec, run_config_problems
+
+# Fields the submitter sets from the job spec itself, or the sweep sets per trial: not searchable.
+NOT_SEARCHABLE = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics", "sweep", "step_sleep_s"}
+DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FloatParam(_Model):
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _range(self) -> FloatParam:
+        _check_range(self.low, self.high, self.log, self.step)
+        return self
+
+    def values(self) -> list[Any] | None:
+        if self.step is None:
+            return None
+        count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+        return [round(self.low + i * self.step, 12) for i in range(count)]
+
+    def extremes(self) -> list[Any]:
+        return [self.low, self.high]
+
+
+class IntParam(_Model):
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+    step: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> IntParam:
+        _check_range(self.low, self.high, self.log, None if self.step == 1 else self.step)
+        return self
+
+    def values(self) -> list[Any]:
+        return list(range(self.low, self.high + 1, self.step))
+
+    def extremes(self) -> list[Any]:
+        return [self.low, self.high]
+
+
+class CategoricalParam(_Model):
+    type: Literal["categorical"]
+    choices: list[bool | int | float | str] = Field(..., min_length=1)
+
+    def values(self) -> list[Any]:
+        return list(self.choices)
+
+    def extremes(self) -> list[Any]:
+        return list(self.choices)
+
+
+def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
+    if low >= high:
+        raise ValueError(f"low ({low}) must be below high ({high}). Fix: swap them, or use a categorical with one choice")
+    if log and low <= 0:
+        raise ValueError(f"a log scale needs low > 0 (got {low}). Fix: a positive low, or log: false")
+    if log and step is not None:
+        raise ValueError("log and step cannot be combined (Optuna samples one or the other). Fix: drop step, or log: false")
+
+
+Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]
+
+
+class Objective(_Model):
+    metric: str = Field(..., min_length=1, description="an eval metric the task reports, e.g. loss, accuracy")
+    direction: Literal["minimize", "maximize"] | None = Field(None, description="default: the task's own direction for its default metric")
+
+
+class Pruner(_Model):
+    type: Literal["median", "hyperband", "none"] = "median"
+    startup_trials: int = Field(3, ge=0, description="median: trials that run to the end before any is pruned")
+    warmup_steps: int = Field(0, ge=0, description="median: steps before a trial may be pruned")
+    min_resource: int | None = Field(None, ge=1, description="hyperband: steps every trial gets; default: the base's eval_every")
+    reduction_factor: int = Field(3, ge=2, description="hyperband: 1/reduction_factor of the trials go on at each rung")
+
+
+class Budget(_Model):
+    usd: float | None = Field(None, gt=0, description="no trial starts that could take the sweep's cost over this")
+    wall_time: str | None = Field(None, description="e.g. 2h: no trial starts after it, running ones are stopped")
+
+    @model_validator(mode="after")
+    def _duration(self) -> Budget:
+        if self.wall_time is not None and not DURATION.match(self.wall_time):
+            raise ValueError(f"wall_time: {self.wall_time!r} is not a duration. Fix: a number and a unit, e.g. 45m, 2h, 1d")
+        return self
+
+    @property
+    def wall_time_s(self) -> float | None:
+        if self.wall_time is None:
+            return None
+        number, unit = DURATION.match(self.wall_time).groups()
+        return int(number) * SECONDS[unit]
+
+
+class SweepSpec(_Model):
+    name: str = Field(..., pattern=r"^[a-z]([a-z0-9-]*[a-z0-9])?$", max_length=32)
+    base: str | dict[str, Any] = Field(..., description="the base job spec: a path (relative to the sweep file) or inline")
+    space: dict[str, Param] = Field(..., description="run-config fields (or task_args.<arg>) and their ranges")
+    objective: Objective
+    sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
+    pruner: Pruner = Pruner()
+    max_trials: int = Field(..., ge=1, le=10_000)
+    max_parallel: int = Field(1, ge=1, le=256)
+    budget: Budget = Budget()
+    seed: int = 0
+
+    def grid(self) -> dict[str, list[Any]]:
+        return {name: param.values() for name, param in self.space.items()}
+
+
+class Sweep:
+    """A validated sweep: the spec, its base job, the objective's direction, and how many trials it plans."""
+
+    def __init__(self, spec: SweepSpec, base: JobSpec, direction: str, source: str):
+        self.spec, self.base, self.direction, self.source = spec, base, direction, source
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def planned_trials(self) -> int:
+        if self.spec.sampler == "grid":
+            return min(self.spec.max_trials, math.prod(len(v) for v in self.spec.grid().values()))
+        return self.spec.max_trials
+
+    def max_steps(self, params: dict[str, Any] | None = None) -> int:
+        merged = {**self.base.hyperparameters, **(params or {})}
+        return int(merged.get("max_steps", RunConfig.model_fields["max_steps"].default))
+
+    def eval_every(self) -> int:
+        return int(self.base.hyperparameters.get("eval_every", RunConfig.model_fields["eval_every"].default))
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(str(path), ["no such file. Fix: check the path"]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(str(path), [f"not valid YAML: {str(exc).splitlines()[0]}"]) from None
+    return parse_sweep(raw, str(path), path.parent)
+
+
+def parse_sweep(raw: Any, source: str, relative_to: Path = Path(".")) -> Sweep:
+    if not isinstance(raw, dict):
+        raise SpecError(source, ["a sweep spec is a mapping of fields. Fix: see examples/sweep.yaml"])
+    if raw.get("space") == {}:
+        raise SpecError(source, ["space: empty: a sweep searches at least one field. Fix: e.g. space: {lr: {type: float, low: 1e-4, high: 1e-1, log: true}}"])
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(source, errors.problems(exc, {"literal_error": " Fix: use one of the listed values."})) from None
+    base = _base(spec, source, relative_to)
+    problems = _space_problems(spec, base) + _objective_problems(spec, base)
+    if spec.sampler == "grid":
+        problems += [f"space.{name}: the grid sampler needs a finite set of values. Fix: give it a step, or make it categorical"
+                     for name, p in spec.space.items() if p.values() is None]
+    if problems:
+        raise SpecError(source, problems)
+    return Sweep(spec, base, _direction(spec, base), source)
+
+
+def _base(spec: SweepSpec, source: str, relative_to: Path) -> JobSpec:
+    if isinstance(spec.base, dict):
+        return parse_spec(spec.base, f"{source}: base")
+    path = Path(spec.base)
+    path = path if path.is_absolute() else relative_to / path
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(source, [f"base: {spec.base!r} does not exist (looked at {path}). Fix: a job spec's path relative to the sweep file"]) from None
+    base = parse_spec(raw, str(path))
+    if base.entry.task is None:
+        raise SpecError(source, ["base: the job runs a command, not a task: a sweep sets run-config fields. Fix: a base with entry.task"])
+    return base
+
+
+def _space_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
+    problems = []
+    task = base.entry.task
+    for name, param in spec.space.items():
+        if name.startswith("task_args."):
+            arg = name.split(".", 1)[1]
+            accepted = BUNDLED_TASKS.get(task)
+            if accepted is not None and arg not in accepted:
+                problems.append(f"space.{name}: {arg!r} is not an argument of the bundled task {task!r}. Fix: one of {list(accepted)}")
+                continue
+        elif name not in RunConfig.model_fields or name in NOT_SEARCHABLE:
+            searchable = sorted(set(RunConfig.model_fields) - NOT_SEARCHABLE)
+            problems.append(f"space.{name}: not a run-config field a sweep can set. Fix: one of {searchable}, or task_args.<arg>")
+            continue
+        for value in param.extremes():
+            for problem in run_config_problems(task, *_with(base, {name: value})):
+                problems.append(f"space.{name}: the value {value!r} is refused by the run config: {problem}")
+                break
+    return problems
+
+
+def _with(base: JobSpec, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The base's task arguments and hyperparameters with a trial's parameters applied."""
+    args, hyper = dict(base.entry.args), dict(base.hyperparameters)
+    for name, value in params.items():
+        if name.startswith("task_args."):
+            args[name.split(".", 1)[1]] = value
+        else:
+            hyper[name] = value
+    return args, hyper
+
+
+def trial_job(base: JobSpec, name: str, params: dict[str, Any], link: dict[str, Any] | None) -> JobSpec:
+    """The base job with a trial's parameters and the sweep's link to its study (the runtime's `sweep` settings)."""
+    args, hyper = _with(base, params)
+    return base.model_copy(update={"name": name, "entry": base.entry.model_copy(update={"args": args}),
+                                   "hyperparameters": hyper, "sweep": link or None})
+
+
+def _objective_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
+    reported = BUNDLED_TASK_METRICS.get(base.entry.task)
+    if reported is None:  # the researcher's own task: its metrics are known only to its code
+        return [] if spec.objective.direction else ["objective.direction: needed for your own task's metric. Fix: minimize or maximize"]
+    if spec.objective.metric not in reported:
+        return [f"objective.metric: the task {base.entry.task!r} never reports {spec.objective.metric!r}. Fix: one of {list(reported)}"]
+    return []
+
+
+def _direction(spec: SweepSpec, base: JobSpec) -> str:
+    if spec.objective.direction:
+        return spec.objective.direction
+    default = BUNDLED_DEFAULT_METRIC.get(base.entry.task)
+    if default and default[0] == spec.objective.metric:
+        return "maximize" if default[1] == "max" else "minimize"
+    return "maximize" if spec.objective.metric == "accuracy" else "minimize"  # loss, perplexity: lower is better
