@@ -138,3 +138,12 @@ def test_bundled_task_names_and_arguments_known_without_torch_match_the_factorie
     assert set(BUNDLED_TASKS) == set(BUNDLED)
     for name, factory in BUNDLED.items():
         assert set(BUNDLED_TASKS[name]) == set(inspect.signature(factory).parameters), name
+
+
+def test_the_metrics_a_sweep_may_optimise_are_the_ones_each_task_reports():
+    from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS
+    from trainforge.trainer.runtime.tasks import BUNDLED
+    for name, factory in BUNDLED.items():
+        task = factory()
+        assert BUNDLED_TASK_METRICS[name] == tuple(task.metrics), name
+        assert BUNDLED_DEFAULT_METRIC[name] == tuple(task.default_metric), name

@@ -88,6 +88,9 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         bar.update(controller)
         why = controller.run()
     views.sweep_summary(controller, why)
+    from trainforge.trainer.sweep.controller import counted
+    if counted(controller.study) == 0 and controller.stopped_because:
+        raise typer.Exit(3)  # not one trial could start: the budget or the cluster refused them all
 
 
 @app.command()

@@ -145,6 +145,22 @@ def counted(study: optuna.Study) -> int:
     return sum(1 for t in trials if t.state in FINISHED and not (t.state is TrialState.FAIL and t.number in retried))
 
 
+def trial_estimate(spec: JobSpec, decision: Admission) -> float:
+    """What a trial may cost at most: the admission's estimate (its max_runtime on its instance type); without a
+    stack, the same at the price table's first region — where the local ledger prices local jobs too."""
+    if decision.cost is not None:
+        return decision.cost.expected_usd
+    where = decision.placement
+    if where.instance is None:
+        return 0.0
+    from trainforge.pricing import PriceUnknown, estimate, price_table
+    try:
+        return estimate(where.instance.name, where.nodes, spec.limits.max_runtime_hours, spec.capacity,
+                        where.region or price_table().regions[0]).expected_usd
+    except PriceUnknown:
+        return 0.0
+
+
 class SweepController:
     def __init__(self, sweep: Sweep, backend: Any, admit: Callable[[JobSpec], Admission], storage_url: str,
                  tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None):
@@ -153,6 +169,7 @@ class SweepController:
         self.study = open_study(sweep, storage_url)
         self.running: dict[int, tuple[int, str]] = {}  # trial number -> (trial id, job name)
         self.stopped_because = ""
+        self._per_trial: float | None = None
         self.tracking = _Tracking(tracking_uri, sweep, self.study) if tracking_uri else None
 
     # ---- the loop ----------------------------------------------------------------------------------------------
@@ -210,6 +227,11 @@ class SweepController:
                 return
 
     def _launch_one(self) -> bool:
+        room = self._budget_room()
+        if room:
+            if room != "wait":
+                self.stopped_because = room
+            return False
         trial = self.study.ask(distributions(self.sweep))
         name = f"{self.sweep.name}-t{trial.number:03d}"
         link = {"storage": self.storage_url, "study": self.sweep.name, "trial_id": trial._trial_id,
@@ -218,10 +240,9 @@ class SweepController:
             link["parent_run_id"] = self.tracking.parent_run_id
         spec = trial_job(self.sweep.base, name, trial.params, link)
         decision = self.admit(spec)
-        estimate = decision.cost.expected_usd if decision.cost else 0.0
-        over = self._over_budget(estimate)
-        if over or not decision.admitted:
-            self.stopped_because = over or "a trial was not admitted: " + "; ".join(decision.problems)
+        estimate = trial_estimate(spec, decision)
+        if not decision.admitted:
+            self.stopped_because = "a trial was not admitted: " + "; ".join(decision.problems)
             self._give_back(trial)
             return False
         trial.set_user_attr("job", name)
@@ -301,15 +322,23 @@ class SweepController:
     def committed_usd(self) -> float:
         return sum(float(self.study._storage.get_trial(tid).user_attrs.get("estimate_usd", 0.0)) for tid, _ in self.running.values())
 
-    def _over_budget(self, estimate: float) -> str:
+    def per_trial_usd(self) -> float:
+        """A trial's most: every trial runs the base's instance type, nodes, capacity and max_runtime."""
+        if self._per_trial is None:
+            self._per_trial = trial_estimate(self.sweep.base, self.admit(self.sweep.base))
+        return self._per_trial
+
+    def _budget_room(self) -> str:
+        """'' if a trial may start now; 'wait' while running trials' estimates leave no room (they may end cheaper);
+        the reason, once even an idle sweep could not afford one more trial."""
         budget = self.sweep.spec.budget.usd
         if budget is None:
             return ""
-        spent, committed = self.spent_usd(), self.committed_usd()
-        if spent + committed + estimate > budget:
-            return (f"the USD budget: ${spent:,.2f} spent + ${committed:,.2f} committed to running trials + this trial's "
-                    f"${estimate:,.2f} estimate would pass ${budget:,.2f}")
-        return ""
+        spent, committed, estimate = self.spent_usd(), self.committed_usd(), self.per_trial_usd()
+        if spent + estimate > budget:
+            return (f"the USD budget: ${spent:,.4f} spent + a trial's ${estimate:,.4f} estimate ({self.sweep.base.limits.max_runtime} "
+                    f"at most) would pass ${budget:,.2f}")
+        return "wait" if spent + committed + estimate > budget else ""
 
     def out_of_time(self) -> bool:
         limit = self.sweep.spec.budget.wall_time_s

@@ -1,0 +1,249 @@
+"""`trainforge sweep`: real sweeps of the bundled classifier on this machine (trials are local jobs under torchrun),
+a real MLflow server on loopback, the controller killed and restarted, and bad specs refused before anything exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import REPO
+from optuna.trial import TrialState
+from servers import mlflow_server
+
+from trainforge.trainer.sweep.controller import counted, load_existing
+
+BASE = yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())
+SWEEP = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-lr.yaml").read_text())
+
+
+def write_sweep(tmp: Path, **changes) -> Path:
+    sweep = {**SWEEP, "base": str(REPO / "examples" / "sweep-base.yaml"), **changes}
+    path = tmp / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def cli(home: Path, *argv: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "TRAINFORGE_HOME": str(home), **(env or {})}, timeout=timeout)
+
+
+def study_of(home: Path, name: str) -> optuna.Study:
+    return load_existing(name, f"sqlite:///{home / 'sweeps' / name / 'study.db'}")
+
+
+# ---- bad specs: refused whole, nothing created --------------------------------------------------------------
+
+BAD = {
+    "empty space": ({"space": {}}, "space: empty"),
+    "not a run-config field": ({"space": {"learning_rate": {"type": "float", "low": 0.001, "high": 0.1}}},
+                               "space.learning_rate: not a run-config field a sweep can set"),
+    "a field the submitter sets": ({"space": {"output_dir": {"type": "categorical", "choices": ["a"]}}}, "space.output_dir: not a run-config field"),
+    "a task argument the task lacks": ({"space": {"task_args.heads": {"type": "int", "low": 1, "high": 4}}},
+                                       "space.task_args.heads: 'heads' is not an argument of the bundled task 'classifier'"),
+    "a value the run config refuses": ({"space": {"lr": {"type": "float", "low": -1.0, "high": 0.1}}}, "space.lr: the value -1.0 is refused"),
+    "a metric the task never reports": ({"objective": {"metric": "perplexity"}},
+                                        "objective.metric: the task 'classifier' never reports 'perplexity'. Fix: one of ['loss', 'accuracy']"),
+    "unknown sampler": ({"sampler": "bayes"}, "sampler: Input should be 'tpe', 'random', 'grid' or 'cmaes'"),
+    "budget of zero": ({"budget": {"usd": 0}}, "budget.usd: Input should be greater than 0"),
+    "a wall time that is no duration": ({"budget": {"wall_time": "soon"}}, "wall_time: 'soon' is not a duration"),
+    "grid over a continuous range": ({"sampler": "grid"}, "space.lr: the grid sampler needs a finite set of values"),
+    "log scale from zero": ({"space": {"lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}}, "a log scale needs low > 0"),
+    "too many parallel trials for the cores": ({"max_parallel": 64}, "max_parallel: 64 trials x 1 worker processes need 64 cores"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_sweep_is_refused_before_any_trial_starts(tmp_path, case):
+    changes, message = BAD[case]
+    home = tmp_path / "home"
+    result = cli(home, "sweep", str(write_sweep(tmp_path, **changes)))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not home.exists(), "nothing created for a refused sweep"
+
+
+def test_a_missing_base_is_named(tmp_path):
+    result = cli(tmp_path / "home", "sweep", str(write_sweep(tmp_path, base="nowhere.yaml")))
+    assert result.returncode == 2 and "base: 'nowhere.yaml' does not exist" in result.stderr
+
+
+# ---- a real sweep ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
+
+
+@pytest.mark.slow
+def test_a_real_sweep_prunes_runs_in_parallel_beats_the_base_and_is_tracked(tmp_path, tracking):
+    from mlflow.tracking import MlflowClient
+    home = tmp_path / "home"
+    env = {"MLFLOW_TRACKING_URI": tracking}
+    result = cli(home, "sweep", str(write_sweep(tmp_path)), env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all planned trials done" in result.stdout
+
+    study = study_of(home, "clf-lr")
+    trials = study.get_trials()
+    assert counted(study) == len(trials) == 8, "the planned trials, each run once"
+    states = [t.state for t in trials]
+    assert TrialState.PRUNED in states and TrialState.COMPLETE in states, states
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), "two trials ran at the same time"
+    pruned = [t for t in trials if t.state is TrialState.PRUNED]
+    for t in pruned:  # stopped cleanly at a step before the end, its checkpoint kept
+        job = home / "jobs" / t.user_attrs["job"]
+        stopped_at = json.loads((job / "run" / "result.json").read_text())
+        assert stopped_at["stopped_because"] == "pruned" and stopped_at["step"] < 120
+        assert (job / "checkpoints" / f"step-{stopped_at['step']:08d}" / "COMMITTED").exists()
+        assert json.loads((job / "state.json").read_text())["state"] == "succeeded"
+
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(BASE))
+    assert cli(home, "submit", str(base), env=env).returncode == 0
+    base_accuracy = json.loads((home / "jobs" / "clf-base" / "run" / "result.json").read_text())["last_eval"]["accuracy"]
+    assert study.best_value > base_accuracy + 0.1, (study.best_value, base_accuracy)
+
+    client = MlflowClient(tracking)
+    parent = client.get_run(study.user_attrs["mlflow_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["trainforge.sweep.best_trial"] == str(study.best_trial.number)
+    children = client.search_runs([parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(r.data.tags["trainforge.job_id"] for r in children) == sorted(t.user_attrs["job"] for t in trials)
+    for run in children:
+        trial = next(t for t in trials if t.user_attrs["job"] == run.data.tags["trainforge.job_id"])
+        assert run.data.tags["trainforge.trial.state"] == trial.state.name.lower()
+        assert float(run.data.tags["trainforge.trial.cost_usd"]) > 0
+        assert run.data.params["lr"] == str(trial.params["lr"])
+        assert client.get_metric_history(run.info.run_id, "eval_accuracy"), "intermediate values in the trial's run"
+
+    shown = cli(home, "sweep", "status", "clf-lr", "-o", "json")
+    assert [r["state"] for r in json.loads(shown.stdout)["trials"]] == [t.state.name.lower() for t in trials]
+    best = cli(home, "sweep", "best", "clf-lr", "--write", str(tmp_path / "best.yaml"), "-o", "json")
+    found = json.loads(best.stdout)
+    assert found["value"] == study.best_value and Path(found["checkpoint"]).exists()
+    assert yaml.safe_load((tmp_path / "best.yaml").read_text())["hyperparameters"]["lr"] == study.best_params["lr"]
+    report = cli(home, "sweep", "report", "clf-lr", "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    for plot in ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values"):
+        assert (tmp_path / "report" / f"{plot}.png").stat().st_size > 10_000
+        assert (tmp_path / "report" / f"{plot}.html").exists()
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.3)
+    raise TimeoutError(what)
+
+
+@pytest.mark.slow
+def test_a_killed_controller_continues_the_same_study(tmp_path):
+    """SIGKILL the controller with trials running; kill one trial's job too (gone). The same command again: the
+    running trial is adopted (its job is not started twice), the gone one failed and retried once with the same
+    parameters, and the sweep ends with exactly the planned trials."""
+    home = tmp_path / "home"
+    sweep = write_sweep(tmp_path, name="resume", pruner={"type": "none"}, max_trials=5)
+    cmd = [sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(sweep)]
+    env = {**os.environ, "TRAINFORGE_HOME": str(home)}
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def two_running_after_one_done():
+        if not (home / "jobs" / "resume-t000").exists():  # the study exists before its first trial's job (no race on its schema)
+            return None
+        trials = study_of(home, "resume").get_trials()
+        running = [t for t in trials if t.state is TrialState.RUNNING and "job" in t.user_attrs
+                   and (home / "jobs" / t.user_attrs["job"] / "run" / "metrics.jsonl").exists()]
+        done = [t for t in trials if t.state is TrialState.COMPLETE]
+        return running if len(running) == 2 and done else None
+    running = wait_for(two_running_after_one_done, 300, "two trials running after one finished")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    adopted, gone = running
+    gone_dir = home / "jobs" / gone.user_attrs["job"]
+    gone_state = json.loads((gone_dir / "state.json").read_text())
+    # The job dies too (its node lost, say): its supervisor and its workers, each in its own process group.
+    groups = {os.getpgid(gone_state["supervisor_pid"])} | {os.getpgid(int(p.read_text())) for p in (gone_dir / "run" / "pids").glob("*.pid")}
+    for group in groups:
+        os.killpg(group, signal.SIGKILL)
+
+    second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+
+    study = study_of(home, "resume")
+    trials = study.get_trials()
+    assert counted(study) == 5 and all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
+    jobs = [t.user_attrs["job"] for t in trials]
+    assert len(jobs) == len(set(jobs)), "one job per trial"
+    assert next(t for t in trials if t.number == adopted.number).state is TrialState.COMPLETE
+    assert json.loads((home / "jobs" / adopted.user_attrs["job"] / "state.json").read_text())["attempts"] == 1, "adopted, not restarted"
+    assert next(t for t in trials if t.number == gone.number).state is TrialState.FAIL
+    (retry,) = [t for t in trials if t.user_attrs.get("retry_of") == gone.number]
+    assert retry.params == gone.params and retry.state is TrialState.COMPLETE
+    complete_params = [json.dumps(t.params, sort_keys=True) for t in trials if t.state is TrialState.COMPLETE]
+    assert len(complete_params) == len(set(complete_params)) == 5, "no parameters run to completion twice"
+
+
+@pytest.mark.slow
+def test_no_trial_starts_that_could_pass_the_usd_budget(tmp_path):
+    from trainforge.pricing import estimate
+    from trainforge.pricing import price_table
+    per_trial = estimate("g6.xlarge", 1, 10 / 60, "spot", price_table().regions[0]).expected_usd
+    home = tmp_path / "home"
+    # Room for one trial's estimate at a time: never two running at once, though max_parallel is 2.
+    result = cli(home, "sweep", str(write_sweep(tmp_path, name="capped", max_trials=3, pruner={"type": "none"},
+                                                 budget={"usd": round(per_trial * 1.5, 4)})))
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = study_of(home, "capped").get_trials()
+    assert len(trials) == 3
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials)
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), "one at a time within the budget"
+    refused = cli(home, "sweep", str(write_sweep(tmp_path, name="broke", budget={"usd": round(per_trial / 2, 4)})))
+    assert refused.returncode == 3 and "the USD budget" in refused.stdout
+    assert not (home / "jobs" / "broke-t000").exists(), "no trial started"
+
+
+@pytest.mark.slow
+def test_a_pruned_trial_stops_every_rank_at_the_same_step_and_keeps_its_checkpoint(tmp_path):
+    """Two ranks; the study already holds a strong finished trial, so the median pruner prunes this weak one at its
+    first evaluation: rank 0 asks, the decision rides the step agreement, both ranks stop and save together."""
+    from trainforge.trainer.runtime.pruning import make_pruner
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    pruner = {"type": "median", "startup_trials": 1, "warmup_steps": 0}
+    study = optuna.create_study(study_name="pruning", storage=storage, direction="maximize", pruner=make_pruner(pruner))
+    study.set_user_attr("pruner", pruner)
+    study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.99, intermediate_values={20: 0.95, 40: 0.99}))
+    trial = study.ask()
+    spec = {**BASE, "name": "weak-trial", "workers": {"nodes": 1, "procs_per_node": 2},
+            "hyperparameters": {**BASE["hyperparameters"], "lr": 1e-5},
+            "sweep": {"storage": storage, "study": "pruning", "trial_id": trial._trial_id, "metric": "accuracy", "heartbeat_s": 1}}
+    path = tmp_path / "trial.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    home = tmp_path / "home"
+    result = cli(home, "submit", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = home / "jobs" / "weak-trial"
+    stopped = json.loads((job / "run" / "result.json").read_text())
+    assert (stopped["exit_code"], stopped["stopped_because"], stopped["step"]) == (0, "pruned", 20)
+    assert (job / "checkpoints" / "step-00000020" / "COMMITTED").exists(), "the checkpoint of the step both ranks stopped at"
+    finished = study.trials[trial.number]
+    assert finished.state is TrialState.PRUNED and list(finished.intermediate_values) == [20]
+
+
+def test_the_example_sweep_is_valid_as_shipped():
+    from trainforge.trainer.sweep.spec import load_sweep
+    sweep = load_sweep(REPO / "examples" / "sweeps" / "classifier-lr.yaml")
+    assert sweep.base.name == "clf-base" and sweep.direction == "maximize" and sweep.planned_trials == 8
