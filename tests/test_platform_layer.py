@@ -28,7 +28,9 @@ CORE_TYPES = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:ConfigMap", "k
               "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "kubernetes:networking.k8s.io/v1:NetworkPolicy",
               # the budget controller's
               "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding",
-              "kubernetes:apps/v1:Deployment"}
+              "kubernetes:apps/v1:Deployment",
+              # each team's sweep database
+              "kubernetes:batch/v1:Job"}
 SECRET_SIG = pulumi.runtime.rpc._special_secret_sig
 SIG_KEY = pulumi.runtime.rpc._special_sig_key
 
@@ -305,9 +307,12 @@ def test_the_mlflow_database_is_encrypted_private_reachable_only_from_nodes_with
     assert [(r["fromPort"], r["toPort"], r["securityGroups"]) for r in sg.inputs["ingress"]] == \
         [(5432, 5432, [cluster.state["vpcConfig"]["clusterSecurityGroupId"]])]
     assert not any(r.get("cidrBlocks") for r in sg.inputs["ingress"])
-    (secret,) = [r for r in evaluation.of_type("kubernetes:core/v1:Secret")]
+    (secret,) = [r for r in evaluation.of_type("kubernetes:core/v1:Secret") if r.inputs["metadata"]["name"] == "mlflow-database"]
     data = secret.inputs["data"]
     assert is_secret(data) or is_secret(data["password"]), "the Kubernetes Secret's data stays a secret in the state"
+    for other in evaluation.of_type("kubernetes:core/v1:Secret"):  # the teams' sweep database credentials too
+        values = other.inputs.get("data") or other.inputs.get("stringData")
+        assert is_secret(values) or all(is_secret(v) for v in values.values()), other.name
     mlflow = releases(evaluation)["mlflow"]["values"]
     assert mlflow["backendStore"]["existingDatabaseSecret"]["name"] == manifest(secret)["metadata"]["name"]
     assert "password" not in json.dumps(mlflow["backendStore"]["postgres"]), "the chart gets the password only from the Secret"

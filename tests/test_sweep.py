@@ -247,3 +247,73 @@ def test_the_example_sweep_is_valid_as_shipped():
     from trainforge.trainer.sweep.spec import load_sweep
     sweep = load_sweep(REPO / "examples" / "sweeps" / "classifier-lr.yaml")
     assert sweep.base.name == "clf-base" and sweep.direction == "maximize" and sweep.planned_trials == 8
+
+
+# ---- on the cluster: one TrainJob per trial, through the Kubernetes API ----------------------------------------
+
+def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, monkeypatch):
+    """The real controller and Kubernetes backend against the API stand-in (tests/kubeapi.py). The test plays the
+    Trainer and the trial pods: it reports each trial to the study and marks its TrainJob complete."""
+    import threading
+
+    from kubeapi import serve
+    from test_cluster_path import VISION, queue, seeded
+
+    from trainforge import contract
+    from trainforge.stackconfig import load_stack_file
+    from trainforge.trainer.admission import admit
+    from trainforge.trainer.backends.kubernetes import KubernetesBackend
+    from trainforge.trainer.spec import with_image
+    from trainforge.trainer.sweep.controller import SweepController
+    from trainforge.trainer.sweep.spec import parse_sweep
+
+    platform = load_stack_file(REPO / "stacks" / "Pulumi.dev.yaml")
+    raw = {**SWEEP, "name": "on-cluster", "base": str(REPO / "examples" / "sweep-base.yaml"), "max_trials": 4, "pruner": {"type": "none"},
+           "budget": {"usd": 50}}
+    sweep = parse_sweep(raw, "on-cluster.yaml")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    with serve(seeded()) as kube:
+        monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig", "vision-token")))
+        backend = KubernetesBackend("vision", "trainjob")
+        controller = SweepController(sweep, backend, lambda spec: admit(with_image(spec, platform), platform), storage, poll_s=0.2,
+                                     trial_storage=contract.SWEEP_STORAGE_FROM_ENV)
+        outcome: list[str] = []
+        runner = threading.Thread(target=lambda: outcome.append(controller.run()), daemon=True)
+        runner.start()
+        seen: set[str] = set()
+        study = optuna.load_study(study_name="on-cluster", storage=storage)
+        deadline = time.time() + 120
+        while runner.is_alive() and time.time() < deadline:
+            for job in kube.api.of_kind("trainjobs", VISION):
+                name = job["metadata"]["name"]
+                if name in seen:
+                    continue
+                seen.add(name)
+                env = {e["name"]: e for e in job["spec"]["trainer"]["env"]}
+                assert env[contract.SWEEP_STORAGE_ENV]["valueFrom"]["secretKeyRef"]["name"] == contract.SWEEP_STORAGE_SECRET
+                args = " ".join(job["spec"]["trainer"]["args"])
+                assert f"sweep.storage={contract.SWEEP_STORAGE_FROM_ENV}" in args and "sqlite" not in args, "no URL in the job"
+                assert job["metadata"]["labels"][contract.KUEUE_QUEUE_LABEL] == contract.queue_name("vision")
+                trial_id = int(next(a.split("=", 1)[1] for a in job["spec"]["trainer"]["args"] if a.startswith("sweep.trial_id=")))
+                trial = optuna.trial.Trial(study, trial_id)  # the pod's rank 0: report, finish
+                trial.report(0.5, 20)
+                study.tell(trial, 0.9 - 0.01 * trial.number)
+                job["status"] = {"conditions": [{"type": "Complete", "status": "True", "reason": "Done", "message": "",
+                                                 "lastTransitionTime": "2026-11-22T00:00:00Z"}]}
+            time.sleep(0.1)
+        runner.join(5)
+        assert outcome == ["all planned trials done"]
+        assert len(seen) == 4 and counted(controller.study) == 4
+        assert all(t.state is TrialState.COMPLETE for t in controller.study.get_trials())
+
+        # The team's budget is spent: its ClusterQueue is held, and the next sweep's first trial is refused by the cluster.
+        held = queue(kube)
+        held["spec"]["stopPolicy"] = "Hold"
+        held["metadata"]["annotations"] = {contract.BUDGET_HOLD_ANNOTATION: "$1,500.00 of $1,500.00 spent in 2026-11"}
+        refused = SweepController(parse_sweep({**raw, "name": "after-budget"}, "after.yaml"), backend,
+                                  lambda spec: admit(with_image(spec, platform), platform), storage, poll_s=0.2,
+                                  trial_storage=contract.SWEEP_STORAGE_FROM_ENV)
+        assert refused.run() == "a trial was not admitted by the cluster: team budget: team 'vision' is over its monthly budget " \
+                                "($1,500.00 of $1,500.00 spent in 2026-11); its queue is held until the month rolls over or the " \
+                                "budget is raised. Fix: a budget increase from the team's cost-centre owner"
+        assert len(kube.api.of_kind("trainjobs", VISION)) == 4, "no TrainJob created for the refused trial"

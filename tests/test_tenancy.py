@@ -18,7 +18,7 @@ from trainforge.contract import Flavour
 from trainforge.stackconfig import CONFIG_KEY, ConfigError, parse, read_stack_file
 
 KINDS = {"Namespace", "ResourceQuota", "LimitRange", "ClusterQueue", "LocalQueue", "Role", "RoleBinding", "NetworkPolicy",
-         "ServiceAccount", "ConfigMap", "PersistentVolumeClaim"}
+         "ServiceAccount", "ConfigMap", "PersistentVolumeClaim", "Secret", "Job"}  # the last two: the team's sweep database
 CORE = KINDS - {"ClusterQueue", "LocalQueue"}
 TEAM_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}"
 
@@ -52,7 +52,9 @@ def test_every_team_has_every_object_valid_and_cost_labelled(stack):
                 kubernetes_validate.validate(obj, f"{cfg.cluster.version}.0", strict=True)
             else:
                 assert k8s_schema.problems(obj) == [], obj["kind"]
-            if obj["kind"] not in ("Namespace", "ClusterQueue"):
+            if obj["metadata"].get("namespace") == contract.NAMESPACE_MLFLOW:  # its sweep database's SQL, password and Job
+                assert obj["metadata"]["name"].startswith(f"trainforge-sweeps-{team.name}") and obj["kind"] in ("ConfigMap", "Secret", "Job")
+            elif obj["kind"] not in ("Namespace", "ClusterQueue"):
                 assert obj["metadata"]["namespace"] == contract.namespace_name(team.name)
         namespace = one(objects, "Namespace")["metadata"]["labels"]
         assert namespace["pod-security.kubernetes.io/enforce"] == "baseline"
@@ -78,7 +80,7 @@ def test_quotas_equal_the_config(stack):
         account = one(objects, "ServiceAccount")
         assert account["metadata"]["name"] == contract.TRAINING_SERVICE_ACCOUNT
         assert account["metadata"]["annotations"][contract.IRSA_ROLE_ANNOTATION] == evaluation.outputs["team_role_arns"][team.name]
-        settings = one(objects, "ConfigMap")["data"]
+        settings = one(objects, "ConfigMap", contract.TEAM_SETTINGS_CONFIG_MAP)["data"]
         assert float(settings["monthly_budget_usd"]) == team.monthly_budget_usd and settings["region"] == cfg.region
 
 
@@ -217,3 +219,23 @@ def test_bad_team_settings_are_rejected_with_the_fix(change, message):
     raw["teams"][0].update(change)
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse(raw, environment="dev", source="dev")
+
+
+def test_each_team_has_its_own_sweep_database_reachable_only_on_the_database_port(stack):
+    """The storage URL in team A's Secret names A's role and database only; A's Job creates only those; its pods
+    may leave the namespace for PostgreSQL on 5432 inside the VPC, nothing more."""
+    evaluation, cfg = stack
+    for team in cfg.teams:
+        objects = team_objects(evaluation, team.name)
+        database, role = contract.sweep_database(team.name)
+        url = one(objects, "Secret", contract.SWEEP_STORAGE_SECRET)["stringData"][contract.SWEEP_STORAGE_KEY]
+        assert url.startswith(f"postgresql+psycopg2://{role}:") and url.endswith(f":5432/{database}?sslmode=require")
+        sql = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["namespace"] == contract.NAMESPACE_MLFLOW)["data"]["sweeps.sql"]
+        for other in cfg.teams:
+            if other is not team:
+                assert all(name not in sql and name not in url for name in contract.sweep_database(other.name))
+        job = one(objects, "Job")["spec"]["template"]["spec"]
+        refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in job["containers"][0]["env"] if "valueFrom" in e}
+        assert refs == {"mlflow-database", f"trainforge-sweeps-{team.name}"}
+        egress = one(objects, "NetworkPolicy", "allow-sweep-database")["spec"]["egress"]
+        assert egress == [{"to": [{"ipBlock": {"cidr": str(cfg.network.vpc_cidr)}}], "ports": [{"protocol": "TCP", "port": 5432}]}]

@@ -138,6 +138,9 @@ def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
     price = node_price(spec, where)
     if price is not None:
         out.append({"name": contract.NODE_PRICE_ENV, "value": f"{price:.4f}"})
+    if spec.sweep:  # a sweep trial reports to its team's study database; the URL (with a password) stays in the Secret
+        out.append({"name": contract.SWEEP_STORAGE_ENV, "valueFrom": {"secretKeyRef": {
+            "name": contract.SWEEP_STORAGE_SECRET, "key": contract.SWEEP_STORAGE_KEY}}})
     return out
 
 

@@ -111,6 +111,7 @@ class TrackingServer(pulumi.ComponentResource):
         super().__init__("trainforge:platform:TrackingServer", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_MLFLOW), parent=self)
         secret = apply(database_secret(aws), parent=self, depends_on=[ns])
+        self.namespace, self.secret = ns, secret
         chart_values = values.mlflow(cfg, database_host=aws.database.instance.address, database_secret=DATABASE_SECRET,
                                      artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn)
         self.release = helm_release(charts["mlflow"], chart_values, parent=self, depends_on=[ns, secret])
@@ -162,12 +163,13 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role.arn, opts)
     shared = SharedStorage(f"{name}-storage", cfg, aws, opts)
-    TrackingServer(f"{name}-mlflow", cfg, charts, aws, opts)
+    tracking = TrackingServer(f"{name}-mlflow", cfg, charts, aws, opts)
     from trainforge.pricing import price_table
-    from trainforge.platform.components.tenancy import Tenancy
+    from trainforge.platform.components.tenancy import SweepDatabase, Tenancy
+    database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking.namespace, tracking.secret])
     for team in cfg.teams:
         Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.outputs["team_role_arns"][team.name], prices_as_of=price_table().as_of,
-                after=[scheduling.release, *shared.objects], opts=opts)
+                after=[scheduling.release, *shared.objects], database=database, opts=opts)
     return KubernetesLayer({
         "kubernetes": {
             "namespaces": {"kueue": contract.NAMESPACE_KUEUE, "trainer": contract.NAMESPACE_TRAINER,

@@ -25,6 +25,7 @@ CORE_KINDS = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("batch/v1", "Job"): k8s.batch.v1.Job,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
 }
 

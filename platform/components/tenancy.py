@@ -1,20 +1,37 @@
 """One component per team: its namespace and everything in it (platform/manifests/tenancy.py), after the platform
-objects it relies on (Kueue's CRDs, the team's FSx volumes)."""
+objects it relies on (Kueue's CRDs, the team's FSx volumes); and its sweep database on the platform's PostgreSQL
+(platform/manifests/sweeps.py), after the MLflow namespace and its master credentials."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
+import pulumi_random as random
 
 from trainforge.platform.components.objects import apply
-from trainforge.platform.manifests import tenancy
+from trainforge.platform.manifests import sweeps, tenancy
 from trainforge.stackconfig import PlatformConfig, TeamConfig
+
+
+@dataclass(frozen=True)
+class SweepDatabase:
+    host: pulumi.Input[str]  # the RDS instance's address
+    master_secret: str  # the Secret in the MLflow namespace with the master user's credentials
+    after: list[pulumi.Resource]  # that namespace and Secret
 
 
 class Tenancy(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: PlatformConfig, team: TeamConfig, *, role_arn: pulumi.Input[str], prices_as_of: str,
-                 after: list[pulumi.Resource], opts: pulumi.ResourceOptions):
+                 after: list[pulumi.Resource], database: SweepDatabase, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Tenancy", name, None, opts)
         namespace, *rest = tenancy.team_objects(cfg, team, role_arn=role_arn, prices_as_of=prices_as_of)
         ns = apply(namespace, parent=self)
         self.objects = [ns] + [apply(o, parent=self, depends_on=[ns, *after]) for o in rest]
+        password = random.RandomPassword(f"{name}-sweeps", length=32, special=False, opts=pulumi.ResourceOptions(parent=self))
+        storage = pulumi.Output.all(database.host, password.result).apply(lambda v: sweeps.storage_url(team.name, v[0], v[1]))
+        for obj in sweeps.team_sweep_objects(cfg, team, host=database.host, password=pulumi.Output.secret(password.result),
+                                             storage=pulumi.Output.secret(storage), master_secret=database.master_secret):
+            self.objects.append(apply(obj, parent=self, depends_on=[ns, *database.after, *self.objects[-3:]] if obj["kind"] == "Job"
+                                      else [ns, *database.after]))
         self.register_outputs({"namespace": namespace["metadata"]["name"]})

@@ -269,3 +269,18 @@ OPENCOST_URL = f"http://opencost.{NAMESPACE_OPENCOST}.svc.cluster.local:{OPENCOS
 NAMESPACE_SYSTEM = "trainforge-system"  # trainforge's own controllers
 BUDGET_CONTROLLER = "trainforge-budget"  # its Deployment, ServiceAccount and ClusterRole
 BUDGET_METRICS_PORT = 9401
+
+# Sweeps on the cluster: each team's Optuna database on the platform's PostgreSQL. Its URL (with the team's own
+# database user) is in this Secret in the team namespace; trial pods read it from this variable, so no password
+# appears in a TrainJob.
+SWEEP_STORAGE_SECRET = "trainforge-sweeps"
+SWEEP_STORAGE_KEY = "storage"
+SWEEP_STORAGE_ENV = "TRAINFORGE_SWEEP_STORAGE"
+SWEEP_STORAGE_FROM_ENV = f"env:{SWEEP_STORAGE_ENV}"  # what a trial's run config says instead of a URL
+POSTGRES_PORT = 5432
+
+
+def sweep_database(team: str) -> tuple[str, str]:
+    """The team's sweep database and its owner role (PostgreSQL identifiers: no dashes)."""
+    ident = team.replace("-", "_")
+    return f"optuna_{ident}", f"sweeps_{ident}"

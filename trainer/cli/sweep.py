@@ -61,8 +61,10 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         if platform is None:
             raise TrainforgeError("", ["--stack: a cluster sweep admits every trial against the stack's quota and budget. Fix: --stack stacks/Pulumi.<env>.yaml"])
         if storage is None or storage.startswith("sqlite"):
-            raise TrainforgeError("", ["--storage: trial pods report to the study, and cannot reach a file on this machine. "
-                                       "Fix: --storage postgresql://<user>:<password>@<host>/optuna (the platform's PostgreSQL)"])
+            raise TrainforgeError("", ["--storage: trial pods report to the team's study database on the platform's PostgreSQL "
+                                       "(its URL is in the team's trainforge-sweeps Secret); the controller must use the same one, "
+                                       "from a machine that reaches it (VPN or bastion into the VPC). Fix: --storage \"$(kubectl -n "
+                                       "team-<team> get secret trainforge-sweeps -o jsonpath='{.data.storage}' | base64 -d)\""])
     else:
         processes = sweep.base.workers.nodes * sweep.base.workers.procs_per_node * sweep.spec.max_parallel
         if processes > (os.cpu_count() or 1):
@@ -83,8 +85,10 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
     from trainforge.trainer.cli import views
     from trainforge.trainer.sweep.controller import SweepController
     with views.SweepProgress(sweep) as bar:
+        from trainforge import contract
         controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
-                                     poll_s=poll, on_change=bar.update)
+                                     poll_s=poll, on_change=bar.update,
+                                     trial_storage=contract.SWEEP_STORAGE_FROM_ENV if backend_name is BackendName.kubernetes else None)
         bar.update(controller)
         why = controller.run()
     views.sweep_summary(controller, why)

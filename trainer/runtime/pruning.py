@@ -30,8 +30,8 @@ class TrialReporter:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats: meant for optimize()
         self.cfg = cfg
-        self.storage = optuna.storages.RDBStorage(cfg.storage, heartbeat_interval=max(1, int(cfg.heartbeat_s)),
-                                                  engine_kwargs=_engine_kwargs(cfg.storage))
+        url = storage_url(cfg.storage)
+        self.storage = optuna.storages.RDBStorage(url, heartbeat_interval=max(1, int(cfg.heartbeat_s)), engine_kwargs=_engine_kwargs(url))
         # The study's pruner, as the controller configured it (recorded in the study: one configuration for both sides).
         study_id = self.storage.get_study_id_from_name(cfg.study)
         self.study = optuna.load_study(study_name=cfg.study, storage=self.storage,
@@ -76,6 +76,20 @@ class TrialReporter:
             return "failed"
         self.study.tell(self.trial, float(value))
         return "complete"
+
+
+def storage_url(storage: str) -> str:
+    """`env:NAME` reads the URL from the environment (on the cluster: the team's Secret), so it is never in a job spec."""
+    import os
+
+    from trainforge.trainer.runtime.config import UserError
+    if not storage.startswith("env:"):
+        return storage
+    name = storage.removeprefix("env:")
+    if not os.environ.get(name):
+        raise UserError(f"sweep.storage: ${name} is not set in this worker. Fix: the trial's pod takes it from the team's "
+                        "trainforge-sweeps Secret; is the team onboarded with sweeps (a `pulumi up` since)?")
+    return os.environ[name]
 
 
 def make_pruner(cfg: dict[str, Any]):

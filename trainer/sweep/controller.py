@@ -163,8 +163,12 @@ def trial_estimate(spec: JobSpec, decision: Admission) -> float:
 
 class SweepController:
     def __init__(self, sweep: Sweep, backend: Any, admit: Callable[[JobSpec], Admission], storage_url: str,
-                 tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None):
+                 tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None,
+                 trial_storage: str | None = None):
+        """`trial_storage`: how trials name the study's storage, where they see it differently (on the cluster: the
+        team's Secret, `env:TRAINFORGE_SWEEP_STORAGE`); default: the same URL."""
         self.sweep, self.backend, self.admit, self.storage_url = sweep, backend, admit, storage_url
+        self.trial_storage = trial_storage or storage_url
         self.poll_s, self.on_change = poll_s, on_change
         self.study = open_study(sweep, storage_url)
         self.running: dict[int, tuple[int, str]] = {}  # trial number -> (trial id, job name)
@@ -234,7 +238,7 @@ class SweepController:
             return False
         trial = self.study.ask(distributions(self.sweep))
         name = f"{self.sweep.name}-t{trial.number:03d}"
-        link = {"storage": self.storage_url, "study": self.sweep.name, "trial_id": trial._trial_id,
+        link = {"storage": self.trial_storage, "study": self.sweep.name, "trial_id": trial._trial_id,
                 "metric": self.sweep.spec.objective.metric, "heartbeat_s": HEARTBEAT_S}
         if self.tracking:
             link["parent_run_id"] = self.tracking.parent_run_id
