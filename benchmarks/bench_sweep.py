@@ -50,7 +50,8 @@ def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Pa
                     "warmup_steps": {"type": "int", "low": 0, "high": 250, "step": 10},
                     "weight_decay": {"type": "float", "low": 1e-4, "high": 30.0, "log": True}}
     raw["base"] = {**yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())}
-    raw["base"]["hyperparameters"] = {**raw["base"]["hyperparameters"], "max_steps": MAX_STEPS}
+    # The whole eval set (2048 samples, not the example's 256): a pruner deciding on noisy evaluations prunes good trials.
+    raw["base"]["hyperparameters"] = {**raw["base"]["hyperparameters"], "max_steps": MAX_STEPS, "eval_batches": None}
     sweep = parse_sweep(raw, str(SWEEP_FILE), SWEEP_FILE.parent)
     quiet_optuna()
     storage = f"sqlite:///{workdir / f'{sampler}-{pruner}-{seed}.db'}"

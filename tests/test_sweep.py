@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO
 from optuna.trial import TrialState
 from servers import mlflow_server
+from test_local_backend import wait_until
 
 from trainforge.trainer.sweep.controller import counted, load_existing
 
@@ -53,6 +54,7 @@ BAD = {
     "a metric the task never reports": ({"objective": {"metric": "perplexity"}},
                                         "objective.metric: the task 'classifier' never reports 'perplexity'. Fix: one of ['loss', 'accuracy']"),
     "unknown sampler": ({"sampler": "bayes"}, "sampler: Input should be 'tpe', 'random', 'grid' or 'cmaes'"),
+    "unknown pruner": ({"pruner": {"type": "asha"}}, "pruner.type: Input should be 'median', 'hyperband', 'successive_halving' or 'none'"),
     "budget of zero": ({"budget": {"usd": 0}}, "budget.usd: Input should be greater than 0"),
     "a wall time that is no duration": ({"budget": {"wall_time": "soon"}}, "wall_time: 'soon' is not a duration"),
     "grid over a continuous range": ({"sampler": "grid"}, "space.lr: the grid sampler needs a finite set of values"),
@@ -132,22 +134,13 @@ def test_a_real_sweep_prunes_runs_in_parallel_beats_the_base_and_is_tracked(tmp_
     best = cli(home, "sweep", "best", "clf-lr", "--write", str(tmp_path / "best.yaml"), "-o", "json")
     found = json.loads(best.stdout)
     assert found["value"] == study.best_value and Path(found["checkpoint"]).exists()
+    assert client.get_run(found["mlflow_run"]).data.tags["trainforge.job_id"] == study.best_trial.user_attrs["job"]
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["hyperparameters"]["lr"] == study.best_params["lr"]
     report = cli(home, "sweep", "report", "clf-lr", "--out", str(tmp_path / "report"))
     assert report.returncode == 0, report.stderr
     for plot in ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values"):
         assert (tmp_path / "report" / f"{plot}.png").stat().st_size > 10_000
         assert (tmp_path / "report" / f"{plot}.html").exists()
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.3)
-    raise TimeoutError(what)
 
 
 @pytest.mark.slow
@@ -159,7 +152,8 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
     sweep = write_sweep(tmp_path, name="resume", pruner={"type": "none"}, max_trials=5)
     cmd = [sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(sweep)]
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
-    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(tmp_path / "first-controller.log", "w")
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def two_running_after_one_done():
         if not (home / "jobs" / "resume-t000").exists():  # the study exists before its first trial's job (no race on its schema)
@@ -169,7 +163,12 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
                    and (home / "jobs" / t.user_attrs["job"] / "run" / "metrics.jsonl").exists()]
         done = [t for t in trials if t.state is TrialState.COMPLETE]
         return running if len(running) == 2 and done else None
-    running = wait_for(two_running_after_one_done, 300, "two trials running after one finished")
+    try:
+        running = wait_until(two_running_after_one_done, 600)
+    except TimeoutError:
+        first.kill()
+        raise AssertionError("never saw two trials running after one finished; the controller said:\n"
+                             + (tmp_path / "first-controller.log").read_text()[-3000:]) from None
     first.send_signal(signal.SIGKILL)
     first.wait()
     adopted, gone = running

@@ -149,6 +149,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     checkpoint = (str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR) if record.get("backend", "local") == "local"
                   else f"/fsx/teams/{record.get('team')}/jobs/{job}/checkpoints")
     found = {"trial": trial.number, "value": trial.value, "params": trial.params, "job": job, "checkpoint": checkpoint,
+             "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
              "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
     if write is not None:
         if not record.get("source"):

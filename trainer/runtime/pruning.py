@@ -101,6 +101,8 @@ def make_pruner(cfg: dict[str, Any]):
     if kind == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=cfg["min_resource"], max_resource=cfg["max_resource"],
                                               reduction_factor=cfg["reduction_factor"])
+    if kind == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=cfg["min_resource"], reduction_factor=cfg["reduction_factor"])
     return optuna.pruners.NopPruner()
 
 

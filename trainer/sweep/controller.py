@@ -71,6 +71,8 @@ def pruner_config(sweep: Sweep) -> dict[str, Any]:
     if p.type == "hyperband":
         return {"type": "hyperband", "min_resource": p.min_resource or sweep.eval_every(), "max_resource": sweep.max_steps(),
                 "reduction_factor": p.reduction_factor}
+    if p.type == "successive_halving":
+        return {"type": "successive_halving", "min_resource": p.min_resource or sweep.eval_every(), "reduction_factor": p.reduction_factor}
     return {"type": "none"}
 
 
@@ -287,7 +289,9 @@ class SweepController:
         if seconds is not None:
             self.study.set_user_attr(f"trial.{number}.run_s", round(seconds, 3))
         if self.tracking:
-            self.tracking.trial_finished(self.study._storage.get_trial(trial_id), job, cost)
+            run_id = self.tracking.trial_finished(self.study._storage.get_trial(trial_id), job, cost)
+            if run_id:
+                self.study.set_user_attr(f"trial.{number}.mlflow_run_id", run_id)
 
     def _cost(self, job: str | None, trial: optuna.trial.FrozenTrial) -> tuple[float, float | None]:
         """What the trial's job cost: the backend's own figure where it keeps one (local: node-hours x price), else
@@ -394,7 +398,8 @@ class _Tracking:
             for key, value in params.items():
                 self.client.log_param(self.parent_run_id, key, value)
 
-    def trial_finished(self, trial: optuna.trial.FrozenTrial, job: str | None, cost: float) -> None:
+    def trial_finished(self, trial: optuna.trial.FrozenTrial, job: str | None, cost: float) -> str | None:
+        """Log the trial on the parent run and tag its own run; the trial's run id, where it has one."""
         self.client.log_metric(self.parent_run_id, "trial_cost_usd", cost, step=trial.number)
         if trial.value is not None:
             self.client.log_metric(self.parent_run_id, "trial_value", trial.value, step=trial.number)
@@ -404,6 +409,7 @@ class _Tracking:
             for key, value in {"trainforge.trial.number": trial.number, "trainforge.trial.state": trial.state.name.lower(),
                                "trainforge.trial.cost_usd": f"{cost:.6f}", "trainforge.trial.value": trial.value}.items():
                 self.client.set_tag(run.info.run_id, key, str(value))
+        return found[0].info.run_id if found else None
 
     def sweep_finished(self, study: optuna.Study, spent: float, why: str) -> None:
         self.client.set_tag(self.parent_run_id, "trainforge.sweep.finished_because", why)

@@ -10,7 +10,7 @@ its field, with the fix. Imports no torch and no optuna.
       task_args.width: {type: categorical, choices: [64, 128, 256]}
     objective: {metric: accuracy, direction: maximize}
     sampler: tpe            # tpe | random | grid | cmaes
-    pruner: {type: hyperband}   # median | hyperband | none
+    pruner: {type: hyperband}   # median | hyperband | successive_halving | none
     max_trials: 16
     max_parallel: 2
     budget: {usd: 25, wall_time: 2h}
@@ -111,11 +111,11 @@ class Objective(_Model):
 
 
 class Pruner(_Model):
-    type: Literal["median", "hyperband", "none"] = "median"
+    type: Literal["median", "hyperband", "successive_halving", "none"] = "median"
     startup_trials: int = Field(3, ge=0, description="median: trials that run to the end before any is pruned")
     warmup_steps: int = Field(0, ge=0, description="median: steps before a trial may be pruned")
-    min_resource: int | None = Field(None, ge=1, description="hyperband: steps every trial gets; default: the base's eval_every")
-    reduction_factor: int = Field(3, ge=2, description="hyperband: 1/reduction_factor of the trials go on at each rung")
+    min_resource: int | None = Field(None, ge=1, description="hyperband, successive_halving: steps every trial gets; default: the base's eval_every")
+    reduction_factor: int = Field(3, ge=2, description="hyperband, successive_halving: 1/reduction_factor of the trials go on at each rung")
 
 
 class Budget(_Model):
