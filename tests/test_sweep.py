@@ -149,7 +149,9 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
     running trial is adopted (its job is not started twice), the gone one failed and retried once with the same
     parameters, and the sweep ends with exactly the planned trials."""
     home = tmp_path / "home"
-    sweep = write_sweep(tmp_path, name="resume", pruner={"type": "none"}, max_trials=5)
+    # Trials slowed to ~15 s of training (the runtime's test hook), so two are surely running at once to be caught.
+    slow_base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "step_sleep_s": 0.12}}
+    sweep = write_sweep(tmp_path, name="resume", pruner={"type": "none"}, max_trials=5, base=slow_base)
     cmd = [sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(sweep)]
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
     log = open(tmp_path / "first-controller.log", "w")
