@@ -39,8 +39,8 @@ def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Pa
     from trainforge.trainer.runtime.config import RunConfig
     from trainforge.trainer.runtime.pruning import TrialReporter
     from trainforge.trainer.runtime.tasks import load_task
-    from trainforge.trainer.sweep.controller import distributions, make_pruner, pruner_config, quiet_optuna, sampler_for
-    from trainforge.trainer.sweep.spec import _with, parse_sweep
+    from trainforge.trainer.sweeps.controller import distributions, make_pruner, pruner_config, quiet_optuna, sampler_for
+    from trainforge.trainer.sweeps.spec import _with, parse_sweep
 
     raw = yaml.safe_load(SWEEP_FILE.read_text())
     raw.update(sampler=sampler, pruner={"type": pruner, "reduction_factor": 3}, seed=seed, max_trials=20)  # TPE: 5 random startup trials

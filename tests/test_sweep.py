@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from servers import mlflow_server
 from test_local_backend import wait_until
 
-from trainforge.trainer.sweep.controller import counted, load_existing
+from trainforge.trainer.sweeps.controller import counted, load_existing
 
 BASE = yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())
 SWEEP = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-lr.yaml").read_text())
@@ -245,7 +245,7 @@ def test_a_pruned_trial_stops_every_rank_at_the_same_step_and_keeps_its_checkpoi
 
 
 def test_the_example_sweep_is_valid_as_shipped():
-    from trainforge.trainer.sweep.spec import load_sweep
+    from trainforge.trainer.sweeps.spec import load_sweep
     sweep = load_sweep(REPO / "examples" / "sweeps" / "classifier-lr.yaml")
     assert sweep.base.name == "clf-base" and sweep.direction == "maximize" and sweep.planned_trials == 8
 
@@ -265,8 +265,8 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
     from trainforge.trainer.admission import admit
     from trainforge.trainer.backends.kubernetes import KubernetesBackend
     from trainforge.trainer.spec import with_image
-    from trainforge.trainer.sweep.controller import SweepController
-    from trainforge.trainer.sweep.spec import parse_sweep
+    from trainforge.trainer.sweeps.controller import SweepController
+    from trainforge.trainer.sweeps.spec import parse_sweep
 
     platform = load_stack_file(REPO / "stacks" / "Pulumi.dev.yaml")
     raw = {**SWEEP, "name": "on-cluster", "base": str(REPO / "examples" / "sweep-base.yaml"), "max_trials": 4, "pruner": {"type": "none"},

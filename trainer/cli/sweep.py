@@ -1,4 +1,4 @@
-"""`trainforge sweep`: hyperparameter sweeps whose trials are real training jobs (trainer/sweep/)."""
+"""`trainforge sweep`: hyperparameter sweeps whose trials are real training jobs (trainer/sweeps/)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
     from trainforge.trainer.admission import admit, unchecked
     from trainforge.trainer.cli.common import backend, cost_centre, load_platform
     from trainforge.trainer.spec import with_image
-    from trainforge.trainer.sweep.spec import load_sweep
+    from trainforge.trainer.sweeps.spec import load_sweep
 
     sweep = load_sweep(sweep_file)  # every problem of the spec, before anything is created
     platform = load_platform(stack) if stack is not None else None
@@ -83,7 +83,7 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         return admit(spec, platform) if platform is not None else unchecked(spec)
 
     from trainforge.trainer.cli import views
-    from trainforge.trainer.sweep.controller import SweepController
+    from trainforge.trainer.sweeps.controller import SweepController
     with views.SweepProgress(sweep) as bar:
         from trainforge import contract
         controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
@@ -92,7 +92,7 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         bar.update(controller)
         why = controller.run()
     views.sweep_summary(controller, why)
-    from trainforge.trainer.sweep.controller import counted
+    from trainforge.trainer.sweeps.controller import counted
     if counted(controller.study) == 0 and controller.stopped_because:
         raise typer.Exit(3)  # not one trial could start: the budget or the cluster refused them all
 
@@ -104,7 +104,7 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
     from dataclasses import asdict
 
     from trainforge.trainer.cli import views
-    from trainforge.trainer.sweep.controller import load_existing, rows
+    from trainforge.trainer.sweeps.controller import load_existing, rows
     study = load_existing(name, _storage(name, storage))
     found = rows(study)
     if output is Output.json:
@@ -119,8 +119,8 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
            storage: Optional[str] = typer.Option(None)) -> None:
     """Plots: optimisation history, parameter importances, parallel coordinates, intermediate values (PNG and HTML)."""
     from trainforge import paths
-    from trainforge.trainer.sweep.controller import load_existing
-    from trainforge.trainer.sweep.report import write_report
+    from trainforge.trainer.sweeps.controller import load_existing
+    from trainforge.trainer.sweeps.report import write_report
     directory = out or paths.sweep_dir(name) / "report"
     done = write_report(load_existing(name, _storage(name, storage)), directory)
     for file in done["written"]:
@@ -137,8 +137,8 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
 
     from trainforge import paths
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweep.controller import load_existing
-    from trainforge.trainer.sweep.spec import load_sweep, trial_job
+    from trainforge.trainer.sweeps.controller import load_existing
+    from trainforge.trainer.sweeps.spec import load_sweep, trial_job
     study = load_existing(name, _storage(name, storage))
     try:
         trial = study.best_trial
@@ -170,7 +170,7 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None)) -> None:
 
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.cli.common import backend
-    from trainforge.trainer.sweep.controller import load_existing
+    from trainforge.trainer.sweeps.controller import load_existing
     study = load_existing(name, _storage(name, storage))
     study.set_user_attr("cancelled", True)  # a running controller stops launching and exits
     record = _record(name)

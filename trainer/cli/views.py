@@ -256,7 +256,7 @@ class SweepProgress:
         self.bar.__exit__(*exc)
 
     def update(self, controller) -> None:
-        from trainforge.trainer.sweep.controller import counted, rows
+        from trainforge.trainer.sweeps.controller import counted, rows
         found = rows(controller.study)
         pruned = sum(1 for r in found if r.state == "pruned")
         values = [r.value for r in found if r.value is not None]
@@ -287,7 +287,7 @@ def sweep_table(name: str, study, found) -> None:
 
 
 def sweep_summary(controller, why: str) -> None:
-    from trainforge.trainer.sweep.controller import rows
+    from trainforge.trainer.sweeps.controller import rows
     study, sweep = controller.study, controller.sweep
     sweep_table(sweep.name, study, rows(study))
     import sys

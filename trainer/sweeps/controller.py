@@ -27,7 +27,7 @@ from trainforge.trainer.admission import Admission, NotAdmitted
 from trainforge.trainer.backends import NoSuchJob
 from trainforge.trainer.runtime.pruning import make_pruner
 from trainforge.trainer.spec import JobSpec
-from trainforge.trainer.sweep.spec import Sweep, trial_job
+from trainforge.trainer.sweeps.spec import Sweep, trial_job
 
 log = logging.getLogger("trainforge.sweep")
 TERMINAL = {"succeeded", "failed", "cancelled", "deleted", "lost"}  # lost: a local supervisor gone
