@@ -8,7 +8,7 @@
 2. Parallelism: the wall time of 8 trials run by `trainforge sweep` (real local jobs) two at a time against one
    at a time, same sampler and seed, no pruning.
 
-    .venv/bin/python benchmarks/bench_sweep.py [--seeds 3] [--target 0.95] [--skip-parallel]
+    .venv/bin/python benchmarks/bench_sweep.py [--seeds 8] [--target 0.97] [--skip-parallel]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def parallel_wall(parallel: int, workdir: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--skip-parallel", action="store_true")
     args = parser.parse_args()
     import logging
