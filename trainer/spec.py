@@ -222,14 +222,18 @@ def parse_spec(raw: Any, source: str = "<spec>") -> JobSpec:
         raise SpecError(source, errors.problems(exc, SPEC_FIXES)) from None
 
 
-def load_spec(path: str | Path) -> JobSpec:
+def read_yaml(path: str | Path) -> Any:
+    """A spec file's YAML, or a SpecError that names the file and what is wrong with it."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise SpecError(str(path), ["no such file. Fix: check the path"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(str(path), [f"cannot read it: {exc}"]) from None
     except yaml.YAMLError as exc:
         raise SpecError(str(path), [f"not valid YAML: {str(exc).splitlines()[0]}"]) from None
-    return parse_spec(raw, str(path))
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    return parse_spec(read_yaml(path), str(path))

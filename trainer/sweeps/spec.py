@@ -24,12 +24,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainforge import errors
 from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS, BUNDLED_TASKS, RunConfig
-from trainforge.trainer.spec import JobSpec, SpecError, parse_spec, run_config_problems
+from trainforge.trainer.spec import JobSpec, SpecError, parse_spec, read_yaml, run_config_problems
 
 # Fields the submitter sets from the job spec itself, or the sweep sets per trial: not searchable.
 NOT_SEARCHABLE = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics", "sweep", "step_sleep_s"}
@@ -178,13 +177,7 @@ class Sweep:
 
 def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(str(path), ["no such file. Fix: check the path"]) from None
-    except yaml.YAMLError as exc:
-        raise SpecError(str(path), [f"not valid YAML: {str(exc).splitlines()[0]}"]) from None
-    return parse_sweep(raw, str(path), path.parent)
+    return parse_sweep(read_yaml(path), str(path), path.parent)
 
 
 def parse_sweep(raw: Any, source: str, relative_to: Path = Path(".")) -> Sweep:
@@ -211,11 +204,9 @@ def _base(spec: SweepSpec, source: str, relative_to: Path) -> JobSpec:
         return parse_spec(spec.base, f"{source}: base")
     path = Path(spec.base)
     path = path if path.is_absolute() else relative_to / path
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(source, [f"base: {spec.base!r} does not exist (looked at {path}). Fix: a job spec's path relative to the sweep file"]) from None
-    base = parse_spec(raw, str(path))
+    if not path.exists():
+        raise SpecError(source, [f"base: {spec.base!r} does not exist (looked at {path}). Fix: a job spec's path relative to the sweep file"])
+    base = parse_spec(read_yaml(path), str(path))
     if base.entry.task is None:
         raise SpecError(source, ["base: the job runs a command, not a task: a sweep sets run-config fields. Fix: a base with entry.task"])
     return base
