@@ -203,6 +203,11 @@ class BudgetController:
             self.metrics.observe(decision, held)
 
 
+def is_held(queue: dict[str, Any]) -> bool:
+    """Kueue admits nothing new from a ClusterQueue whose stopPolicy is Hold or HoldAndDrain."""
+    return queue.get("spec", {}).get("stopPolicy", "None") in ("Hold", "HoldAndDrain")
+
+
 def team_budget(team: str, settings: dict[str, str], queue: dict[str, Any]) -> TeamBudget:
     def number(key: str) -> float | None:
         try:
@@ -214,7 +219,7 @@ def team_budget(team: str, settings: dict[str, str], queue: dict[str, Any]) -> T
         raise TrainforgeError("", [f"team {team}: {contract.SETTING_BUDGET_USD}={settings.get(contract.SETTING_BUDGET_USD)!r} in "
                                    f"{contract.TEAM_SETTINGS_CONFIG_MAP} is not a number. Fix: `pulumi up` rewrites it from the stack"])
     annotations = queue["metadata"].get("annotations") or {}
-    held = queue.get("spec", {}).get("stopPolicy", "None") in ("Hold", "HoldAndDrain")
+    held = is_held(queue)
     return TeamBudget(team, budget, number(contract.SETTING_SPENT_USD), settings.get(contract.SETTING_SPENT_MONTH),
                       settings.get(contract.SETTING_SPENT_AS_OF), held, held and contract.BUDGET_HOLD_ANNOTATION in annotations)
 

@@ -16,6 +16,7 @@ from trainforge import contract
 from trainforge.errors import EXIT_BAD_INPUT, EXIT_FAILED, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
 from trainforge.trainer.backends import JobReport, NoSuchJob, Progress
+from trainforge.trainer.budget import TeamBudget, is_held, month_of, rfc3339, team_budget
 from trainforge.trainer.render import Kind, render
 from trainforge.trainer.spec import JobSpec
 
@@ -177,7 +178,7 @@ class Cluster:
     def record_event(self, team: str, *, reason: str, message: str, warning: bool, at: datetime.datetime) -> None:
         """An Event on the team's settings ConfigMap, in its namespace, where `kubectl get events` shows it to the team."""
         namespace = contract.namespace_name(team)
-        stamp = at.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = rfc3339(at)
         event = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"generateName": f"{contract.BUDGET_CONTROLLER}-", "namespace": namespace},
                  "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap", "name": contract.TEAM_SETTINGS_CONFIG_MAP, "namespace": namespace},
@@ -204,10 +205,6 @@ def gpu_quota(queue: dict[str, Any]) -> dict[str, int]:
     return quota
 
 
-def is_held(queue: dict[str, Any]) -> bool:
-    return queue.get("spec", {}).get("stopPolicy", "None") in ("Hold", "HoldAndDrain")
-
-
 class KubernetesBackend:
     """The Backend protocol on the kubeconfig's cluster: one job kind, in one team's namespace."""
 
@@ -228,8 +225,7 @@ class KubernetesBackend:
             raise ClusterError(f"team {team!r} has no {contract.TEAM_SETTINGS_CONFIG_MAP} ConfigMap in namespace "
                                f"{contract.namespace_name(team)}. Fix: check the team name; the platform's `pulumi up` creates it",
                                EXIT_BAD_INPUT)
-        queue = self.cluster.cluster_queue(team)
-        return TeamSpend.read(team, settings, is_held(queue), queue.get("metadata", {}).get("annotations") or {}, now)
+        return TeamSpend.of(team_budget(team, settings, self.cluster.cluster_queue(team)), month_of(now))
 
     def submit(self, spec: JobSpec, admission: Admission, *, detach: bool = True, on_progress: Progress | None = None) -> JobReport:
         """Create the job once the live ClusterQueue agrees: quota from it (the cluster wins if it differs from the stack),
@@ -300,6 +296,8 @@ class KubernetesBackend:
 
 @dataclass(frozen=True)
 class TeamSpend:
+    """A team's budget this month, as the cluster's budget controller last recorded it."""
+
     team: str
     budget_usd: float
     spent_usd: float  # this month's; 0 when the controller's last figure is from an earlier month
@@ -313,17 +311,10 @@ class TeamSpend:
         return self.budget_usd - self.spent_usd
 
     @classmethod
-    def read(cls, team: str, settings: dict[str, str], held: bool, annotations: dict[str, str], now: datetime.datetime) -> TeamSpend:
-        month = now.astimezone(datetime.timezone.utc).strftime("%Y-%m")
-        try:
-            budget = float(settings[contract.SETTING_BUDGET_USD])
-            spent = float(settings.get(contract.SETTING_SPENT_USD) or 0.0)
-        except (KeyError, ValueError):
-            raise ClusterError(f"team {team!r}: {contract.TEAM_SETTINGS_CONFIG_MAP} has no usable {contract.SETTING_BUDGET_USD} / "
-                               f"{contract.SETTING_SPENT_USD}. Fix: the platform's `pulumi up` rewrites it", EXIT_BAD_INPUT) from None
-        current = settings.get(contract.SETTING_SPENT_MONTH) == month
-        return cls(team, budget, spent if current else 0.0, settings.get(contract.SETTING_SPENT_AS_OF) if current else None, month,
-                   held and contract.BUDGET_HOLD_ANNOTATION in annotations, held)
+    def of(cls, recorded: TeamBudget, month: str) -> TeamSpend:
+        current = recorded.spent_month == month
+        return cls(recorded.team, recorded.budget_usd, recorded.spent_in(month), recorded.spent_as_of if current else None, month,
+                   recorded.held_for_budget, recorded.held)
 
 
 def job_state(kind: Kind, obj: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ class TrialReporter:
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats: meant for optimize()
         self.cfg = cfg
         url = storage_url(cfg.storage)
-        self.storage = optuna.storages.RDBStorage(url, heartbeat_interval=max(1, int(cfg.heartbeat_s)), engine_kwargs=_engine_kwargs(url))
+        self.storage = optuna.storages.RDBStorage(url, heartbeat_interval=max(1, int(cfg.heartbeat_s)), engine_kwargs=engine_kwargs(url))
         # The study's pruner, as the controller configured it (recorded in the study: one configuration for both sides).
         study_id = self.storage.get_study_id_from_name(cfg.study)
         self.study = optuna.load_study(study_name=cfg.study, storage=self.storage,
@@ -106,6 +106,6 @@ def make_pruner(cfg: dict[str, Any]):
     return optuna.pruners.NopPruner()
 
 
-def _engine_kwargs(url: str) -> dict[str, Any]:
+def engine_kwargs(url: str) -> dict[str, Any]:
     # Several trials and the controller write one SQLite file: wait for the lock rather than fail at once.
     return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}

@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
 from trainforge.trainer.backends import NoSuchJob
-from trainforge.trainer.runtime.pruning import make_pruner
+from trainforge.trainer.runtime.pruning import engine_kwargs, make_pruner
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.spec import Sweep, trial_job
 
@@ -85,8 +85,7 @@ def quiet_optuna() -> None:
 
 def storage_for(url: str) -> optuna.storages.RDBStorage:
     quiet_optuna()
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, heartbeat_interval=int(HEARTBEAT_S), grace_period=GRACE_S, engine_kwargs=kwargs)
+    return optuna.storages.RDBStorage(url, heartbeat_interval=int(HEARTBEAT_S), grace_period=GRACE_S, engine_kwargs=engine_kwargs(url))
 
 
 def open_study(sweep: Sweep, storage_url: str) -> optuna.Study:
