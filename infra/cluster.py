@@ -80,14 +80,16 @@ class Cluster(pulumi.ComponentResource):
             tags=named(tags, cluster_name),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group, *role.ready]),
         )
+        self.admin_access: list[pulumi.Resource] = []
         for i, principal in enumerate(access.admin_principal_arns):
             entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal,
                                         type="STANDARD", tags=named(tags, f"{name}-admin-{i}"), opts=child)
-            aws.eks.AccessPolicyAssociation(
+            self.admin_access.append(entry)
+            self.admin_access.append(aws.eks.AccessPolicyAssociation(
                 f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal, policy_arn=CLUSTER_ADMIN_POLICY,
                 access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]),
-            )
+            ))
 
         self.oidc_provider = aws.iam.OpenIdConnectProvider(
             f"{name}-oidc", url=self.oidc_issuer_url, client_id_lists=["sts.amazonaws.com"],
@@ -96,8 +98,10 @@ class Cluster(pulumi.ComponentResource):
         self.node_role = service_role(f"{name}-nodes", "ec2.amazonaws.com", NODE_POLICIES, named(tags, f"{name}-nodes"), self)
         # Server-side apply: objects the platform layer shares with controllers (a ClusterQueue Kueue updates, a
         # ConfigMap the budget controller writes) keep each writer's fields instead of being overwritten whole.
+        # The API server answers the deployer (one of the admins) only once its access entry and cluster-admin policy
+        # exist (API authentication mode, no bootstrap admin): the provider's first call waits for them.
         self.kubernetes = k8s.Provider(f"{name}-kubernetes", kubeconfig=self.kubeconfig(), enable_server_side_apply=True,
-                                       opts=pulumi.ResourceOptions(parent=self))
+                                       opts=pulumi.ResourceOptions(parent=self, depends_on=self.admin_access))
         self.register_outputs({"cluster_name": self.cluster.name, "endpoint": self.cluster.endpoint,
                                "oidc_provider_arn": self.oidc_provider.arn})
 
@@ -144,6 +148,16 @@ IRSA_INLINE_POLICIES = {
     "aws-fsx-csi-driver": {"Version": "2012-10-17", "Statement": [
         {"Sid": "StaticProvisioning", "Effect": "Allow", "Action": ["fsx:DescribeFileSystems"], "Resource": "*"}]},
 }
+def ebs_kms_policy(key_arn: str) -> dict:
+    """What the EBS CSI driver needs to create and attach volumes encrypted with a customer key (AWS EBS CSI driver
+    docs, 'KMS encryption'): grants only for AWS resources, and the data-key operations."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "GrantsForVolumes", "Effect": "Allow", "Action": ["kms:CreateGrant", "kms:ListGrants", "kms:RevokeGrant"],
+         "Resource": key_arn, "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}}},
+        {"Sid": "EncryptVolumes", "Effect": "Allow", "Resource": key_arn,
+         "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"]}]}
+
+
 # Installed before any node joins (nodes need networking to become Ready) ...
 NETWORK_ADDONS = ("vpc-cni", "kube-proxy")
 # ... and after the system nodes exist (these run Deployments that need a node to become ACTIVE).
@@ -167,10 +181,12 @@ class Addons(pulumi.ComponentResource):
     addons: list[aws.eks.Addon]
 
     def __init__(self, name: str, cluster: Cluster, stage: str, tags: dict[str, str], *,
-                 after: list[pulumi.Resource] | None = None, opts: pulumi.ResourceOptions | None = None):
-        """`name` prefixes each add-on's resources (the cluster's name); `stage` is a key of ADDON_STAGES."""
+                 after: list[pulumi.Resource] | None = None, volume_key: aws.kms.Key | None = None,
+                 opts: pulumi.ResourceOptions | None = None):
+        """`name` prefixes each add-on's resources (the cluster's name); `stage` is a key of ADDON_STAGES; `volume_key`
+        is the customer key EBS volumes are encrypted with (the EBS CSI driver must be allowed to use it)."""
         super().__init__("trainforge:infra:Addons", f"{name}-{stage}-addons", None, opts)
-        self._name, self._cluster, self._tags = name, cluster, tags
+        self._name, self._cluster, self._tags, self._volume_key = name, cluster, tags, volume_key
         self.addons = [self._addon(a, after or []) for a in ADDON_STAGES[stage]]
         self.register_outputs({"addons": [a.addon_name for a in self.addons]})
 
@@ -185,6 +201,8 @@ class Addons(pulumi.ComponentResource):
             )
             if addon in IRSA_INLINE_POLICIES:
                 role = inline_policy(f"{self._name}-{addon}", role, json.dumps(IRSA_INLINE_POLICIES[addon]))
+            if addon == "aws-ebs-csi-driver" and self._volume_key is not None:
+                role = inline_policy(f"{self._name}-{addon}-kms", role, self._volume_key.arn.apply(lambda arn: json.dumps(ebs_kms_policy(arn))))
             role_arn = role.arn
             depends_on = [*depends_on, *role.ready]
         config = ADDON_CONFIGURATION.get(addon)

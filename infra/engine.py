@@ -81,8 +81,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.resources.append(RegisteredResource(args.typ, args.name, resource_id, dict(args.inputs), state, args.provider))
         return resource_id, state
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, None]:
-        return {}, None
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:
+        if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
+            return {"userName": "AWS", "password": "mock-token", "authorizationToken": "QVdTOm1vY2s=",
+                    "proxyEndpoint": f"https://{MOCK_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com"}, []
+        return {}, []
 
     def annotate(self, type_token: str, name: str, **fields: Any) -> None:
         for i in range(len(self.resources) - 1, -1, -1):
@@ -111,6 +114,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             out |= {"dnsName": f"fs-{token}.fsx.{self.region}.amazonaws.com", "mountName": token,
                     "arn": f"arn:aws:fsx:{self.region}:{MOCK_ACCOUNT}:file-system/{args.name}-{token}"}
+        elif args.typ == "docker-build:index:Image":  # the registry answers a push with the image's digest
+            digest = "sha256:" + hashlib.sha256(args.name.encode()).hexdigest()
+            out |= {"digest": digest, "ref": f"{(args.inputs.get('tags') or [args.name])[0]}@{digest}"}
         elif args.typ == "aws:eks/nodeGroup:NodeGroup":  # EKS creates one Auto Scaling group per managed node group
             out["resources"] = [{"autoscalingGroups": [{"name": f"eks-{args.name}-{token}"}], "remoteAccessSecurityGroupId": ""}]
         elif args.typ == "random:index/randomPassword:RandomPassword":

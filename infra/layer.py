@@ -57,6 +57,8 @@ class AwsLayer:
     buckets: dict[str, aws.s3.Bucket]
     data_key: aws.kms.Key
     database: MlflowDatabase
+    runtime_image: pulumi.Output[str]  # the image the platform's own controllers run, pushed before they start
+    system_ready: list[pulumi.Resource]  # the system nodes and the add-ons that run there (DNS, EBS and FSx CSI)
     node_groups: dict[str, aws.eks.NodeGroup]  # by config name
     autoscaler_role: Role
     mlflow_role: Role
@@ -90,7 +92,7 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
             opts=pulumi.ResourceOptions(providers={"aws": provider}, depends_on=network_addons.addons),
         )
     system_pools = [pools[g.name].node_group for g in cfg.node_groups if g.flavour is contract.Flavour.SYSTEM]
-    Addons(cfg.cluster_name, cluster, "workload", tags, after=system_pools, opts=aws_opts)
+    workload_addons = Addons(cfg.cluster_name, cluster, "workload", tags, after=system_pools, volume_key=keys.data, opts=aws_opts)
 
     buckets = Buckets(env, cfg.buckets, data_key=keys.data, tags=tags, opts=aws_opts)
     fsx = LustreFileSystem(
@@ -102,7 +104,8 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
         f"{env}-mlflow", cfg.kubernetes.mlflow, vpc_id=network.vpc_id, subnet_ids=private_subnets,
         client_security_group_id=cluster.security_group_id, data_key=keys.data, protect=not cfg.buckets.force_destroy,
         tags=tags, opts=aws_opts)
-    images = RuntimeImageRepository(f"{env}-runtime-image", env, data_key=keys.data, tags=tags, opts=aws_opts)
+    images = RuntimeImageRepository(f"{env}-runtime-image", env, version=_version(), context=".",
+                                    existing_image=cfg.kubernetes.runtime_image, data_key=keys.data, tags=tags, opts=aws_opts)
 
     team_roles = {
         team.name: TeamAccess(
@@ -135,9 +138,16 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
         "buckets": {kind: b.bucket for kind, b in buckets.buckets.items()},
         "data_key_arn": keys.data.arn,
         "runtime_image_repository": images.repository.repository_url,
+        "runtime_image": images.image,
         "team_role_arns": team_roles,
         "kubeconfig": handle.kubeconfig,
         "mlflow_database": database.instance.address,
     }
-    return AwsLayer(handle, outputs, fsx.file_system, buckets.buckets, keys.data, database,
+    return AwsLayer(handle, outputs, fsx.file_system, buckets.buckets, keys.data, database, images.image,
+                    [*system_pools, *workload_addons.addons],
                     {name: pool.node_group for name, pool in pools.items()}, service_roles.autoscaler, service_roles.mlflow)
+
+
+def _version() -> str:
+    import trainforge
+    return trainforge.__version__

@@ -16,7 +16,7 @@ WORKLOADS = ("kubernetes:core/v1:Pod", "kubernetes:apps/v1:Deployment", "kuberne
              "kubernetes:batch/v1:Job", "kubernetes:batch/v1:CronJob", "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime",
              "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime", "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
              "kubernetes:kubeflow.org/v1:PyTorchJob", "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet")
-TEAM_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}"
+TEAM_LABEL = contract.LABEL_TEAM
 COST_LABELS = (f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}", f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}")
 
 

@@ -161,10 +161,35 @@ def test_misspelt_field_is_not_silently_ignored():
     assert "fsx.storage_capacity: Extra inputs are not permitted (got 4800)" in message
 
 
-def test_public_endpoint_without_an_allowlist():
+@pytest.mark.parametrize("cidrs, message", [
+    (["203.0.113.0/24"], "203.0.113.0/24 is a documentation range (RFC 5737)"),
+    (["198.51.100.7/32"], "documentation range"),
+    (["10.0.0.0/8"], "10.0.0.0/8 is not a public internet range"),
+    (["0.0.0.0/0"], "opens the API endpoint to the whole internet"),
+    ([f"1.2.{i}.0/24" for i in range(41)], "at most 40"),
+])
+def test_the_api_allowlist_must_be_where_a_deployer_can_be(cidrs, message):
     raw = prod()
-    raw["cluster"]["endpoint_public_access"] = True
-    assert "cluster.public_access_cidrs: the public endpoint is on but no allowlist is given" in rejected(raw)
+    raw["cluster"]["public_access_cidrs"] = cidrs
+    assert "cluster.public_access_cidrs" in rejected(raw) and message in rejected(raw)
+
+
+def test_a_private_only_endpoint_is_refused_because_the_deployer_is_outside_the_vpc_the_program_creates():
+    raw = prod()
+    raw["cluster"]["endpoint_public_access"] = False
+    message = rejected(raw)
+    assert "cluster.endpoint_public_access: false makes the API answer only inside the VPC" in message
+    assert "Fix: endpoint_public_access: true with public_access_cidrs" in message
+
+
+def test_a_stack_without_the_deployers_cidrs_parses_but_cannot_deploy():
+    """The shipped stacks leave the allowlist to the deployer: a real `pulumi up` refuses with the command to set it."""
+    cfg = parse(prod(), environment="prod", source="prod")
+    (blocker,) = cfg.cluster.deploy_blockers()
+    assert blocker.startswith("cluster.public_access_cidrs: not set") and "pulumi config set --path" in blocker
+    raw = prod()
+    raw["cluster"]["public_access_cidrs"] = ["1.2.3.4/32"]
+    assert parse(raw, environment="prod", source="prod").cluster.deploy_blockers() == []
 
 
 def test_no_system_group_for_the_add_ons():

@@ -80,7 +80,7 @@ def test_every_custom_resource_validates_against_its_pinned_crd(stack):
     evaluation, _ = stack
     custom = [r for r in kubernetes_objects(evaluation) if r.type not in CORE_TYPES]
     kinds = {manifest(r)["kind"] for r in custom}
-    assert kinds == {"ResourceFlavor", "Cohort", "WorkloadPriorityClass", "ClusterTrainingRuntime", "PodMonitor", "PrometheusRule",
+    assert kinds == {"ResourceFlavor", "Cohort", "WorkloadPriorityClass", "ClusterTrainingRuntime", "PodMonitor", "PrometheusRule", "ServiceMonitor",
                      "ClusterQueue", "LocalQueue"}  # the last two: tenancy
     for resource in custom:
         assert k8s_schema.problems(manifest(resource)) == [], resource.name

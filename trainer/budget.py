@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainforge.budget")
 Action = Literal["hold", "release", "none"]
-TEAM_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}"
+TEAM_LABEL = contract.LABEL_TEAM
 
 
 class CostUnavailable(TrainforgeError):

@@ -76,7 +76,7 @@ def image(spec: JobSpec) -> str:
 
 
 def labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
-    out = {contract.LABEL_JOB: spec.name, f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}": spec.team,
+    out = {contract.LABEL_JOB: spec.name, contract.LABEL_TEAM: spec.team,
            contract.KUEUE_QUEUE_LABEL: contract.queue_name(spec.team),
            contract.KUEUE_PRIORITY_LABEL: contract.priority_class_name(spec.priority)}
     if cost_centre:

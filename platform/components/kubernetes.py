@@ -1,6 +1,8 @@
 """The Kubernetes layer: thin components that apply platform/manifests on the AWS layer's cluster, through its
-Kubernetes provider. Order matters only where the cluster needs it: custom resources after the release that
-installs their CRDs, the DCGM exporter's ServiceMonitor after the Prometheus operator's CRDs.
+Kubernetes provider. Order matters only where the cluster needs it (platform/plan/first_up.py states each rule and
+checks the program against it): everything that runs a pod after the system nodes and their add-ons; custom
+resources after the release that installs their CRDs (every ServiceMonitor, PodMonitor and PrometheusRule after
+kube-prometheus-stack); Prometheus after the StorageClass its volume is claimed from; the controller after its image.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pulumi_kubernetes as k8s
 
 from trainforge import contract
 from trainforge.infra.database import USERNAME
+from trainforge.infra.iam import Role
 from trainforge.infra.layer import AwsLayer
 from trainforge.platform.components.objects import apply, helm_release
 from trainforge.platform.manifests import charts as chart_table
@@ -31,22 +34,25 @@ def namespace(name: str) -> dict[str, Any]:
 class Scheduling(pulumi.ComponentResource):
     """Kueue, its ResourceFlavors (one per node flavour), the cohort and the priority classes."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], opts: pulumi.ResourceOptions):
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: list[pulumi.Resource],
+                 monitoring_release: pulumi.Resource, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Scheduling", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_KUEUE), parent=self)
-        self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns])
+        self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns, *after])
         objects = [*kueue.resource_flavors(cfg), kueue.cohort(), *kueue.workload_priority_classes()]
         self.objects = [apply(o, parent=self, depends_on=[self.release]) for o in objects]
+        self.objects.append(apply(monitoring.kueue_service_monitor(), parent=self, depends_on=[self.release, monitoring_release]))
         self.register_outputs({"namespace": contract.NAMESPACE_KUEUE, "version": charts["kueue"].version})
 
 
 class TrainingOperators(pulumi.ComponentResource):
     """Kubeflow Trainer (with JobSet) and the trainforge-torch runtimes; the v1 training operator if the stack asks."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], default_image: str, opts: pulumi.ResourceOptions):
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], default_image: pulumi.Input[str],
+                 after: list[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:TrainingOperators", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_TRAINER), parent=self)
-        self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), parent=self, depends_on=[ns])
+        self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), parent=self, depends_on=[ns, *after])
         self.runtimes = [apply(r, parent=self, depends_on=[self.release]) for r in cluster_training_runtimes(default_image)]
         if cfg.kubernetes.training_operator:
             # No upstream chart: the kustomize overlay at the pinned tag (fetched by `pulumi up`, rendered by the provider).
@@ -58,21 +64,26 @@ class TrainingOperators(pulumi.ComponentResource):
 class GpuNodeAddons(pulumi.ComponentResource):
     """Device plugins: NVIDIA on every GPU node, AWS EFA on EFA nodes (only when the stack has EFA groups)."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], opts: pulumi.ResourceOptions):
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: list[pulumi.Resource],
+                 opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:GpuNodeAddons", name, None, opts)
-        self.releases = [helm_release(charts["nvidia-device-plugin"], values.nvidia_device_plugin(cfg), parent=self)]
+        self.releases = [helm_release(charts["nvidia-device-plugin"], values.nvidia_device_plugin(cfg), parent=self, depends_on=after)]
         if any(g.efa for g in cfg.node_groups):
-            self.releases.append(helm_release(charts["aws-efa-k8s-device-plugin"], values.efa_device_plugin(cfg), parent=self))
+            self.releases.append(helm_release(charts["aws-efa-k8s-device-plugin"], values.efa_device_plugin(cfg), parent=self,
+                                              depends_on=after))
         self.register_outputs({})
 
 
 class Monitoring(pulumi.ComponentResource):
     """kube-prometheus-stack, the DCGM exporter, the trainer PodMonitor, the training alerts and the dashboard."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], opts: pulumi.ResourceOptions):
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: list[pulumi.Resource],
+                 opts: pulumi.ResourceOptions):
+        """`after`: the system nodes, their add-ons (the EBS CSI driver provisions Prometheus' volume) and the
+        StorageClass it is claimed from."""
         super().__init__("trainforge:platform:Monitoring", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_MONITORING), parent=self)
-        self.release = helm_release(charts["kube-prometheus-stack"], values.kube_prometheus_stack(cfg), parent=self, depends_on=[ns])
+        self.release = helm_release(charts["kube-prometheus-stack"], values.kube_prometheus_stack(cfg), parent=self, depends_on=[ns, *after])
         # The exporter's chart creates a ServiceMonitor: the operator's CRDs must exist first.
         self.dcgm = helm_release(charts["dcgm-exporter"], values.dcgm_exporter(cfg), parent=self, depends_on=[self.release])
         mon = cfg.kubernetes.monitoring
@@ -83,19 +94,23 @@ class Monitoring(pulumi.ComponentResource):
 
 
 class Autoscaler(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], role_arn: pulumi.Input[str],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], role: Role, after: list[pulumi.Resource],
                  opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Autoscaler", name, None, opts)
-        self.release = helm_release(charts["cluster-autoscaler"], values.cluster_autoscaler(cfg, role_arn), parent=self)
+        # After the role's policies: a pod that assumes a role without them fails its first AWS calls and crash-loops.
+        self.release = helm_release(charts["cluster-autoscaler"], values.cluster_autoscaler(cfg, role.arn), parent=self,
+                                    depends_on=[*after, *role.ready])
         self.register_outputs({})
 
 
 class SharedStorage(pulumi.ComponentResource):
-    """The FSx file system as a static StorageClass and, per team, a read-write and a read-only volume."""
+    """The default block StorageClass (encrypted gp3) for the platform's own volumes; the FSx file system as a static
+    StorageClass and, per team, a read-write and a read-only volume."""
 
     def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:SharedStorage", name, None, opts)
         fs = aws.file_system
+        self.block = apply(storage.block_storage_class(aws.data_key.arn), parent=self, depends_on=aws.system_ready)
         self.objects = [apply(storage.storage_class(), parent=self)]
         for team in cfg.teams:
             for read_only in (False, True):
@@ -107,14 +122,15 @@ class SharedStorage(pulumi.ComponentResource):
 class TrackingServer(pulumi.ComponentResource):
     """MLflow on the stack's RDS PostgreSQL; the database password reaches the chart only as a Kubernetes Secret."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], aws: AwsLayer, opts: pulumi.ResourceOptions):
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], aws: AwsLayer, monitoring_release: pulumi.Resource,
+                 opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:TrackingServer", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_MLFLOW), parent=self)
         secret = apply(database_secret(aws), parent=self, depends_on=[ns])
         self.namespace, self.secret = ns, secret
         chart_values = values.mlflow(cfg, database_host=aws.database.instance.address, database_secret=DATABASE_SECRET,
                                      artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn)
-        self.release = helm_release(charts["mlflow"], chart_values, parent=self, depends_on=[ns, secret])
+        self.release = helm_release(charts["mlflow"], chart_values, parent=self, depends_on=[ns, secret, *aws.system_ready, monitoring_release])
         self.register_outputs({"tracking_uri": contract.MLFLOW_TRACKING_URI})
 
 
@@ -123,13 +139,13 @@ class CostControl(pulumi.ComponentResource):
     ClusterQueue at its monthly budget (platform/manifests/budget.py), scraped for the budget alerts."""
 
     def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], image: pulumi.Input[str],
-                 monitoring_release: pulumi.Resource, opts: pulumi.ResourceOptions):
+                 monitoring_release: pulumi.Resource, after: list[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:CostControl", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_OPENCOST), parent=self)
         # The chart's ServiceMonitor needs the Prometheus operator's CRDs.
-        self.release = helm_release(charts["opencost"], values.opencost(cfg), parent=self, depends_on=[ns, monitoring_release])
+        self.release = helm_release(charts["opencost"], values.opencost(cfg), parent=self, depends_on=[ns, monitoring_release, *after])
         system = apply(namespace(contract.NAMESPACE_SYSTEM), parent=self)
-        self.objects = [apply(o, parent=self, depends_on=[system]) for o in budget.controller_objects(cfg, image)]
+        self.objects = [apply(o, parent=self, depends_on=[system, *after]) for o in budget.controller_objects(cfg, image)]
         self.objects.append(apply(budget.pod_monitor(), parent=self, depends_on=[monitoring_release]))
         self.register_outputs({"opencost": contract.OPENCOST_URL, "budget_controller": contract.BUDGET_CONTROLLER})
 
@@ -154,16 +170,16 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     opts = pulumi.ResourceOptions(providers={"kubernetes": aws.cluster.provider})
     charts = chart_table.pinned(cfg.kubernetes)
     name = cfg.cluster_name
-    default_image = aws.outputs["runtime_image_repository"].apply(
-        lambda repo: f"{repo}:{contract.runtime_image_tag(_version())}")
-    scheduling = Scheduling(f"{name}-scheduling", cfg, charts, opts)
-    TrainingOperators(f"{name}-training", cfg, charts, default_image, opts)
-    GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, opts)
-    monitoring_ = Monitoring(f"{name}-monitoring", cfg, charts, opts)
-    CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, opts)
-    Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role.arn, opts)
+    default_image = aws.runtime_image  # pushed before anything that runs it is created (its output carries the dependency)
+    after = aws.system_ready  # pods need a node, DNS and (for volumes) the CSI drivers
     shared = SharedStorage(f"{name}-storage", cfg, aws, opts)
-    tracking = TrackingServer(f"{name}-mlflow", cfg, charts, aws, opts)
+    monitoring_ = Monitoring(f"{name}-monitoring", cfg, charts, [*after, shared.block], opts)
+    scheduling = Scheduling(f"{name}-scheduling", cfg, charts, after, monitoring_.release, opts)
+    TrainingOperators(f"{name}-training", cfg, charts, default_image, after, opts)
+    GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, after, opts)
+    CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, after, opts)
+    Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role, after, opts)
+    tracking = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, opts)
     from trainforge.pricing import price_table
     from trainforge.platform.components.tenancy import SweepDatabase, Tenancy
     database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking.namespace, tracking.secret])
@@ -179,11 +195,6 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
             "training_runtimes": list(contract.TRAINING_RUNTIME_GRACE_S),
             "mlflow_tracking_uri": contract.MLFLOW_TRACKING_URI,
             "prometheus_url": contract.PROMETHEUS_URL, "grafana_url": contract.GRAFANA_URL, "opencost_url": contract.OPENCOST_URL,
-            "fsx_storage_class": storage.STORAGE_CLASS,
+            "fsx_storage_class": storage.STORAGE_CLASS, "block_storage_class": storage.BLOCK_STORAGE_CLASS,
         },
     })
-
-
-def _version() -> str:
-    import trainforge
-    return trainforge.__version__

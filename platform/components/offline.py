@@ -16,7 +16,12 @@ from typing import Any
 
 from trainforge.infra import engine
 from trainforge.infra.engine import Evaluation, RecordingMocks
-from trainforge.platform.components.program import main as program
+from trainforge.platform.components.program import main as pulumi_main
+
+
+def program() -> None:
+    """The composition root as `pulumi preview` runs it; deploy blockers are the caller's to show (plan does)."""
+    pulumi_main(refuse_blockers=False)
 from trainforge.stackconfig import ConfigError
 
 

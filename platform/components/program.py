@@ -31,11 +31,18 @@ def build(cfg: PlatformConfig) -> dict[str, Any]:
     return {**aws_layer.outputs, **kubernetes_layer.outputs}
 
 
-def main() -> None:
-    """Entry point for `pulumi up`: a bad config stops here, before any resource, without a traceback."""
+def main(refuse_blockers: bool = True) -> None:
+    """Entry point for `pulumi up`: a bad config stops here, before any resource, without a traceback. A config that is
+    well-formed but cannot deploy (ClusterConfig.deploy_blockers) stops a real update; a preview, and the offline
+    evaluation (`refuse_blockers=False`, which shows them itself), only warn."""
     try:
         cfg = config_from_pulumi()
     except ConfigError as exc:
         raise pulumi.RunError(str(exc)) from None
+    blockers = cfg.cluster.deploy_blockers()
+    if blockers and refuse_blockers and not pulumi.runtime.is_dry_run():
+        raise pulumi.RunError("\n".join(blockers))
+    for blocker in blockers if refuse_blockers else []:
+        pulumi.warn(blocker)
     for name, value in build(cfg).items():
         pulumi.export(name, value)

@@ -42,6 +42,27 @@ def trainer_pod_monitor() -> dict[str, Any]:
     }
 
 
+KUEUE_MONITOR = "kueue-controller-manager"
+# The Kueue chart's metrics Service (templates/manager/auth_proxy_service.yaml, `kueue.metricsService.labels`).
+KUEUE_METRICS_SERVICE_LABELS = {"app.kubernetes.io/name": "kueue", "app.kubernetes.io/component": "metrics-service"}
+
+
+def kueue_service_monitor() -> dict[str, Any]:
+    """Kueue's controller metrics (quota and usage per ClusterQueue: the quota alert reads them). The chart's own
+    ServiceMonitor (`enablePrometheus`) carries only the chart's labels, so the platform's Prometheus would never select
+    it, and it would need the Prometheus operator's CRDs before Kueue's release; this one is ours, labelled for
+    selection and created after those CRDs. The endpoint is the chart's: HTTPS with the pod's self-signed certificate,
+    authorised by the scraper's token (kube-prometheus-stack's Prometheus may get /metrics)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": KUEUE_MONITOR, "namespace": contract.NAMESPACE_KUEUE, "labels": dict(SELECTED)},
+        "spec": {"selector": {"matchLabels": dict(KUEUE_METRICS_SERVICE_LABELS)},
+                 "endpoints": [{"port": "https", "scheme": "https", "path": "/metrics", "interval": "30s",
+                                "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                                "tlsConfig": {"insecureSkipVerify": True}}]},
+    }
+
+
 @dataclass(frozen=True)
 class Alert:
     name: str

@@ -16,6 +16,21 @@ from trainforge import contract
 
 STORAGE_CLASS = "trainforge-fsx-static"
 CSI_DRIVER = "fsx.csi.aws.com"
+# Block volumes of the platform's own services (Prometheus, Alertmanager). EKS >= 1.30 has no default StorageClass, so
+# a claim without a class stays Pending for ever; this one is the cluster's default and is encrypted with the stack's key.
+BLOCK_STORAGE_CLASS = "trainforge-gp3"
+EBS_CSI_DRIVER = "ebs.csi.aws.com"
+DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+
+
+def block_storage_class(kms_key_arn: Any) -> dict[str, Any]:
+    """gp3 through the EBS CSI add-on, encrypted with the stack's data key; bound where the pod lands (a volume is in
+    one AZ); kept on claim deletion (Prometheus' history survives a reinstall)."""
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": BLOCK_STORAGE_CLASS, "annotations": {DEFAULT_CLASS_ANNOTATION: "true"}},
+            "provisioner": EBS_CSI_DRIVER, "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain",
+            "allowVolumeExpansion": True,
+            "parameters": {"type": "gp3", "encrypted": "true", "kmsKeyId": kms_key_arn, "csi.storage.k8s.io/fstype": "ext4"}}
 
 
 def storage_class() -> dict[str, Any]:
@@ -27,7 +42,7 @@ def team_volume(team: str, *, file_system_id: Any, dns_name: Any, mount_name: An
     claim = contract.FSX_DATASETS_CLAIM_NAME if read_only else contract.FSX_CLAIM_NAME
     return {
         "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": f"{claim}-{team}", "labels": {f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}": team}},
+        "metadata": {"name": f"{claim}-{team}", "labels": {contract.LABEL_TEAM: team}},
         "spec": {
             "capacity": {"storage": f"{capacity_gib}Gi"},
             "accessModes": ["ReadOnlyMany" if read_only else "ReadWriteMany"],

@@ -17,7 +17,7 @@ from trainforge.contract import Flavour
 from trainforge.platform.manifests import storage
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
-TEAM_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_TEAM}"
+TEAM_LABEL = contract.LABEL_TEAM
 COST_CENTRE_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"
 ENVIRONMENT_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}"
 MEMBER_ROLE = "trainforge-team-member"

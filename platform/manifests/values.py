@@ -84,6 +84,11 @@ def kueue_configuration(cfg: PlatformConfig) -> dict[str, Any]:
                              "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5, "backoffBaseSeconds": 60,
                                                    "backoffMaxSeconds": 3600}},
         "integrations": {"frameworks": frameworks},
+        # Kueue manages the team namespaces only (the chart's Job webhooks follow this selector too): the platform's
+        # own Jobs — Helm hooks of other charts, the sweep database Job — never wait on Kueue's webhook, and inside a team
+        # namespace a job without a queue label is suspended instead of running outside every quota and budget hold.
+        "managedJobsNamespaceSelector": {"matchExpressions": [{"key": contract.LABEL_TEAM, "operator": "Exists"}]},
+        "manageJobsWithoutQueueName": True,
     }
     if cfg.kubernetes.kueue.fair_sharing:
         out["fairSharing"] = {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}
@@ -91,7 +96,8 @@ def kueue_configuration(cfg: PlatformConfig) -> dict[str, Any]:
 
 
 def kueue(cfg: PlatformConfig) -> dict[str, Any]:
-    return {"enablePrometheus": True, "enableCertManager": False,
+    # enablePrometheus off: the chart's ServiceMonitor is replaced by the platform's (monitoring.kueue_service_monitor).
+    return {"enablePrometheus": False, "enableCertManager": False,
             "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(kueue_configuration(cfg), sort_keys=False)},
             "controllerManager": {"nodeSelector": SYSTEM_NODES}}
 

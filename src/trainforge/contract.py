@@ -189,6 +189,8 @@ CLUSTER_TRAINING_RUNTIME_SPOT = "trainforge-torch-spot"  # the same, with the gr
 TRAINJOB_REPLICATED_JOB = "node"
 TRAINJOB_CONTAINER = "node"
 LABEL_JOB = f"{LABEL_DOMAIN}/job"
+# A team's namespace, its objects and its jobs' pods carry it: Kueue manages the namespaces that have it.
+LABEL_TEAM = f"{LABEL_DOMAIN}/{TAG_TEAM}"
 SPOT_TERMINATION_GRACE_S = 120  # the EC2 spot notice: time for the emergency checkpoint and its upload
 ON_DEMAND_TERMINATION_GRACE_S = 60  # an eviction or a cancel: the emergency checkpoint, a smaller upload window
 # The runtime must be done this long before the kubelet's SIGKILL: process exit, the launcher's own exit, slack.

@@ -45,12 +45,18 @@ class NetworkConfig(_Model):
         return [str(s) for s in list(last_quarter.subnets(new_prefix=last_quarter.prefixlen + 4))[:count]]
 
 
+DOCUMENTATION_RANGES = ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
+
+
 class ClusterConfig(_Model):
     name: str | None = Field(None, pattern=DNS_LABEL, max_length=60, description="defaults to trainforge-<env>")
     version: str = Field(..., pattern=r"^1\.\d{2}$", description="EKS Kubernetes version, e.g. '1.33'")
     endpoint_private_access: bool = True
-    endpoint_public_access: bool = False
-    public_access_cidrs: list[ipaddress.IPv4Network] = []
+    endpoint_public_access: bool = True
+    public_access_cidrs: list[ipaddress.IPv4Network] = Field(
+        [], max_length=40,  # EKS accepts at most 40 public access CIDRs
+        description="where `pulumi up` and kubectl reach the API from (the deployer's and the platform team's egress); "
+                    "required by `pulumi up`")
     admin_principal_arns: list[str] = Field([], description="every cluster admin, the deployer included: the cluster creator gets no implicit access")
     log_retention_days: int = 30
     support_type: Literal["STANDARD", "EXTENDED"] = Field(
@@ -75,18 +81,39 @@ class ClusterConfig(_Model):
             raise ValueError(f"{days} is not a CloudWatch retention period. Fix: one of {list(CLOUDWATCH_RETENTION_DAYS)}")
         return days
 
+    @field_validator("public_access_cidrs")
+    @classmethod
+    def _reachable_cidrs(cls, cidrs: list[ipaddress.IPv4Network]) -> list[ipaddress.IPv4Network]:
+        for cidr in cidrs:
+            if cidr.prefixlen == 0:
+                raise ValueError(f"{cidr} opens the API endpoint to the whole internet. Fix: your office/VPN/CI egress CIDRs (<egress IP>/32 for one machine)")
+            if not cidr.is_global:
+                kind = "a documentation range (RFC 5737) nobody's traffic comes from" if any(
+                    cidr.subnet_of(ipaddress.IPv4Network(d)) for d in DOCUMENTATION_RANGES) else "not a public internet range"
+                raise ValueError(f"{cidr} is {kind}: the public endpoint sees the deployer's public egress address. "
+                                 "Fix: the CIDR `curl https://checkip.amazonaws.com` prints where pulumi and kubectl run, as <ip>/32")
+        return cidrs
+
     @model_validator(mode="after")
     def _endpoint_access(self) -> ClusterConfig:
-        if not (self.endpoint_private_access or self.endpoint_public_access):
-            raise ValueError("endpoint_private_access: both endpoint_*_access are false, so nothing could reach the API. Fix: set endpoint_private_access: true")
-        if self.endpoint_public_access and not self.public_access_cidrs:
+        if not self.endpoint_public_access:
             raise ValueError(
-                "public_access_cidrs: the public endpoint is on but no allowlist is given (EKS would open it to 0.0.0.0/0). "
-                "Fix: list your office/VPN CIDRs, or set endpoint_public_access: false"
-            )
-        if not self.endpoint_public_access and self.public_access_cidrs:
-            raise ValueError("public_access_cidrs: given, but endpoint_public_access is false. Fix: remove the list or turn the public endpoint on")
+                "endpoint_public_access: false makes the API answer only inside the VPC, and this same program creates that VPC: "
+                "the first `pulumi up` applies the Kubernetes layer from where it runs and could never reach it. Fix: "
+                "endpoint_public_access: true with public_access_cidrs limited to the deployer's and the platform team's egress "
+                "(nodes and pods keep using the private endpoint)")
+        if not self.endpoint_private_access:
+            raise ValueError("endpoint_private_access: false sends the nodes' API traffic out through the NAT gateways to the "
+                             "public endpoint, which then has to allow them too. Fix: endpoint_private_access: true")
         return self
+
+    def deploy_blockers(self) -> list[str]:
+        """What stops a real `pulumi up` though the config is well-formed (the offline plan shows them)."""
+        if not self.public_access_cidrs:
+            return ["cluster.public_access_cidrs: not set, so EKS would open the public endpoint to 0.0.0.0/0, which trainforge "
+                    "refuses. Fix: pulumi config set --path 'trainforge:platform.cluster.public_access_cidrs[0]' <your egress IP>/32 "
+                    "(`curl https://checkip.amazonaws.com`), and one entry per office/VPN/CI range"]
+        return []
 
 
 class CapacityReservationConfig(_Model):

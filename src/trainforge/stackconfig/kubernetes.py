@@ -75,6 +75,10 @@ class MlflowConfig(_Model):
 class KubernetesConfig(_Model):
     charts: dict[str, str] = Field({}, description=f"exact chart versions replacing the pinned ones: {list(OVERRIDABLE_CHARTS)}")
     training_operator: bool = Field(False, description="also install the v1 training operator (PyTorchJob)")
+    runtime_image: str | None = Field(
+        None, pattern=r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$",
+        description="an image pushed elsewhere (by CI) for the platform's controllers; unset: `pulumi up` builds the "
+                    "Dockerfile and pushes it to the stack's repository (needs docker with buildx where pulumi runs)")
     kueue: KueueConfig = KueueConfig()
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
