@@ -9,16 +9,32 @@ STACKS = REPO / "stacks"
 STACK_FILES = sorted(STACKS.glob("Pulumi.*.yaml"))
 
 
+DEPLOYER_CIDR = "1.2.3.4/32"  # where a test "runs pulumi up from"
+
+
+def deployable(path: Path) -> dict:
+    """A shipped stack's config with the one value it leaves to the deployer set, as the README's deploy section says
+    (`pulumi config set --path 'trainforge:platform.cluster.public_access_cidrs[0]' ...`)."""
+    import copy
+
+    from trainforge.stackconfig import CONFIG_KEY, read_stack_file
+
+    config = copy.deepcopy(read_stack_file(path).config)
+    config[CONFIG_KEY]["cluster"].setdefault("public_access_cidrs", [DEPLOYER_CIDR])
+    return config
+
+
 @pytest.fixture(scope="session")
 def evaluations():
-    """Every stack file, run once through the real program under the Pulumi mock engine."""
-    from trainforge.platform.components.offline import evaluate_stack_file
+    """Every stack file (deployable: the deployer's CIDR set), run once through the real program under the mock engine."""
+    from trainforge.platform.components.offline import evaluate
+    from trainforge.stackconfig import read_stack_file
 
     cache: dict[Path, object] = {}
 
     def get(path: Path):
         if path not in cache:
-            cache[path] = evaluate_stack_file(path)
+            cache[path] = evaluate(deployable(path), read_stack_file(path).environment)
         return cache[path]
 
     return get
@@ -27,6 +43,7 @@ def evaluations():
 @pytest.fixture(params=STACK_FILES, ids=[p.name for p in STACK_FILES])
 def stack(request, evaluations):
     """One evaluated stack (a new file in stacks/ is picked up with no test edit) and its typed config."""
-    from trainforge.stackconfig import load_stack_file
+    from trainforge.stackconfig import CONFIG_KEY, parse, read_stack_file
 
-    return evaluations(request.param), load_stack_file(request.param)
+    config = deployable(request.param)[CONFIG_KEY]
+    return evaluations(request.param), parse(config, environment=read_stack_file(request.param).environment, source=str(request.param))

@@ -150,3 +150,21 @@ def rendered_program(evaluation) -> tuple[dict[str, list[dict[str, Any]]], dict[
     """(objects each release creates, CRD kinds each release installs) for an evaluated program."""
     releases = program_releases(evaluation)
     return {n: render(r) for n, r in releases.items()}, {n: crd_kinds(r) for n, r in releases.items()}
+
+
+def default_values(release_inputs: dict[str, Any]) -> dict[str, Any]:
+    """The chart's default values as Helm sees them, each vendored subchart's defaults under its name."""
+    import helm_python
+
+    directory = chart_dir(chart_name(release_inputs), release_inputs["version"])
+    values = dict(helm_python.Chart.load(directory).values)
+    for dependency in yaml.safe_load((directory / "Chart.yaml").read_text()).get("dependencies") or []:
+        sub = directory / "charts" / dependency["name"]
+        if sub.is_dir():
+            values[dependency["name"]] = merged(yaml.safe_load((sub / "values.yaml").read_text()) or {}, values.get(dependency["name"]) or {})
+    return values
+
+
+def values_schema(release_inputs: dict[str, Any]) -> dict[str, Any] | None:
+    path = chart_dir(chart_name(release_inputs), release_inputs["version"]) / "values.schema.json"
+    return json.loads(path.read_text()) if path.exists() else None

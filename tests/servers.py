@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import os
 import subprocess
 import sys
 import time
@@ -32,9 +33,9 @@ def wait_http(url: str, timeout: float) -> None:
 
 
 @contextmanager
-def process(cmd: list[str], health_url: str, timeout: float, log: Path):
+def process(cmd: list[str], health_url: str, timeout: float, log: Path, env: dict[str, str] | None = None):
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env} if env else None)
     try:
         wait_http(health_url, timeout)
         yield proc
@@ -56,12 +57,12 @@ def moto_server(tmp: Path, port: int | None = None):
 
 
 @contextmanager
-def mlflow_server(tmp: Path, port: int | None = None):
-    """A real MLflow tracking server backed by SQLite; yields its URI."""
+def mlflow_server(tmp: Path, port: int | None = None, env: dict[str, str] | None = None):
+    """A real MLflow tracking server backed by SQLite (`env`: settings as the chart passes them); yields its URI."""
     port = port or free_port()
     cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
            "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", str(tmp / "artifacts"), "--workers", "1"]
-    with process(cmd, f"http://127.0.0.1:{port}/health", 90, tmp / f"mlflow-{port}.log"):
+    with process(cmd, f"http://127.0.0.1:{port}/health", 90, tmp / f"mlflow-{port}.log", env):
         yield f"http://127.0.0.1:{port}"
 
 

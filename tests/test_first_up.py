@@ -9,22 +9,12 @@ import dataclasses
 
 import pytest
 import yaml
-from conftest import STACK_FILES
+from conftest import STACK_FILES, deployable
 from helm import program_releases, render, rendered_program
 
 from trainforge.infra.engine import Evaluation
 from trainforge.platform.plan import first_up
-from trainforge.stackconfig import CONFIG_KEY, read_stack_file
-
-DEPLOYER_CIDR = "1.2.3.4/32"  # what `pulumi config set` adds, as the README's deploy section says
-
-
-def deployable(path) -> dict:
-    """A shipped stack with the deployer's CIDR set, the one thing it leaves to the deployer."""
-    config = copy.deepcopy(read_stack_file(path).config)
-    config[CONFIG_KEY]["cluster"]["public_access_cidrs"] = [DEPLOYER_CIDR]
-    return config
-
+from trainforge.stackconfig import read_stack_file
 
 @pytest.fixture(scope="module", params=STACK_FILES, ids=[p.name for p in STACK_FILES])
 def first(request):

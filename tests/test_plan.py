@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO, STACK_FILES
+from conftest import REPO, STACK_FILES, deployable
 
 from trainforge.pricing import price_table, service_prices
 from trainforge.stackconfig import CONFIG_KEY, read_stack_file
@@ -23,9 +23,15 @@ def cli(*argv: str, cwd=REPO) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def plans():
+def plans(tmp_path_factory):
+    """Each shipped stack as its deployer plans it: with the API allowlist set (`pulumi config set`, README)."""
     from trainforge.platform.plan.plan import make_plan
-    return {p.name: make_plan(p) for p in STACK_FILES}
+    folder = tmp_path_factory.mktemp("stacks")
+    out = {}
+    for path in STACK_FILES:
+        (folder / path.name).write_text(yaml.safe_dump({"config": deployable(path)}))
+        out[path.name] = make_plan(folder / path.name)
+    return out
 
 
 def test_the_resource_count_is_what_the_program_registers(plans, evaluations):
@@ -64,7 +70,7 @@ def test_an_unknown_price_is_named_never_zero(tmp_path):
 
 
 def write_stack(tmp_path, name, change) -> str:
-    raw = copy.deepcopy(read_stack_file(REPO / "stacks" / "Pulumi.prod.yaml").config[CONFIG_KEY])
+    raw = deployable(REPO / "stacks" / "Pulumi.prod.yaml")[CONFIG_KEY]
     change(raw)
     folder = tmp_path / name
     folder.mkdir()
@@ -76,7 +82,7 @@ def write_stack(tmp_path, name, change) -> str:
 def test_adding_a_team_adds_exactly_its_resources_and_no_dollars(tmp_path):
     def add_team(raw):
         raw["teams"].append({"name": "robotics", "cost_centre": "cc-3001", "gpu_quota": {"gpu-spot": 8}, "monthly_budget_usd": 5000})
-    result = cli("--stack", write_stack(tmp_path, "after", add_team), "--against", "prod", "-o", "json")
+    result = cli("--stack", write_stack(tmp_path, "after", add_team), "--against", write_stack(tmp_path, "before", lambda raw: None), "-o", "json")
     assert result.returncode == 0, result.stderr[-2000:]
     diff = json.loads(result.stdout)["against"]
     assert diff["removed"] == [] and diff["changed"] == [] and diff["added"]
@@ -88,7 +94,7 @@ def test_adding_a_team_adds_exactly_its_resources_and_no_dollars(tmp_path):
 def test_resizing_a_node_group_changes_that_group_and_its_dollars(tmp_path):
     def grow(raw):
         next(g for g in raw["node_groups"] if g["name"] == "gpu-spot")["max_size"] = 20
-    result = cli("--stack", write_stack(tmp_path, "after", grow), "--against", "prod", "-o", "json")
+    result = cli("--stack", write_stack(tmp_path, "after", grow), "--against", write_stack(tmp_path, "before", lambda raw: None), "-o", "json")
     assert result.returncode == 0, result.stderr[-2000:]
     diff = json.loads(result.stdout)["against"]
     assert diff["added"] == [] and diff["removed"] == []
@@ -101,9 +107,18 @@ def test_resizing_a_node_group_changes_that_group_and_its_dollars(tmp_path):
 
 def test_the_same_file_at_head_differs_in_nothing():
     result = cli("--stack", "dev", "--against-rev", "HEAD", "-o", "json")
-    assert result.returncode == 0, result.stderr[-2000:]
     diff = json.loads(result.stdout)["against"]
     assert (diff["added"], diff["removed"], diff["changed"], diff["monthly_delta_usd"]) == ([], [], [], 0)
+
+
+def test_a_shipped_stack_plans_but_names_what_its_deployer_must_set_first():
+    """The shipped stacks leave the API allowlist to the deployer: the plan is whole, and fails on exactly that."""
+    result = cli("--stack", "dev", "-o", "json")
+    assert result.returncode == 1, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    assert [v["rule"] for v in document["policy"]["violations"] if v["level"] == "mandatory"] == ["cluster-endpoint-not-open-to-the-world"]
+    assert document["deploy_blockers"] and "pulumi config set --path" in document["deploy_blockers"][0]
+    assert document["resource_count"] > 100
 
 
 def test_a_policy_violation_fails_the_plan_naming_the_rule(tmp_path):

@@ -12,13 +12,13 @@ import jsonschema
 import pulumi
 import pytest
 import yaml
+import helm
 from conftest import REPO
 
 from trainforge import contract, k8s_schema, versions
 from trainforge.platform.manifests import monitoring
 from trainforge.stackconfig import CONFIG_KEY, ConfigError, parse, read_stack_file
 
-HELM = REPO / "tests" / "data" / "helm"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 CORE_TYPES = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:ConfigMap", "kubernetes:core/v1:Secret",
               "kubernetes:core/v1:PersistentVolume", "kubernetes:storage.k8s.io/v1:StorageClass",
@@ -94,8 +94,8 @@ def test_the_strict_checks_catch_a_misspelt_field():
 # ---- charts: pinned, and configured with keys they have --------------------------------------------------------
 
 def default_values(release: dict) -> dict:
-    (path,) = HELM.glob(f"{release['name']}-{release['version']}.values.yaml")
-    return yaml.safe_load(path.read_text())
+    """The pinned chart's defaults, from its vendored source (tests/data/charts), subcharts' under their names."""
+    return helm.default_values({"chart": release.get("chart", release["name"]), **release})
 
 
 # Maps a chart documents as free-form though its default is not empty (each key is passed on as it is).
@@ -116,11 +116,7 @@ def unknown_key_paths(ours, theirs, prefix="") -> list[str]:
     return out
 
 
-def merged(defaults, ours):
-    """Values as Helm computes them: ours over the chart's defaults, maps merged key by key."""
-    if isinstance(defaults, dict) and isinstance(ours, dict):
-        return {**defaults, **{k: merged(defaults.get(k), v) for k, v in ours.items()}}
-    return ours
+merged = helm.merged
 
 
 def test_every_chart_is_pinned_exactly_from_the_one_table(stack):
@@ -144,13 +140,13 @@ def test_every_values_key_exists_in_the_charts_defaults(stack):
 
 def test_a_misspelt_values_key_is_caught():
     assert unknown_key_paths({"prometheus": {"prometheusSpec": {"retension": "15d"}}},
-                             yaml.safe_load((HELM / "kube-prometheus-stack-88.5.3.values.yaml").read_text())) == ["prometheus.prometheusSpec.retension"]
+                             default_values({"name": "kube-prometheus-stack", "version": "88.5.3"})) == ["prometheus.prometheusSpec.retension"]
 
 
 def test_the_mlflow_values_validate_against_the_charts_schema(stack):
     evaluation, _ = stack
-    schema = json.loads((HELM / "mlflow-1.11.5.values.schema.json").read_text())
     release = releases(evaluation)["mlflow"]
+    schema = helm.values_schema(release)
     jsonschema.validate(merged(default_values(release), release["values"]), schema)
     broken = copy.deepcopy(release["values"])
     broken["backendStore"]["postgres"]["hostname"] = "x"

@@ -12,6 +12,7 @@ import yaml
 
 from trainforge import contract
 from trainforge.contract import Flavour
+from trainforge.platform.manifests import storage
 from trainforge.stackconfig import PlatformConfig
 
 CRITICAL_ADDONS = {"key": "CriticalAddonsOnly", "operator": "Exists"}
@@ -25,6 +26,27 @@ GPU_NODE_TOLERATIONS = [
 SYSTEM_NODES = {contract.LABEL_FLAVOUR: Flavour.SYSTEM.value}
 
 
+def requests(cpu: str, memory: str, memory_limit: str | None = None) -> dict[str, Any]:
+    """A container's requests (the system nodes are small: the scheduler must know what each add-on takes) and, where
+    a leak would take the node down with it, a memory limit."""
+    out: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    if memory_limit:
+        out["limits"] = {"memory": memory_limit}
+    return out
+
+
+# The regional registry of EKS add-on images (AWS docs, "View Amazon container image registries for Amazon EKS add-ons"):
+# account 602401143452 in most regions, its own account in the opt-in regions listed here. Pulling from another
+# region's registry costs cross-region transfer on every node start and fails when that region is impaired.
+EKS_ADDON_REGISTRY_ACCOUNTS = {"af-south-1": "877085696533", "ap-east-1": "800184023465", "me-south-1": "558608220178",
+                               "eu-south-1": "590381155156"}
+
+
+def eks_addon_image(region: str, repository: str) -> str:
+    account = EKS_ADDON_REGISTRY_ACCOUNTS.get(region, "602401143452")
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/{repository}"
+
+
 def gpu_node_affinity() -> dict[str, Any]:
     """Nodes of a GPU flavour (the flavour label the AWS layer puts on every node): the NVIDIA plugin's default
     affinity wants NFD labels that EKS nodes do not have, so it would schedule nowhere; on CPU nodes it crash-loops."""
@@ -34,14 +56,17 @@ def gpu_node_affinity() -> dict[str, Any]:
 
 
 def nvidia_device_plugin(cfg: PlatformConfig) -> dict[str, Any]:
-    return {"tolerations": GPU_NODE_TOLERATIONS, "affinity": gpu_node_affinity(), "gfd": {"enabled": False}}
+    return {"tolerations": GPU_NODE_TOLERATIONS, "affinity": gpu_node_affinity(), "gfd": {"enabled": False},
+            "resources": requests("10m", "32Mi", "128Mi")}
 
 
 def dcgm_exporter(cfg: PlatformConfig) -> dict[str, Any]:
     return {
         "tolerations": GPU_NODE_TOLERATIONS, "affinity": gpu_node_affinity(),
         # The chart's ServiceMonitor, selected by kube-prometheus-stack's Prometheus through its release label.
-        "serviceMonitor": {"enabled": True, "interval": "15s", "additionalLabels": {"release": "kube-prometheus-stack"}},
+        # honorLabels: the exporter's `pod`/`namespace` are the training pod's (enablePodLabels); without it Prometheus
+        # renames them exported_pod/exported_namespace and keeps the exporter's own.
+        "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
         "kubernetes": {"enablePodLabels": True},  # GPU series carry the training pod's labels (job, team)
     }
 
@@ -53,6 +78,7 @@ def efa_device_plugin(cfg: PlatformConfig) -> dict[str, Any]:
     return {
         "tolerations": GPU_NODE_TOLERATIONS,
         "nodeSelector": {contract.LABEL_EFA: "true"},
+        "image": {"repository": eks_addon_image(cfg.region, "eks/aws-efa-k8s-device-plugin")},
         "supportedInstanceLabels": {"keys": ["node.kubernetes.io/instance-type"], "values": types},
     }
 
@@ -61,7 +87,8 @@ def kubeflow_trainer(cfg: PlatformConfig) -> dict[str, Any]:
     # JobSet comes with the chart; the chart's own runtimes stay off: trainforge applies its ClusterTrainingRuntimes
     # as typed resources (platform/training/runtime.py).
     return {"jobset": {"install": True}, "runtimes": {"defaultEnabled": False},
-            "manager": {"nodeSelector": SYSTEM_NODES, "config": {"certManagement": {"enable": True}}}}
+            "manager": {"nodeSelector": SYSTEM_NODES, "config": {"certManagement": {"enable": True}},
+                        "resources": requests("100m", "256Mi", "1Gi")}}
 
 
 def kueue_configuration(cfg: PlatformConfig) -> dict[str, Any]:
@@ -110,6 +137,7 @@ def cluster_autoscaler(cfg: PlatformConfig, role_arn: Any) -> dict[str, Any]:
         "rbac": {"serviceAccount": {"name": "cluster-autoscaler", "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}}},
         "image": {"tag": f"v{minor}.0"},  # the autoscaler's minor follows the cluster's
         "nodeSelector": SYSTEM_NODES,
+        "resources": requests("100m", "300Mi", "1Gi"),
         "extraArgs": {
             "expander": cfg.kubernetes.autoscaler.expander,
             "scale-down-unneeded-time": cfg.kubernetes.autoscaler.scale_down_unneeded_time,
@@ -123,18 +151,33 @@ def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
     mon = cfg.kubernetes.monitoring
     return {
         "crds": {"enabled": True},
+        # EKS runs the control plane: no controller-manager, scheduler or etcd pods to scrape (their *Down alerts would
+        # fire for ever), and kube-proxy's metrics listen on 127.0.0.1 only. Their scrapes and rules are off.
+        "kubeControllerManager": {"enabled": False}, "kubeScheduler": {"enabled": False}, "kubeEtcd": {"enabled": False},
+        "kubeProxy": {"enabled": False},
+        "prometheusOperator": {
+            "resources": requests("100m", "128Mi", "512Mi"),
+            "prometheusConfigReloader": {"resources": requests("10m", "32Mi", "64Mi")},
+            "admissionWebhooks": {"patch": {"resources": requests("10m", "32Mi", "64Mi")}},
+            "nodeSelector": SYSTEM_NODES,
+        },
         "prometheus": {"prometheusSpec": {
             "retention": f"{mon.retention_days}d",
-            "storageSpec": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"],
+            "resources": requests("500m", "2Gi", "6Gi"),
+            "storageSpec": {"volumeClaimTemplate": {"spec": {"storageClassName": storage.BLOCK_STORAGE_CLASS, "accessModes": ["ReadWriteOnce"],
                                                              "resources": {"requests": {"storage": f"{mon.storage_gib}Gi"}}}}},
             # Select PodMonitors, ServiceMonitors and rules labelled `release: kube-prometheus-stack` (the chart's default).
             "podMonitorSelectorNilUsesHelmValues": True, "serviceMonitorSelectorNilUsesHelmValues": True,
             "ruleSelectorNilUsesHelmValues": True,
             "nodeSelector": SYSTEM_NODES,
         }},
-        "grafana": {"enabled": True, "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1",
-                                                                "searchNamespace": "ALL"}}},
-        "alertmanager": {"enabled": True},
+        "grafana": {"enabled": True, "resources": requests("100m", "256Mi", "512Mi"), "nodeSelector": SYSTEM_NODES,
+                    "testFramework": {"enabled": False},  # a test hook pod, run only by `helm test`
+                    "sidecar": {"resources": requests("25m", "64Mi", "256Mi"),
+                                "dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1", "searchNamespace": "ALL"}}},
+        "kube-state-metrics": {"resources": requests("50m", "128Mi", "512Mi"), "nodeSelector": SYSTEM_NODES},
+        "prometheus-node-exporter": {"resources": requests("25m", "32Mi", "128Mi")},
+        "alertmanager": {"enabled": True, "alertmanagerSpec": {"resources": requests("25m", "64Mi", "256Mi"), "nodeSelector": SYSTEM_NODES}},
     }
 
 
@@ -144,6 +187,10 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
     return {
         "replicaCount": cfg.kubernetes.mlflow.replicas,
         "service": {"port": contract.MLFLOW_PORT},
+        # MLflow >= 3.5 answers 403 "Invalid Host header" to any Host but localhost and private IPs (/health is exempt,
+        # so the pod looks ready): the in-cluster names clients use must be allowed.
+        "serverAllowedHosts": mlflow_hosts(),
+        "resources": requests("250m", "512Mi", "2Gi"),
         "serviceAccount": {"create": True, "name": "mlflow", "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}},
         "backendStore": {
             "databaseMigration": True,
@@ -154,6 +201,15 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
         "postgresql": {"enabled": False},
         "nodeSelector": SYSTEM_NODES,
     }
+
+
+def mlflow_hosts() -> list[str]:
+    """Every Host header an in-cluster client sends: the service's short, namespaced and fully qualified names, each with
+    and without the port (MLflow matches the header as sent)."""
+    service = "mlflow"
+    names = [service, f"{service}.{contract.NAMESPACE_MLFLOW}", f"{service}.{contract.NAMESPACE_MLFLOW}.svc",
+             f"{service}.{contract.NAMESPACE_MLFLOW}.svc.cluster.local"]
+    return [*names, *(f"{n}:{contract.MLFLOW_PORT}" for n in names)]
 
 
 def opencost(cfg: PlatformConfig) -> dict[str, Any]:

@@ -49,6 +49,7 @@ class Plan:
             "stack": self.stack, "stack_file": str(self.path), "resource_count": len(self.resources),
             "resources": [{"type": r.type, "name": r.name, "component": self.components.get(r.urn, "")} for r in self.resources],
             "policy": {"violations": [v.__dict__ for v in self.violations], "passed": not self.mandatory_failures},
+            "deploy_blockers": self.config.cluster.deploy_blockers(),
             **self.cost.to_json(), "assumptions": [line.assumption for line in self.cost.lines] + [f"{k}={v}" for k, v in self.assumptions.__dict__.items()],
             "seconds": round(self.seconds, 3),
         }

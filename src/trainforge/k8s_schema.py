@@ -61,6 +61,11 @@ KINDS = {
 }
 
 
+def has_schema(obj: dict[str, Any]) -> bool:
+    """Whether `obj` is of a custom kind whose pinned CRD schema ships here."""
+    return (obj.get("apiVersion"), obj.get("kind")) in KINDS
+
+
 def problems(obj: dict[str, Any]) -> list[str]:
     """Schema violations of `obj`, as 'path: message' lines (empty when valid)."""
     file_name, version = KINDS[(obj["apiVersion"], obj["kind"])]

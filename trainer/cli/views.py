@@ -201,6 +201,8 @@ def plan_tables(plan, diff=None, base=None) -> None:
             policy.add_row(v.rule, f"[red]{v.level}[/]" if v.level == "mandatory" else v.level, v.resource, v.message)
         console.print(policy)
     console.print("policy pack: [green]passed[/]" if not plan.mandatory_failures else f"policy pack: [red]{len(plan.mandatory_failures)} mandatory violation(s)[/]")
+    for blocker in plan.config.cluster.deploy_blockers():
+        console.print(f"[red]`pulumi up` refuses this stack until:[/] {blocker}")
     cost = Table(title=f"monthly cost (USD; instance prices of {plan.cost.as_of['instances']}, service prices of {plan.cost.as_of['services']})",
                  title_justify="left")
     for column in ("item", "quantity", "expected", "at min", "at max", "assumption"):
