@@ -37,6 +37,9 @@ SERVED: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("", "v1", "configmaps"): ("ConfigMap", True),
     ("", "v1", "pods"): ("Pod", True),
     ("", "v1", "events"): ("Event", True),
+    ("", "v1", "secrets"): ("Secret", True),  # Helm's release records (`trainforge platform verify`)
+    ("apps", "v1", "deployments"): ("Deployment", True),
+    ("apps", "v1", "daemonsets"): ("DaemonSet", True),
     ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): ("TrainJob", True),
     ("kubeflow.org", "v1", "pytorchjobs"): ("PyTorchJob", True),
     ("kueue.x-k8s.io", "v1beta2", "clusterqueues"): ("ClusterQueue", False),
@@ -82,6 +85,9 @@ class KubeApi:
     pod_logs: dict[tuple[str, str], str] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     unserved: set[str] = field(default_factory=set)  # plurals this cluster lacks (an operator not installed)
+    # The service proxy (/api/v1/namespaces/<ns>/services/<name:port>/proxy/<path>): (ns, "name:port") ->
+    # handler(path, query) -> (status, JSON body or text). Tests play Prometheus and MLflow behind it.
+    proxies: dict[tuple[str, str], Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # Test-side helpers (the tests play the controllers and the platform).
@@ -138,6 +144,8 @@ class Handler(BaseHTTPRequestHandler):
         if not rest:
             return None
         plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), (rest[2] if len(rest) > 2 else None)
+        if plural == "services" and sub == "proxy":
+            return group, version, plural, namespace, name, sub, query
         if (group, version, plural) not in SERVED or plural in self.api.unserved:
             return None
         return group, version, plural, namespace, name, sub, query
@@ -156,6 +164,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(401, status(401, "Unauthorized", "Unauthorized"))
         if route is None:
             return self._send(404, "404 page not found\n", "text/plain")
+        if route[2] == "services" and route[5] == "proxy":
+            return self._proxy(route, token)
         group, version, plural, namespace, name, sub, query = route
         kind, namespaced = SERVED[(group, version, plural)]
         allowed = api.tokens[token]
@@ -205,6 +215,17 @@ class Handler(BaseHTTPRequestHandler):
                 del api.objects[key]
                 return self._send(200, {**found, "metadata": {**found["metadata"], "deletionTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ")}})
         return self._send(405, status(405, "MethodNotAllowed", method))
+
+    def _proxy(self, route, token: str) -> None:
+        _, _, _, namespace, service, _, query = route
+        if self.api.tokens[token] is not None and namespace not in self.api.tokens[token]:
+            return self._send(403, status(403, "Forbidden", f'services "{service}" is forbidden: cannot get resource "services/proxy"'))
+        handler = self.api.proxies.get((namespace, service))
+        if handler is None:
+            return self._send(503, status(503, "ServiceUnavailable", f'no endpoints available for service "{service}"'))
+        path = "/" + urlparse(self.path).path.split("/proxy/", 1)[1]
+        code, body = handler(path, query)
+        return self._send(code, body, "application/json" if not isinstance(body, str) else "text/plain")
 
     def do_GET(self) -> None:
         self._handle("GET")

@@ -16,6 +16,7 @@ from trainforge.platform.components.offline import evaluate_stack_file
 from trainforge.platform.plan.costs import Assumptions, Cost, monthly_cost
 from trainforge.policies.registry import StackResource, check_resource, check_stack, rules
 from trainforge.stackconfig import PlatformConfig, load_stack_file
+from trainforge.stackconfig.loader import stack_path  # noqa: F401 - the plan command names stacks the same way
 
 PROVIDER_PREFIX = "pulumi:providers:"
 
@@ -53,12 +54,6 @@ class Plan:
             **self.cost.to_json(), "assumptions": [line.assumption for line in self.cost.lines] + [f"{k}={v}" for k, v in self.assumptions.__dict__.items()],
             "seconds": round(self.seconds, 3),
         }
-
-
-def stack_path(stack: str, stacks_dir: Path = Path("stacks")) -> Path:
-    """A stack name (`prod` -> stacks/Pulumi.prod.yaml) or a stack file's path."""
-    path = Path(stack)
-    return path if path.suffix in (".yaml", ".yml") or path.exists() else stacks_dir / f"Pulumi.{stack}.yaml"
 
 
 def make_plan(path: Path, assumptions: Assumptions = Assumptions()) -> Plan:

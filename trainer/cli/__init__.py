@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from trainforge.trainer.cli import budget, cost, jobs, plan, prices, sweep
+from trainforge.trainer.cli import budget, cost, jobs, plan, platform, prices, sweep
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Submit, watch and cost training jobs — on this machine or on the trainforge cluster.")
@@ -18,6 +18,7 @@ plan.register(app)
 app.add_typer(prices.app, name="prices")
 app.add_typer(budget.app, name="budget")
 app.add_typer(sweep.app, name="sweep")
+app.add_typer(platform.app, name="platform")
 
 
 def main() -> None:

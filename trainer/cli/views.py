@@ -166,6 +166,19 @@ KEY_PROPERTIES = {
 }
 
 
+def verify_table(environment: str, report) -> None:
+    console = Console()
+    table = Table(title=f"trainforge platform verify: {environment}", title_justify="left")
+    for column in ("", "check", "state", "fix"):
+        table.add_column(column)
+    for f in report.findings:
+        table.add_row("[green]ok[/]" if f.ok else "[red]FAIL[/]", f.check, f.detail, f.fix)
+    console.print(table)
+    problems = len(report.problems)
+    console.print(f"[green]all {len(report.findings)} checks passed[/] in {report.seconds:.1f} s" if not problems
+                  else f"[red]{problems} of {len(report.findings)} checks failed[/] in {report.seconds:.1f} s")
+
+
 def plan_tables(plan, diff=None, base=None) -> None:
     """The plan as tables: resources by component and type with key properties, teams, policy verdicts, cost, diff."""
     import sys

@@ -33,6 +33,12 @@ STACK_FIXES = {
 }
 
 
+def stack_path(stack: str, stacks_dir: Path = Path("stacks")) -> Path:
+    """A stack name (`prod` -> stacks/Pulumi.prod.yaml) or a stack file's path."""
+    path = Path(stack)
+    return path if path.suffix in (".yaml", ".yml") or path.exists() else stacks_dir / f"Pulumi.{stack}.yaml"
+
+
 def parse(raw: Any, *, environment: str, source: str) -> PlatformConfig:
     """Validate the `trainforge:platform` object of a stack; the stack name is the environment."""
     if not isinstance(raw, dict):

@@ -1,0 +1,202 @@
+"""`trainforge platform verify`: after a `pulumi up`, check the live cluster the way a platform engineer would — the
+application layer's counterpart of the offline plan (the plan says what an up would do; verify says whether it did).
+
+What the stack should have comes from its config and the chart table (what the program deploys); what it has is read
+through the Kubernetes API with the caller's kubeconfig, Prometheus and MLflow through the API server's service proxy
+(no port-forward, no network path into the VPC needed). Each finding names what is wrong and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from trainforge import contract
+from trainforge.platform.manifests import budget, monitoring
+from trainforge.platform.manifests.charts import pinned
+from trainforge.stackconfig import PlatformConfig
+
+PLATFORM_NAMESPACES = (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_MLFLOW,
+                       contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM)
+PROMETHEUS_SERVICE = (contract.NAMESPACE_MONITORING, "kube-prometheus-stack-prometheus:9090")
+MLFLOW_SERVICE = (contract.NAMESPACE_MLFLOW, f"mlflow:{contract.MLFLOW_PORT}")
+# kube-prometheus-stack's always-firing heartbeat and its inhibitor: firing is their healthy state.
+HEARTBEAT_ALERTS = {"Watchdog", "InfoInhibitor"}
+
+
+@dataclass(frozen=True)
+class Scrape:
+    pool: str  # Prometheus' scrapePool for a ServiceMonitor/PodMonitor endpoint
+    what: str
+    required: bool  # False: it may have no target yet (no GPU node, no job running)
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if not f.ok]
+
+    def add(self, check: str, ok: bool, detail: str, fix: str = "") -> None:
+        self.findings.append(Finding(check, ok, detail, "" if ok else fix))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": not self.problems, "seconds": round(self.seconds, 2), "findings": [f.__dict__ for f in self.findings]}
+
+
+def expected_scrapes() -> list[Scrape]:
+    return [
+        Scrape(f"serviceMonitor/{contract.NAMESPACE_KUEUE}/{monitoring.KUEUE_MONITOR}/0", "Kueue's quota metrics", True),
+        Scrape(f"podMonitor/{contract.NAMESPACE_MONITORING}/{budget.NAME}/0", "the budget controller", True),
+        Scrape(f"serviceMonitor/{contract.NAMESPACE_MONITORING}/dcgm-exporter/0", "DCGM GPU metrics", False),
+        Scrape(f"podMonitor/{contract.NAMESPACE_MONITORING}/{monitoring.TRAINER_PODMONITOR}/0", "training pods", False),
+    ]
+
+
+class Api:
+    """GET-only JSON over the official client's connection (kubeconfig auth, TLS), paths as the API server has them."""
+
+    def __init__(self, context: str | None = None, timeout_s: float = 20.0):
+        import os
+
+        from kubernetes import client, config
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context, client_configuration=configuration)
+        configuration.retries = 1
+        self.client = client.ApiClient(configuration)
+        self.timeout_s = timeout_s
+
+    def get(self, path: str, query: dict[str, str] | None = None) -> tuple[int, Any]:
+        from kubernetes.client.exceptions import ApiException
+        try:
+            # _preload_content=False: the raw response, whatever the body (JSON from the API, text from a proxied service).
+            response = self.client.call_api(path, "GET", query_params=list((query or {}).items()), auth_settings=["BearerToken"],
+                                            _preload_content=False, _return_http_data_only=True, _request_timeout=self.timeout_s)
+            status, body = response.status, response.data.decode()
+        except ApiException as exc:
+            status, body = exc.status, exc.body or ""
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            return status, body
+
+    def proxy(self, service: tuple[str, str], path: str, query: dict[str, str] | None = None) -> tuple[int, Any]:
+        namespace, name = service
+        return self.get(f"/api/v1/namespaces/{namespace}/services/{name}/proxy{path}", query)
+
+
+def verify(cfg: PlatformConfig, api: Api, now: Callable[[], float] = time.time, on_check: Callable[[str], None] = lambda _: None) -> Report:
+    started = now()
+    report = Report()
+    for step, check in (("Helm releases", _releases), ("workloads", _workloads), ("team queues", _queues),
+                        ("Prometheus targets", _targets), ("alerts", _alerts), ("budget controller", _budget), ("MLflow", _mlflow)):
+        on_check(step)
+        check(cfg, api, report, now)
+    report.seconds = now() - started
+    return report
+
+
+def _releases(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
+    """Helm keeps each release's state in Secrets labelled owner=helm,name=<release> (one per revision)."""
+    for chart in pinned(cfg.kubernetes).values():
+        if chart.release == "aws-efa-k8s-device-plugin" and not any(g.efa for g in cfg.node_groups):
+            continue
+        status, body = api.get(f"/api/v1/namespaces/{chart.namespace}/secrets", {"labelSelector": f"owner=helm,name={chart.release}"})
+        revisions = sorted((body.get("items") or []) if status == 200 else [], key=lambda s: int(s["metadata"]["labels"].get("version", 0)))
+        state = revisions[-1]["metadata"]["labels"].get("status") if revisions else "not installed"
+        report.add(f"release {chart.release}", state == "deployed", f"{chart.namespace}/{chart.release} {chart.version}: {state}",
+                   f"`helm history {chart.release} -n {chart.namespace}` shows why; `pulumi up` again once fixed"
+                   if revisions else "`pulumi up` (the release was never installed: check its output for the failure)")
+
+
+def _workloads(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
+    for namespace in PLATFORM_NAMESPACES:
+        for kind, plural in (("Deployment", "deployments"), ("DaemonSet", "daemonsets")):
+            status, body = api.get(f"/apis/apps/v1/namespaces/{namespace}/{plural}")
+            for obj in (body.get("items") or []) if status == 200 else []:
+                s = obj.get("status") or {}
+                want, have = (s.get("replicas", obj["spec"].get("replicas", 1)), s.get("readyReplicas", 0)) if kind == "Deployment" \
+                    else (s.get("desiredNumberScheduled", 0), s.get("numberReady", 0))
+                name = f"{namespace}/{obj['metadata']['name']}"
+                report.add(f"{kind.lower()} {name}", have >= want, f"{have}/{want} ready",
+                           f"`kubectl -n {namespace} describe {kind.lower()} {obj['metadata']['name']}` and its pods' events "
+                           "(Pending: no system node fits its requests; ImagePullBackOff: the image; CrashLoopBackOff: its logs)")
+
+
+def _queues(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
+    for team in cfg.teams:
+        name = contract.cluster_queue_name(team.name)
+        status, body = api.get(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{name}")
+        conditions = {c["type"]: c for c in ((body.get("status") or {}).get("conditions") or [])} if status == 200 else {}
+        active = conditions.get("Active", {})
+        held = (body.get("spec") or {}).get("stopPolicy", "None") != "None" if status == 200 else False
+        detail = "active" if active.get("status") == "True" else f"not active: {active.get('reason', status)} {active.get('message', '')}".strip()
+        report.add(f"queue {name}", active.get("status") == "True", detail + (" (held: stopPolicy set)" if held else ""),
+                   "a flavour it names has no ResourceFlavor, or Kueue is not running: `kubectl get clusterqueue "
+                   f"{name} -o yaml`" if status == 200 else "`pulumi up` (the team's queue does not exist)")
+
+
+def _targets(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
+    status, body = api.proxy(PROMETHEUS_SERVICE, "/api/v1/targets", {"state": "active"})
+    if status != 200:
+        report.add("prometheus", False, f"Prometheus does not answer through the API proxy ({status})",
+                   "`kubectl -n monitoring get pods` (a Pending prometheus pod: its volume claim, the StorageClass)")
+        return
+    targets = body["data"]["activeTargets"]
+    for scrape in expected_scrapes():
+        mine = [t for t in targets if t.get("scrapePool") == scrape.pool]
+        down = [t for t in mine if t.get("health") != "up"]
+        if not mine:
+            report.add(f"scrape {scrape.what}", not scrape.required, f"{scrape.pool}: no target" +
+                       ("" if scrape.required else " (none expected until a GPU node or a job runs)"),
+                       "is the monitor selected (label release: kube-prometheus-stack) and the service or pod there?")
+        else:
+            report.add(f"scrape {scrape.what}", not down, f"{len(mine) - len(down)}/{len(mine)} targets up" +
+                       "".join(f"; {t.get('labels', {}).get('instance')}: {t.get('lastError')}" for t in down[:3]),
+                       "the target's lastError says why (TLS, 401/403 on /metrics, the port name)")
+
+
+def _alerts(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
+    status, body = api.proxy(PROMETHEUS_SERVICE, "/api/v1/alerts")
+    if status != 200:
+        return  # said once, by the targets check
+    firing = sorted({a["labels"]["alertname"] for a in body["data"]["alerts"]
+                     if a.get("state") == "firing" and a["labels"].get("alertname") not in HEARTBEAT_ALERTS})
+    report.add("alerts", not firing, "none firing" if not firing else f"firing: {', '.join(firing)}",
+               "each alert's runbook_url or summary (Grafana > Alerting); a healthy new cluster has none")
+
+
+def _budget(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
+    status, body = api.proxy(PROMETHEUS_SERVICE, "/api/v1/query", {"query": "max(trainforge_budget_last_pass_timestamp_seconds)"})
+    if status != 200:
+        return
+    result = body["data"]["result"]
+    every_s = cfg.kubernetes.monitoring.budget_every_minutes * 60
+    if not result:
+        report.add("budget controller", False, "no pass recorded", "`kubectl -n trainforge-system logs deploy/trainforge-budget` "
+                   "(OpenCost unreachable, or the API refusing it)")
+        return
+    age = now() - float(result[0]["value"][1])
+    report.add("budget controller", age <= 3 * every_s, f"last pass {age:.0f} s ago (every {every_s} s)",
+               "`kubectl -n trainforge-system logs deploy/trainforge-budget`; until it passes, budgets are not enforced")
+
+
+def _mlflow(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
+    status, body = api.proxy(MLFLOW_SERVICE, "/api/2.0/mlflow/experiments/search", {"max_results": "1"})
+    invalid_host = status == 403 and "Invalid Host header" in str(body)
+    report.add("mlflow", status == 200, "answers" if status == 200 else f"{status}: {str(body)[:200]}",
+               "MLflow refuses the Host header: the chart's serverAllowedHosts must list the in-cluster names" if invalid_host
+               else "`kubectl -n mlflow logs deploy/mlflow` (the database connection, the artifact bucket's role)")
