@@ -11,7 +11,7 @@ import pulumi
 import pulumi_aws as aws
 import yaml
 
-from trainforge import catalog, contract
+from trainforge import catalog, contract, nodes
 from trainforge.infra.iam import Role
 from trainforge.infra.tags import named
 from trainforge.stackconfig import NodeGroupConfig
@@ -27,34 +27,17 @@ def ami_type(group: NodeGroupConfig) -> str:
     return "AL2023_x86_64_NVIDIA" if group.has_gpus else "AL2023_x86_64_STANDARD"
 
 
-def node_labels(group: NodeGroupConfig) -> dict[str, str]:
-    return {**contract.flavour_traits(group.flavour).labels, contract.LABEL_NODE_GROUP: group.name}
-
-
 def eks_taints(group: NodeGroupConfig) -> list[aws.eks.NodeGroupTaintArgs]:
     return [aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=EKS_TAINT_EFFECT[t.effect])
             for t in contract.flavour_traits(group.flavour).taints]
 
 
-AUTOSCALER = "k8s.io/cluster-autoscaler"
+AUTOSCALER = nodes.AUTOSCALER
 
 
 def autoscaler_discovery_tags(cluster_name: str) -> dict[str, str]:
     """The tags cluster-autoscaler's auto-discovery looks for (EKS also puts them on a managed group's ASG)."""
     return {f"{AUTOSCALER}/{cluster_name}": "owned", f"{AUTOSCALER}/enabled": "true"}
-
-
-def scale_from_zero_tags(group: NodeGroupConfig) -> dict[str, str]:
-    """What cluster-autoscaler needs to build a node of this group while it has none: its labels, its taints and its
-    extended resources, as ASG tags. EKS copies none of them to the group's ASG, and without them a pod that needs
-    `nvidia.com/gpu` never makes a GPU group scale up from zero."""
-    tags = {f"{AUTOSCALER}/node-template/label/{k}": v for k, v in node_labels(group).items()}
-    tags |= {f"{AUTOSCALER}/node-template/taint/{t.key}": f"{t.value}:{t.effect}" for t in contract.flavour_traits(group.flavour).taints}
-    if group.has_gpus:
-        tags[f"{AUTOSCALER}/node-template/resources/{contract.RESOURCE_GPU}"] = str(group.gpus_per_node)
-    if group.efa:
-        tags[f"{AUTOSCALER}/node-template/resources/{contract.RESOURCE_EFA}"] = str(catalog.efa_device_count(group.instances[0]))
-    return tags
 
 
 def nodeadm_user_data(group: NodeGroupConfig) -> str | None:
@@ -165,7 +148,7 @@ class NodePool(pulumi.ComponentResource):
                                                               max_size=group.max_size),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=self.launch_template.id,
                                                                 version=self.launch_template.latest_version.apply(str)),
-            labels=node_labels(group), taints=eks_taints(group),
+            labels=nodes.node_labels(group), taints=eks_taints(group),
             # Let EKS replace GPU nodes whose accelerators fail health checks instead of leaving them to jobs (it sees
             # GPU faults through the eks-node-monitoring-agent add-on).
             node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True) if group.has_gpus else None,
@@ -176,7 +159,7 @@ class NodePool(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"], depends_on=node_role.ready),
         )
         asg_name = self.node_group.resources.apply(lambda resources: resources[0].autoscaling_groups[0].name)
-        for key, value in scale_from_zero_tags(group).items():
+        for key, value in nodes.template_tags(group).items():
             suffix = key.removeprefix(f"{AUTOSCALER}/node-template/").replace("/", "-")
             aws.autoscaling.Tag(f"{name}-{suffix}", autoscaling_group_name=asg_name,
                                 tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),

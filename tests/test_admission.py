@@ -44,22 +44,29 @@ def test_a_job_that_can_never_fit_the_quota_is_rejected_with_the_numbers():
     decision = admit(with_(EFA_SPEC, workers__nodes=9, limits__max_cost_usd=None), PROD)
     assert not decision.admitted
     (problem,) = decision.problems
-    assert "72 gpu-efa GPUs needed (9 nodes x 8), team 'foundation' may use at most 64" in problem
+    assert "Kueue can never admit this job into the stack's ClusterQueue team-foundation" in problem
+    assert "insufficient quota for nvidia.com/gpu in flavor gpu-efa, request > maximum capacity (72 > 64)" in problem
     assert "Fix:" in problem
 
 
 def test_spot_fallback_takes_on_demand_when_spot_quota_is_too_small():
     spec = with_(QUICKSTART, team="applied", capacity="spot-fallback", workers__nodes=9, resources__instance_type="g6e.12xlarge",
                  limits__max_cost_usd=None)
-    decision = admit(spec, PROD)  # applied: 32 spot GPUs, 16 on-demand -> 36 fit neither
-    assert not decision.admitted and "gpu-spot" in decision.problems[0] and "gpu-ondemand" in decision.problems[0]
+    decision = admit(spec, PROD)  # applied: 32 spot GPUs + 16 it may borrow (the cohort lends 24), 16 on-demand -> 36 fit spot
+    assert decision.admitted and decision.flavour is Flavour.GPU_SPOT, decision.problems
+    decision = admit(with_(spec, workers__nodes=13), PROD)  # 52 fit neither 32 + 16 nor 16
+    assert not decision.admitted
+    assert "nvidia.com/gpu in flavor gpu-spot, request > maximum capacity (52 > 48)" in decision.problems[0]
+    assert "nvidia.com/gpu in flavor gpu-ondemand, request > maximum capacity (52 > 16)" in decision.problems[0]
     decision = admit(with_(spec, workers__nodes=4), PROD)  # 16 GPUs: spot first
     assert decision.admitted and decision.flavour is Flavour.GPU_SPOT
 
 
 def test_an_instance_type_no_group_of_the_flavour_offers_is_rejected():
     decision = admit(with_(QUICKSTART, resources__instance_type="p5.48xlarge", resources__gpus_per_node=8, limits__max_cost_usd=None), DEV)
-    assert "no gpu-spot node group offers p5.48xlarge" in decision.problems[0]
+    (problem,) = decision.problems
+    assert "no node group can run a pod of this job" in problem
+    assert "node group spot-l4 (g6.xlarge): nodeSelector k8s.amazonaws.com/accelerator=nvidia-h100 (node: nvidia-l4)" in problem
 
 
 def test_max_cost_is_enforced_by_how_much():

@@ -53,10 +53,26 @@ def test_gpu_type_missing_from_the_catalogue():
 
 def test_efa_group_mixing_instance_types():
     raw = prod()
-    group(raw, "p5-efa")["instance_types"] = ["p5.48xlarge", "p4d.24xlarge"]
+    group(raw, "p5-efa")["instance_types"] = ["g6.12xlarge", "g6.24xlarge"]  # one GPU shape, two interface layouts
     message = rejected(raw)
     assert "node_groups[1].instance_types: an EFA group has one instance type" in message
-    assert "['p5.48xlarge', 'p4d.24xlarge']" in message and "Fix: split it into one EFA group per type" in message
+    assert "['g6.12xlarge', 'g6.24xlarge']" in message and "Fix: split it into one EFA group per type" in message
+
+
+def test_a_gpu_group_mixing_gpu_models_or_counts_is_split_by_the_fix():
+    raw = prod()
+    group(raw, "spot-l4")["instance_types"] = ["g6.12xlarge", "g5.12xlarge", "g6.xlarge"]
+    message = rejected(raw)
+    assert "the cluster-autoscaler sizes a group by its first type" in message
+    assert "Fix: one node group per GPU model and count: [g5.12xlarge]; [g6.xlarge]; [g6.12xlarge]" in message
+
+
+def test_a_gpu_group_whose_first_type_is_not_its_smallest_says_which_order():
+    raw = prod()
+    group(raw, "spot-l4")["instance_types"] = ["g6.24xlarge", "g6.12xlarge"]
+    message = rejected(raw)
+    assert "['g6.12xlarge'] are smaller than the first type g6.24xlarge" in message
+    assert "Fix: list the smallest type first: ['g6.12xlarge', 'g6.24xlarge']" in message
 
 
 def test_efa_group_without_an_availability_zone():
@@ -113,9 +129,9 @@ def test_fsx_throughput_on_scratch():
 
 def test_min_size_greater_than_max_size():
     raw = prod()
-    group(raw, "gpu-spot").update(min_size=5, max_size=2)
+    group(raw, "spot-l4").update(min_size=5, max_size=2)
     message = rejected(raw)
-    assert "node_groups[2]: min_size (5) > max_size (2). Fix: raise max_size or lower min_size" in message
+    assert "node_groups[3]: min_size (5) > max_size (2). Fix: raise max_size or lower min_size" in message
 
 
 def test_duplicate_team_names():
@@ -200,7 +216,7 @@ def test_no_system_group_for_the_add_ons():
 
 def test_every_problem_is_reported_at_once():
     raw = prod()
-    group(raw, "gpu-spot").update(min_size=5, max_size=2)
+    group(raw, "spot-l4").update(min_size=5, max_size=2)
     raw["fsx"]["per_unit_storage_throughput"] = 200
     del raw["tags"]["cost_centre"]
     message = rejected(raw)
@@ -234,7 +250,7 @@ def test_program_names_the_missing_config_key():
 
 def test_offline_command_exits_non_zero_without_a_traceback(tmp_path):
     raw = prod()
-    group(raw, "p5-efa")["instance_types"] = ["p5.48xlarge", "p5e.48xlarge"]
+    group(raw, "p5-efa")["instance_types"] = ["g6.12xlarge", "g6.24xlarge"]
     bad = tmp_path / "Pulumi.prod.yaml"
     bad.write_text(yaml.safe_dump({"config": {CONFIG_KEY: raw}}))
     result = subprocess.run([sys.executable, "-m", "trainforge.platform.components.offline", str(bad)], capture_output=True, text=True, cwd=REPO)

@@ -1,4 +1,5 @@
 """One placement decision: the flavour admission charges is the flavour the rendered pods can be scheduled on.
+(Whether the autoscaler would *create* such a node is tests/test_quotas.py's, over the ASG tags the engine recorded.)
 
 For every example spec x capacity x team x stack (the shipped stacks and variants of them), the pods are
 scheduled against a model of the stack's nodes — each node group's labels, taints, instance types and
@@ -16,11 +17,12 @@ import pytest
 import yaml
 from conftest import REPO, STACK_FILES
 
-from trainforge import catalog, contract
+from trainforge import catalog, contract, nodes
 from trainforge.contract import Flavour
 from trainforge.stackconfig import CONFIG_KEY, PlatformConfig, load_stack_file, parse, read_stack_file
 from trainforge.trainer.admission import admit
-from trainforge.trainer.placement import INSTANCE_TYPE_LABEL, decide
+from trainforge.nodes import INSTANCE_TYPE_LABEL
+from trainforge.trainer.placement import decide
 from trainforge.trainer.render import render
 from trainforge.trainer.spec import JobSpec, load_spec
 
@@ -58,7 +60,8 @@ def specs_for(platform: PlatformConfig) -> list[JobSpec]:
     bases = [load_spec(p) for p in EXAMPLES]
     gpu_types = sorted({t for g in platform.node_groups if g.has_gpus for t in g.instance_types})
     bases += [bases[0].model_copy(update={"name": f"multi-{t.replace('.', '-')}", "workers": bases[0].workers.model_copy(update={"nodes": 2}),
-                                          "resources": bases[0].resources.model_copy(update={"instance_type": t, "gpu_type": None, "gpus_per_node": None})})
+                                          "resources": bases[0].resources.model_copy(update={"instance_type": t, "gpu_type": None, "gpus_per_node": None,
+                                                                                                     "cpu": "3", "memory": "12Gi"})})
               for t in gpu_types]
     return [spec.model_copy(update={"capacity": capacity, "team": team.name})
             for spec in bases for capacity in CAPACITIES for team in platform.teams]
@@ -79,10 +82,10 @@ def nodes_of(platform: PlatformConfig) -> list[Node]:
         traits = contract.flavour_traits(group.flavour)
         for name in group.instance_types:
             instance = catalog.lookup(name)
-            allocatable = {contract.RESOURCE_GPU: instance.gpus}
+            allocatable = nodes.usable(instance) if instance.gpus else {}
             if group.efa:
                 allocatable[contract.RESOURCE_EFA] = catalog.efa_device_count(instance)
-            labels = {**traits.labels, contract.LABEL_NODE_GROUP: group.name, INSTANCE_TYPE_LABEL: name}
+            labels = {**nodes.node_labels(group), INSTANCE_TYPE_LABEL: name}
             out.append(Node(group.flavour, labels, traits.taints, allocatable))
     return out
 
@@ -97,7 +100,7 @@ def schedulable(pod: dict, requests: dict, node: Node) -> bool:
     tolerated = {(t["key"], t["value"], t["effect"]) for t in pod.get("tolerations", [])}
     if any((t.key, t.value, t.effect) not in tolerated for t in node.taints):
         return False
-    return all(node.allocatable.get(r, 0) >= int(n) for r, n in requests.items() if r in (contract.RESOURCE_GPU, contract.RESOURCE_EFA))
+    return all(node.allocatable.get(r, 0) >= nodes.quantity(r, n) for r, n in requests.items())
 
 
 def pod_and_requests(manifest: dict) -> tuple[dict, dict]:
@@ -146,7 +149,7 @@ def test_the_reported_case_is_charged_and_scheduled_on_gpu_ondemand():
 def test_spot_fallback_pods_may_land_on_spot_or_on_demand_nodes_and_never_on_efa_nodes():
     platform = STACKS["Pulumi.prod.yaml"]
     spec = load_spec(REPO / "examples" / "llm-pretrain-efa.yaml").model_copy(update={"capacity": "spot-fallback", "team": "applied"})
-    spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"instance_type": "g6e.12xlarge"})})
+    spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"instance_type": "g6e.12xlarge", "cpu": "40", "memory": "300Gi"})})
     where = decide(spec, platform)
     assert where.flavours == (Flavour.GPU_SPOT, Flavour.GPU_ONDEMAND) and where.efa_devices_per_node == 0
     pod, requests = pod_and_requests(render(spec, where, "trainjob"))

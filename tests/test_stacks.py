@@ -301,7 +301,9 @@ def test_prod_has_the_shape_the_platform_promises():
     flavours = {g.flavour: g for g in cfg.node_groups}
     efa = flavours[Flavour.GPU_EFA]
     assert efa.instance_types == ["p5.48xlarge"] and efa.capacity == "on-demand"
-    assert len(flavours[Flavour.GPU_SPOT].instance_types) >= 3
+    spot = [g for g in cfg.node_groups if g.flavour is Flavour.GPU_SPOT]
+    assert len({t for g in spot for t in g.instance_types}) >= 3 and len({g.instances[0].gpu_model for g in spot}) >= 2, \
+        "spot diversified across types and GPU models (one group per model)"
     assert Flavour.GPU_ONDEMAND in flavours
     assert cfg.fsx.deployment_type == "PERSISTENT_2" and cfg.fsx.data_repository is not None
     assert cfg.fsx_availability_zone == efa.availability_zone

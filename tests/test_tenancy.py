@@ -135,9 +135,16 @@ def test_a_teams_role_grants_nothing_in_another_namespace(stack):
     evaluation, cfg = stack
     objects = [manifest(r) for r in evaluation.resources if r.type.startswith("kubernetes:rbac.authorization.k8s.io/")]
     cluster_wide = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
-    # The only cluster-wide grant is the budget controller's, to its own service account, never to a team's group.
-    assert [(s["kind"], s["name"], s.get("namespace")) for b in cluster_wide for s in b["subjects"]] == \
-        [("ServiceAccount", contract.BUDGET_CONTROLLER, contract.NAMESPACE_SYSTEM)]
+    # Cluster-wide grants: the budget controller's, to its own service account; and each team's group may `get` its own
+    # ClusterQueue (cluster-scoped) and nothing else.
+    subjects = [(s["kind"], s["name"], s.get("namespace")) for b in cluster_wide for s in b["subjects"]]
+    assert sorted(subjects) == sorted([("ServiceAccount", contract.BUDGET_CONTROLLER, contract.NAMESPACE_SYSTEM)] +
+                                      [("Group", contract.team_group(t.name), None) for t in cfg.teams])
+    for team in cfg.teams:
+        (binding,) = [b for b in cluster_wide if b["subjects"][0]["name"] == contract.team_group(team.name)]
+        (role,) = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == binding["roleRef"]["name"]]
+        assert role["rules"] == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["get"],
+                                  "resourceNames": [contract.cluster_queue_name(team.name)]}]
     for team in cfg.teams:
         namespace = contract.namespace_name(team.name)
         for binding in [o for o in objects if o["kind"] == "RoleBinding" and any(s["name"] == contract.team_group(team.name) for s in o["subjects"])]:

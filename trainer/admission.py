@@ -1,20 +1,23 @@
 """Before anything starts: does the job fit the team's GPU quota, its cost limit and the team's budget?
 
-A job that can never fit (more GPUs than the team's quota for every flavour it could use) is rejected with
-the numbers; one that fits the quota but not today's free capacity is left to Kueue to queue. Quotas come
-from the stack config offline (this module) or, on a cluster, from the Kueue ClusterQueue.
+A job that can never run is rejected with the numbers: when no node group's template node would take one of its pods
+(trainforge.nodes: the autoscaler would never scale up for it), or when Kueue's rule (trainforge.kueue.assign) over
+the rendered workload and the team's ClusterQueue says it can never be admitted. One that fits but not today's free
+capacity is left to Kueue to queue. Queues come from the stack offline, or on a cluster the team's live ClusterQueue.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainforge import contract, kueue
 from trainforge.contract import Flavour
 from trainforge.errors import EXIT_NOT_ADMITTED, TrainforgeError
 from trainforge.pricing import CostEstimate, PriceUnknown, estimate
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 from trainforge.trainer import placement as placing
 from trainforge.trainer.placement import Placement
+from trainforge.trainer.render import render
 from trainforge.trainer.spec import JobSpec
 
 
@@ -66,31 +69,49 @@ def _team(spec: JobSpec, platform: PlatformConfig, problems: list[str]) -> TeamC
     return team
 
 
-def _charged_flavour(spec: JobSpec, platform: PlatformConfig, team: TeamConfig, where: Placement, problems: list[str]) -> Flavour | None:
-    """The first candidate flavour whose quota holds the job; every other candidate's reason when none does."""
-    reasons = []
-    offered = set(where.flavours)
-    for flavour in placing.preferred_flavours(spec, platform):
-        quota = team.gpu_quota.get(flavour, 0)
-        if flavour not in offered:
-            reasons.append(f"no {flavour.value} node group offers {where.instance_type or 'GPUs'}")
-        elif where.gpus > quota:
-            reasons.append(f"{where.gpus} {flavour.value} GPUs needed ({where.nodes} nodes x {where.gpus_per_node}), "
-                           f"team {team.name!r} may use at most {quota}")
-        else:
-            return flavour
-    problems.append("resources: the job can never be scheduled: " + "; ".join(reasons) +
-                    ". Fix: fewer nodes or GPUs per node, another capacity, or a larger quota from the platform team")
+def _never_placed(spec: JobSpec, platform: PlatformConfig, problems: list[str]) -> None:
+    """No node group of any candidate flavour would take a pod of the job: Kueue might admit it, the pods would stay
+    Pending for ever (the autoscaler grows only groups whose template node holds the pod)."""
+    reasons = [f"{flavour.value}: {'; '.join(placing.group_problems(spec, platform, flavour))}"
+               for flavour in placing.preferred_flavours(spec, platform)]
+    problems.append("resources: no node group can run a pod of this job (the cluster-autoscaler sizes a group by its first "
+                    "instance type): " + " | ".join(reasons) + ". Fix: a GPU model and cpu/memory per node that a group of the "
+                    "stack offers (`trainforge check` lists the groups), another capacity, or a new node group from the platform team")
+
+
+def _kueue_verdict(spec: JobSpec, platform: PlatformConfig, where: Placement, live_queue: dict | None,
+                   problems: list[str]) -> Flavour | None:
+    """Kueue's own rule (trainforge.kueue.assign) over the workload as rendered and the team's ClusterQueue: the live
+    one when given (the cluster wins where it differs from the stack), in the stack's cohort."""
+    cohort = kueue.stack_queues(platform)
+    name = contract.cluster_queue_name(spec.team)
+    own = live_queue or next(q for q in cohort if q["metadata"]["name"] == name)
+    cohort = [own if q["metadata"]["name"] == name else q for q in cohort]
+    flavors = {f["metadata"]["name"]: f for f in kueue.resource_flavors(platform)}
+    verdict = kueue.assign(kueue.pod_sets(render(spec, where)), own, cohort=cohort, flavors=flavors)
+    if verdict.admitted:
+        return Flavour(next(iter(verdict.flavours.values())))
+    whose = "the cluster's" if live_queue is not None else "the stack's"
+    problems.append(f"resources: Kueue can never admit this job into {whose} ClusterQueue {name} (quota plus what the cohort "
+                    f"may lend): {'; '.join(verdict.problems)}. Fix: fewer nodes, GPUs, cpu or memory per node, another "
+                    "capacity, or a larger quota from the platform team")
     return None
 
 
-def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: float = 0.0, budget_usd: float | None = None) -> Admission:
-    """`budget_usd`: the cluster's figure for the team's monthly budget, which wins over the stack's where given."""
+def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: float = 0.0, budget_usd: float | None = None,
+          live_queue: dict | None = None) -> Admission:
+    """`budget_usd`: the cluster's figure for the team's monthly budget, `live_queue` its ClusterQueue; both win over the
+    stack's where given."""
     problems: list[str] = []
     where = placing.decide(spec, platform)
     instance = where.instance
     team = _team(spec, platform, problems)
-    chosen = _charged_flavour(spec, platform, team, where, problems) if team is not None and where.gpus_per_node > 0 else None
+    chosen = None
+    if team is not None:
+        if not where.flavours:
+            _never_placed(spec, platform, problems)
+        else:
+            chosen = _kueue_verdict(spec, platform, where, live_queue, problems)
 
     cost = None
     if instance is not None:

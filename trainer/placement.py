@@ -9,7 +9,11 @@ The rule, with the stack at hand (what the cluster really has):
                                      type (EFA only pays across nodes); else gpu-ondemand
   - spot-fallback                 -> gpu-spot, then gpu-ondemand: Kueue picks whichever the team's quota has room
                                      for. Never EFA: a pod's EFA request cannot depend on the flavour Kueue picks.
-Candidates no node group of the stack offers (for the instance type) are dropped; admission says why.
+Candidates no node group of the stack can take are dropped; admission says why. A group takes the job when the
+cluster-autoscaler's node template of the group (its first instance type, its tags: trainforge.nodes) would hold one
+pod of it: the GPU model, GPUs per node, cpu and memory. Pods select the flavour and the GPU model
+(`k8s.amazonaws.com/accelerator`), which every node of a group shares, never the instance type: a group may launch
+any of its types, and the autoscaler sizes it by the first.
 Without a stack (`trainforge render` as a preview) the catalogue stands in for the EFA groups: EFA whenever the
 instance type has EFA interfaces. Cluster submission always decides with the stack.
 """
@@ -19,12 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainforge import catalog, contract
+from trainforge import catalog, contract, nodes
 from trainforge.contract import Flavour
 from trainforge.stackconfig import PlatformConfig
 from trainforge.trainer.spec import JobSpec
-
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # set on every node by the kubelet
 
 
 @dataclass(frozen=True)
@@ -50,11 +52,12 @@ class Placement:
         return self.gpus_per_node * self.nodes
 
     def node_selector(self) -> dict[str, str]:
-        """Labels every candidate flavour's nodes carry (a single flavour: all of its labels), and the instance type."""
+        """Labels every candidate flavour's nodes carry (a single flavour: all of its labels), and the GPU model."""
         label_sets = [contract.flavour_traits(f).labels.items() for f in self.flavours]
         selector = dict(set.intersection(*map(set, label_sets))) if label_sets else {}
-        if self.instance is not None:
-            selector[INSTANCE_TYPE_LABEL] = self.instance.name
+        model = nodes.accelerator(self.instance) if self.instance is not None and self.gpus_per_node else None
+        if model:
+            selector[contract.LABEL_ACCELERATOR] = model
         return dict(sorted(selector.items()))
 
     def node_affinity(self) -> dict[str, Any] | None:
@@ -104,20 +107,48 @@ def _efa_pays_off(spec: JobSpec, platform: PlatformConfig | None) -> bool:
         return False
     if platform is None:
         return instance.supports_efa
-    return any(g.efa and instance.name in g.instance_types for g in platform.node_groups)
+    return any(g.efa and not group_problems(spec, platform, Flavour.GPU_EFA) for g in platform.node_groups)
 
 
-def offers(platform: PlatformConfig, flavour: Flavour, instance_type: str | None) -> bool:
-    """Whether some node group of the stack has this flavour (and, if given, this instance type)."""
-    groups = [g for g in platform.node_groups if g.flavour is flavour]
-    return bool(groups) and (instance_type is None or any(instance_type in g.instance_types for g in groups))
+def pod_shape(spec: JobSpec, where: Placement) -> nodes.PodShape:
+    """One worker pod as the scheduler and the autoscaler match it against nodes."""
+    requests = nodes.requests_of({"cpu": spec.resources.cpu, "memory": spec.resources.memory, **where.extended_resources()})
+    affinity = where.node_affinity()
+    pod = {"nodeSelector": where.node_selector(), "tolerations": where.tolerations(), **({"affinity": affinity} if affinity else {})}
+    return nodes.PodShape.of_pod_spec(pod, requests)
+
+
+def _single(spec: JobSpec, flavour: Flavour, platform: PlatformConfig | None) -> Placement:
+    instance = spec.resources.instance()
+    efa = catalog.efa_device_count(instance) if flavour is Flavour.GPU_EFA and instance is not None and instance.supports_efa else 0
+    return Placement((flavour,), instance, spec.workers.nodes, spec.resources.gpus(), efa, spec.capacity,
+                     platform.region if platform is not None else None)
+
+
+def templates(platform: PlatformConfig, flavour: Flavour) -> list[nodes.NodeTemplate]:
+    return [nodes.template(g) for g in platform.node_groups if g.flavour is flavour]
+
+
+def group_problems(spec: JobSpec, platform: PlatformConfig, flavour: Flavour) -> list[str]:
+    """Why no `flavour` node group would take a pod of the job (empty: one would). System jobs need no template."""
+    if flavour is Flavour.SYSTEM:
+        return [] if any(g.flavour is flavour for g in platform.node_groups) else ["no system node group"]
+    found = templates(platform, flavour)
+    if not found:
+        return [f"the stack has no {flavour.value} node group"]
+    pod = pod_shape(spec, _single(spec, flavour, platform))
+    reasons = {t.group: nodes.fit_problems(pod, t) for t in found}
+    if any(not r for r in reasons.values()):
+        return []
+    return [f"node group {group} ({next(t.instance_type for t in found if t.group == group)}): {', '.join(r)}"
+            for group, r in reasons.items()]
 
 
 def decide(spec: JobSpec, platform: PlatformConfig | None = None) -> Placement:
     instance = spec.resources.instance()
     flavours = preferred_flavours(spec, platform)
     if platform is not None:
-        flavours = [f for f in flavours if offers(platform, f, instance.name if instance else None)]
+        flavours = [f for f in flavours if not group_problems(spec, platform, f)]
     efa = catalog.efa_device_count(instance) if flavours == [Flavour.GPU_EFA] and instance is not None else 0
     return Placement(tuple(flavours), instance, spec.workers.nodes, spec.resources.gpus(), efa, spec.capacity,
                      platform.region if platform is not None else None)

@@ -57,8 +57,11 @@ class Resources(_Model):
     instance_type: str | None = Field(None, description="e.g. p5.48xlarge; sets GPUs per node and the node flavour")
     gpu_type: str | None = Field(None, description=f"or a GPU model: one of {sorted(GPU_TYPES)}")
     gpus_per_node: int | None = Field(None, ge=0, le=16)
-    cpu: str = Field("4", pattern=QUANTITY)
-    memory: str = Field("16Gi", pattern=QUANTITY)
+    # Per node (worker pod). The defaults fit the smallest GPU node of the catalogue (an xlarge: 4 vCPUs, 16 GiB, of
+    # which the kubelet's reservations and the node's DaemonSets leave ~3.4 CPU and ~13 GiB): a larger request on a
+    # node that cannot hold it would be Pending for ever, and `check` refuses it.
+    cpu: str = Field("3", pattern=QUANTITY)
+    memory: str = Field("12Gi", pattern=QUANTITY)
 
     @field_validator("instance_type")
     @classmethod

@@ -7,24 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from trainforge import contract
-from trainforge.stackconfig import PlatformConfig
+from trainforge import kueue as core_kueue
 
-API = "kueue.x-k8s.io/v1beta2"
+API = core_kueue.API
 PRIORITY_VALUES = {"low": 100, "normal": 1000, "high": 10000}
 
 
-def resource_flavor(flavour: contract.Flavour) -> dict[str, Any]:
-    traits = contract.flavour_traits(flavour)
-    spec: dict[str, Any] = {"nodeLabels": dict(traits.labels)}
-    if traits.taints:
-        # Kueue assigns the flavour only to workloads that tolerate these (the rendered jobs do).
-        spec["nodeTaints"] = [{"key": t.key, "value": t.value, "effect": t.effect} for t in traits.taints]
-    return {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": flavour.value}, "spec": spec}
-
-
-def resource_flavors(cfg: PlatformConfig) -> list[dict[str, Any]]:
-    present = dict.fromkeys(g.flavour for g in cfg.node_groups)
-    return [resource_flavor(f) for f in present]
+resource_flavor = core_kueue.resource_flavor
+resource_flavors = core_kueue.resource_flavors
 
 
 def cohort() -> dict[str, Any]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainforge import catalog, contract
-from trainforge.contract import Flavour
+from trainforge import contract, kueue
 from trainforge.platform.manifests import storage
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
@@ -22,7 +21,7 @@ COST_CENTRE_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"
 ENVIRONMENT_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}"
 MEMBER_ROLE = "trainforge-team-member"
 SETTINGS_CONFIG_MAP = contract.TEAM_SETTINGS_CONFIG_MAP
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+NAMESPACE_NAME_LABEL = kueue.NAMESPACE_NAME_LABEL
 
 
 def cost_labels(team: TeamConfig, environment: str) -> dict[str, str]:
@@ -43,21 +42,17 @@ def namespace(team: TeamConfig, environment: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": contract.namespace_name(team.name), "labels": labels}}
 
 
-def efa_devices(cfg: PlatformConfig, team: TeamConfig) -> int:
-    """EFA devices the team's EFA GPUs come with: whole EFA nodes' worth."""
-    groups = [g for g in cfg.node_groups if g.efa]
-    if not groups or not team.reachable_gpus(Flavour.GPU_EFA):
-        return 0
-    group = groups[0]
-    nodes = -(-team.reachable_gpus(Flavour.GPU_EFA) // group.gpus_per_node)
-    return nodes * catalog.efa_device_count(group.instances[0])
-
-
 def resource_quota(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
-    """A backstop under Kueue: what the namespace may hold at once even if something bypasses the queue."""
-    gpus = sum(team.reachable_gpus(f) for f in contract.GPU_FLAVOURS)
-    hard = {f"requests.{contract.RESOURCE_GPU}": str(gpus), f"requests.{contract.RESOURCE_EFA}": str(efa_devices(cfg, team)),
-            "requests.cpu": team.cpu_quota, "requests.memory": team.memory_quota, "pods": "500", "persistentvolumeclaims": "10"}
+    """A backstop under Kueue: what the namespace may hold at once even if something bypasses the queue — the sum of
+    what the team's ClusterQueue can ever admit (quota plus borrowing, every flavour)."""
+    total: dict[str, int] = {}
+    for quota in kueue.team_quotas(cfg, team):
+        for resource, amount in quota.nominal.items():
+            total[resource] = total.get(resource, 0) + amount + quota.borrowing.get(resource, 0)
+    hard = {f"requests.{contract.RESOURCE_GPU}": str(total[contract.RESOURCE_GPU]),
+            f"requests.{contract.RESOURCE_EFA}": str(total[contract.RESOURCE_EFA]),
+            "requests.cpu": kueue.cpu_text(total["cpu"]), "requests.memory": kueue.memory_text(total["memory"]),
+            "pods": "500", "persistentvolumeclaims": "10"}
     return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("trainforge-quota", team, cfg.environment), "spec": {"hard": hard}}
 
 
@@ -68,38 +63,9 @@ def limit_range(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
                                  "default": {"cpu": "2", "memory": "8Gi"}}]}}
 
 
-COVERED = ["cpu", "memory", contract.RESOURCE_GPU, contract.RESOURCE_EFA]
-
-
 def cluster_queue(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
-    """The team's nominal GPU quota per flavour exactly as configured, in the platform's cohort: borrowing and lending
-    from config, borrowed capacity reclaimed by its owner, a fair-sharing weight. CPU and memory follow the namespace's
-    quota on every flavour it uses; the system flavour carries its CPU-only jobs."""
-    flavours = [f for f in dict.fromkeys(g.flavour for g in cfg.node_groups) if f is Flavour.SYSTEM or team.gpu_quota.get(f, 0) > 0]
-    entries = []
-    for flavour in flavours:
-        gpu: dict[str, Any] = {"name": contract.RESOURCE_GPU, "nominalQuota": team.gpu_quota.get(flavour, 0)}
-        if flavour is not Flavour.SYSTEM:
-            gpu["borrowingLimit"] = team.borrowing_limit.get(flavour, 0)
-            if flavour in team.lending_limit:
-                gpu["lendingLimit"] = team.lending_limit[flavour]
-        efa = efa_devices(cfg, team) if flavour is Flavour.GPU_EFA else 0
-        entries.append({"name": flavour.value, "resources": [
-            {"name": "cpu", "nominalQuota": team.cpu_quota}, {"name": "memory", "nominalQuota": team.memory_quota}, gpu,
-            {"name": contract.RESOURCE_EFA, "nominalQuota": efa}]})
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-        "metadata": _meta(contract.cluster_queue_name(team.name), team, cfg.environment, namespaced=False),
-        "spec": {
-            "cohortName": contract.KUEUE_COHORT,
-            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: contract.namespace_name(team.name)}},
-            "queueingStrategy": "BestEffortFIFO",
-            "resourceGroups": [{"coveredResources": COVERED, "flavors": entries}],
-            "preemption": {"reclaimWithinCohort": "Any", "borrowWithinCohort": {"policy": "LowerPriority"},
-                           "withinClusterQueue": "LowerPriority"},
-            "fairSharing": {"weight": str(team.fair_share_weight)},
-        },
-    }
+    """The team's quota per flavour (trainforge.kueue: GPUs as configured, cpu/memory/EFA per GPU), cost-labelled."""
+    return kueue.cluster_queue(cfg, team, labels=cost_labels(team, cfg.environment))
 
 
 def local_queue(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
@@ -116,6 +82,25 @@ def member_role(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
                       {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": jobs},
                       {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "configmaps"], "verbs": read},
                       {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": read}]}
+
+
+def queue_reader_name(team: TeamConfig) -> str:
+    return f"trainforge-{team.name}-queue-reader"
+
+
+def queue_reader(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
+    """Read of the team's own ClusterQueue (cluster-scoped: a namespaced Role cannot grant it; Kueue's
+    clusterqueue-viewer role aggregates only to `admin`), for its quota and its budget hold. `get` only: RBAC cannot
+    restrict a plain list to named objects, and the other teams' queues are not the team's business."""
+    name = queue_reader_name(team)
+    meta = _meta(name, team, cfg.environment, namespaced=False)
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta,
+            "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["get"],
+                       "resourceNames": [contract.cluster_queue_name(team.name)]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": dict(meta),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": contract.team_group(team.name)}]}
+    return [role, binding]
 
 
 def role_bindings(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
@@ -180,5 +165,5 @@ def claims(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
 def team_objects(cfg: PlatformConfig, team: TeamConfig, *, role_arn: Any, prices_as_of: str) -> list[dict[str, Any]]:
     """Every object of one team, namespace first."""
     return [namespace(team, cfg.environment), resource_quota(cfg, team), limit_range(cfg, team), cluster_queue(cfg, team),
-            local_queue(cfg, team), member_role(cfg, team), *role_bindings(cfg, team), *network_policies(cfg, team),
+            local_queue(cfg, team), member_role(cfg, team), *role_bindings(cfg, team), *queue_reader(cfg, team), *network_policies(cfg, team),
             service_account(cfg, team, role_arn), settings(cfg, team, prices_as_of), *claims(cfg, team)]

@@ -21,6 +21,8 @@ class InstanceType:
     gpus: int
     gpu_model: str
     efa_interfaces: int = 0
+    vcpus: int = 0  # 0: a CPU type outside the table (its size is not needed: no GPU quota or node template rests on it)
+    memory_gib: int = 0
     # Types on which an interface may be `efa-only` (no ENA device). Older Nitro generations take only
     # `efa` (EFA with ENA) interfaces, one per network card.
     efa_only_supported: bool = True
@@ -39,22 +41,23 @@ class InstanceType:
 
 def _rows() -> list[InstanceType]:
     rows = [
-        InstanceType("p4d.24xlarge", 8, "A100-40GB", efa_interfaces=4, efa_only_supported=False),
-        InstanceType("p4de.24xlarge", 8, "A100-80GB", efa_interfaces=4, efa_only_supported=False),
-        InstanceType("p5.4xlarge", 1, "H100", efa_interfaces=0),
-        InstanceType("p5.48xlarge", 8, "H100", efa_interfaces=32),
-        InstanceType("p5e.48xlarge", 8, "H200", efa_interfaces=32),
-        InstanceType("p5en.48xlarge", 8, "H200", efa_interfaces=16),
-        InstanceType("p6-b200.48xlarge", 8, "B200", efa_interfaces=8),
+        InstanceType("p4d.24xlarge", 8, "A100-40GB", efa_interfaces=4, efa_only_supported=False, vcpus=96, memory_gib=1152),
+        InstanceType("p4de.24xlarge", 8, "A100-80GB", efa_interfaces=4, efa_only_supported=False, vcpus=96, memory_gib=1152),
+        InstanceType("p5.4xlarge", 1, "H100", efa_interfaces=0, vcpus=16, memory_gib=256),
+        InstanceType("p5.48xlarge", 8, "H100", efa_interfaces=32, vcpus=192, memory_gib=2048),
+        InstanceType("p5e.48xlarge", 8, "H200", efa_interfaces=32, vcpus=192, memory_gib=2048),
+        InstanceType("p5en.48xlarge", 8, "H200", efa_interfaces=16, vcpus=192, memory_gib=2048),
+        InstanceType("p6-b200.48xlarge", 8, "B200", efa_interfaces=8, vcpus=192, memory_gib=2048),
     ]
-    # g5 (A10G) and g6 (L4) share a size ladder; sizes from 8xlarge up carry one EFA interface.
-    ladder = {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "12xlarge": 4, "16xlarge": 1, "24xlarge": 4, "48xlarge": 8}
+    # g5 (A10G), g6 (L4) and g6e (L40S) share a size ladder: (GPUs, vCPUs); g5/g6 have 4 GiB per vCPU, g6e 8.
+    # Sizes from 8xlarge up carry one EFA interface on g5/g6.
+    ladder = {"xlarge": (1, 4), "2xlarge": (1, 8), "4xlarge": (1, 16), "8xlarge": (1, 32), "12xlarge": (4, 48),
+              "16xlarge": (1, 64), "24xlarge": (4, 96), "48xlarge": (8, 192)}
     efa_sizes = {"8xlarge", "12xlarge", "16xlarge", "24xlarge", "48xlarge"}
-    for family, model in (("g5", "A10G"), ("g6", "L4")):
-        for size, gpus in ladder.items():
-            rows.append(InstanceType(f"{family}.{size}", gpus, model, efa_interfaces=1 if size in efa_sizes else 0))
-    for size, gpus in {"xlarge": 1, "2xlarge": 1, "4xlarge": 1, "8xlarge": 1, "12xlarge": 4, "16xlarge": 1, "24xlarge": 4, "48xlarge": 8}.items():
-        rows.append(InstanceType(f"g6e.{size}", gpus, "L40S"))
+    for family, model, gib_per_vcpu in (("g5", "A10G", 4), ("g6", "L4", 4), ("g6e", "L40S", 8)):
+        for size, (gpus, vcpus) in ladder.items():
+            efa = 1 if size in efa_sizes and family != "g6e" else 0
+            rows.append(InstanceType(f"{family}.{size}", gpus, model, efa_interfaces=efa, vcpus=vcpus, memory_gib=vcpus * gib_per_vcpu))
     return [InstanceType(**{**r.__dict__, "local_nvme": True}) for r in rows]
 
 

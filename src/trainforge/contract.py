@@ -36,6 +36,15 @@ LABEL_FLAVOUR = f"{LABEL_DOMAIN}/node-flavour"
 LABEL_CAPACITY = f"{LABEL_DOMAIN}/capacity"  # "spot" | "on-demand"
 LABEL_NODE_GROUP = f"{LABEL_DOMAIN}/node-group"
 LABEL_EFA = f"{LABEL_DOMAIN}/efa"  # "true" on nodes with EFA interfaces
+# The GPU model of a GPU node (the cluster-autoscaler AWS provider's GPU label): shared by every type of a node group,
+# so jobs select it rather than an instance type the group may not launch.
+LABEL_ACCELERATOR = "k8s.amazonaws.com/accelerator"
+
+
+def accelerator_label(gpu_model: str) -> str:
+    """"H100" -> "nvidia-h100", "A100-40GB" -> "nvidia-a100-40gb"."""
+    return "nvidia-" + gpu_model.lower()
+
 
 # Taints (Kubernetes spelling of effects; the AWS layer translates to the EKS API's spelling)
 TAINT_GPU = "nvidia.com/gpu"

@@ -128,6 +128,24 @@ LARGE_ROOT_GIB = 500  # from here on a root gets more than gp3's baseline: image
 LARGE_ROOT_IOPS, LARGE_ROOT_MIBPS = 6000, 500
 
 
+def _one_gpu_shape(rows: list[catalog.InstanceType]) -> None:
+    """The cluster-autoscaler builds a group's node from its first type alone (cluster-autoscaler AWS provider): a job
+    for another GPU model or count never makes the group scale up, and a job fitted to the first type may be given a
+    smaller one. So a GPU group has one GPU model and count, and its first type is its smallest."""
+    shapes = sorted({(r.gpu_model, r.gpus) for r in rows})
+    if len(shapes) > 1:
+        split = "; ".join(f"[{', '.join(r.name for r in rows if (r.gpu_model, r.gpus) == shape)}]" for shape in shapes)
+        raise ValueError(f"{[r.name for r in rows]} mixes GPU shapes {[f'{n} x {m}' for m, n in shapes]}; the cluster-autoscaler "
+                         f"sizes a group by its first type, so jobs for the others would never scale it up. Fix: one node group per "
+                         f"GPU model and count: {split}")
+    first = rows[0]
+    smaller = [r.name for r in rows[1:] if r.vcpus < first.vcpus or r.memory_gib < first.memory_gib]
+    if smaller:
+        raise ValueError(f"{[r.name for r in rows]}: {smaller} are smaller than the first type {first.name}; the "
+                         "cluster-autoscaler sizes the group by its first type, so a pod fitted to it may not fit the node EC2 "
+                         f"launches. Fix: list the smallest type first: {sorted((r.name for r in rows), key=lambda n: (catalog.lookup(n).vcpus, catalog.lookup(n).memory_gib))}")
+
+
 class NodeGroupConfig(_Model):
     name: str = Field(..., pattern=DNS_LABEL, max_length=38)
     instance_types: list[str] = Field(..., min_length=1)
@@ -157,9 +175,11 @@ class NodeGroupConfig(_Model):
             raise ValueError("; ".join(problems))
         if len(set(names)) != len(names):
             raise ValueError(f"{names} lists a type twice. Fix: list each instance type once")
-        gpu_kinds = {catalog.lookup(n).gpus > 0 for n in names}
-        if len(gpu_kinds) > 1:
+        rows = [catalog.lookup(n) for n in names]
+        if len({r.gpus > 0 for r in rows}) > 1:
             raise ValueError(f"{names} mixes GPU and CPU instance types. Fix: put GPU and CPU types in separate node groups")
+        if rows[0].gpus:
+            _one_gpu_shape(rows)
         return names
 
     @model_validator(mode="after")
