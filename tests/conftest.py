@@ -24,20 +24,41 @@ def deployable(path: Path) -> dict:
     return config
 
 
-@pytest.fixture(scope="session")
-def evaluations():
-    """Every stack file (deployable: the deployer's CIDR set), run once through the real program under the mock engine."""
+_EVALUATED: dict[Path, object] = {}
+
+
+def evaluation_of(path: Path):
+    """A stack file (deployable: the deployer's CIDR set) run through the real program under the mock engine, once per
+    session."""
     from trainforge.platform.components.offline import evaluate
     from trainforge.stackconfig import read_stack_file
 
-    cache: dict[Path, object] = {}
+    if path not in _EVALUATED:
+        _EVALUATED[path] = evaluate(deployable(path), read_stack_file(path).environment)
+    return _EVALUATED[path]
 
-    def get(path: Path):
-        if path not in cache:
-            cache[path] = evaluate(deployable(path), read_stack_file(path).environment)
-        return cache[path]
 
-    return get
+@pytest.fixture(scope="session")
+def evaluations():
+    """Every stack file, evaluated once (evaluation_of)."""
+    return evaluation_of
+
+
+def program_manifests(evaluation) -> list[dict]:
+    """Every Kubernetes object a stack's `pulumi up` creates: the program's own, and its Helm releases' (rendered
+    through the vendored charts; hooks left out, they do not stay)."""
+    import helm
+    from test_platform_layer import kubernetes_objects, manifest
+
+    rendered, _ = helm.rendered_program(evaluation)
+    return [manifest(r) for r in kubernetes_objects(evaluation)] + \
+        [o for objects in rendered.values() for o in objects if not helm.is_hook(o)]
+
+
+def member_groups(evaluation, principal_arn: str) -> tuple[str, ...]:
+    """The Kubernetes groups the program's EKS access entry maps an IAM principal to."""
+    (entry,) = [r.inputs for r in evaluation.of_type("aws:eks/accessEntry:AccessEntry") if r.inputs["principalArn"] == principal_arn]
+    return tuple(entry.get("kubernetesGroups") or ())
 
 
 @pytest.fixture(params=STACK_FILES, ids=[p.name for p in STACK_FILES])

@@ -1,8 +1,9 @@
 """A Kubernetes API on loopback for tests: an HTTP server that speaks the API's JSON for the resources trainforge
 uses, so the official `kubernetes` client is exercised over the wire exactly as against a cluster.
 
-What it does as the API server does: bearer-token authentication (401 Status), per-token namespace authorisation
-(403 Status), 404 as a Status for a missing object or namespace and as plain text for an API the server does not
+What it does as the API server does: bearer-token authentication (401 Status); authorisation (403 Status) either with
+Kubernetes RBAC semantics over Role/ClusterRole/RoleBinding/ClusterRoleBinding objects for a token's identity (user and
+groups: `identities` + `rbac`, see `Rbac`), or, for older tests, a per-token namespace allowlist (`tokens`); 404 as a Status for a missing object or namespace and as plain text for an API the server does not
 serve, 409 on create of an existing name, `generateName`, label selectors (`k`, `k=v`, `k!=v`, comma = and), JSON
 merge patches (RFC 7386; a strategic merge patch is treated as one, which is exact for the maps patched here), a JSON
 patch must be a list (else 400, like the API server), DeleteOptions' propagationPolicy, pod logs as text.
@@ -44,7 +45,20 @@ SERVED: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("kubeflow.org", "v1", "pytorchjobs"): ("PyTorchJob", True),
     ("kueue.x-k8s.io", "v1beta2", "clusterqueues"): ("ClusterQueue", False),
     ("kueue.x-k8s.io", "v1beta2", "localqueues"): ("LocalQueue", True),
+    ("kueue.x-k8s.io", "v1beta2", "resourceflavors"): ("ResourceFlavor", False),
+    ("", "v1", "namespaces"): ("Namespace", False),
+    ("", "v1", "resourcequotas"): ("ResourceQuota", True),
+    ("", "v1", "limitranges"): ("LimitRange", True),
+    ("", "v1", "serviceaccounts"): ("ServiceAccount", True),
+    ("", "v1", "persistentvolumeclaims"): ("PersistentVolumeClaim", True),
+    ("batch", "v1", "jobs"): ("Job", True),
+    ("networking.k8s.io", "v1", "networkpolicies"): ("NetworkPolicy", True),
+    ("rbac.authorization.k8s.io", "v1", "roles"): ("Role", True),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("RoleBinding", True),
+    ("rbac.authorization.k8s.io", "v1", "clusterroles"): ("ClusterRole", False),
+    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"): ("ClusterRoleBinding", False),
 }
+RBAC_KINDS = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -75,12 +89,141 @@ def selected(labels: dict[str, str], selector: str | None) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Identity:
+    user: str
+    groups: tuple[str, ...] = ()
+
+    @property
+    def all_groups(self) -> tuple[str, ...]:
+        return (*self.groups, "system:authenticated")
+
+
+def service_account(namespace: str, name: str) -> Identity:
+    return Identity(f"system:serviceaccount:{namespace}:{name}", ("system:serviceaccounts", f"system:serviceaccounts:{namespace}"))
+
+
+MASTERS = Identity("kubernetes-admin", ("system:masters",))
+
+# The API server's bootstrap roles that trainforge's bindings can reach: cluster-admin (system:masters) and the
+# aggregated `view` (its own rules live in system:aggregate-to-view; charts aggregate theirs by label). Rules as in
+# kubernetes plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go (read-only; never Secrets).
+_READ = ["get", "list", "watch"]
+AGGREGATE_TO_VIEW = "rbac.authorization.k8s.io/aggregate-to-view"
+BOOTSTRAP_ROLES: list[dict[str, Any]] = [
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "cluster-admin"},
+     "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "cluster-admin"},
+     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:masters"}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "view"},
+     "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {AGGREGATE_TO_VIEW: "true"}}]}, "rules": []},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+     "metadata": {"name": "system:aggregate-to-view", "labels": {AGGREGATE_TO_VIEW: "true"}},
+     "rules": [{"apiGroups": [""], "verbs": _READ, "resources": [
+                   "configmaps", "endpoints", "persistentvolumeclaims", "persistentvolumeclaims/status", "pods", "replicationcontrollers",
+                   "replicationcontrollers/scale", "serviceaccounts", "services", "services/status", "bindings", "events", "limitranges",
+                   "namespaces/status", "pods/log", "pods/status", "replicationcontrollers/status", "resourcequotas",
+                   "resourcequotas/status", "namespaces"]},
+               {"apiGroups": ["apps"], "verbs": _READ, "resources": [
+                   "controllerrevisions", "daemonsets", "daemonsets/status", "deployments", "deployments/scale", "deployments/status",
+                   "replicasets", "replicasets/scale", "replicasets/status", "statefulsets", "statefulsets/scale", "statefulsets/status"]},
+               {"apiGroups": ["batch"], "verbs": _READ, "resources": ["cronjobs", "cronjobs/status", "jobs", "jobs/status"]},
+               {"apiGroups": ["policy"], "verbs": _READ, "resources": ["poddisruptionbudgets", "poddisruptionbudgets/status"]},
+               {"apiGroups": ["networking.k8s.io"], "verbs": _READ, "resources": ["ingresses", "ingresses/status", "networkpolicies"]},
+               {"apiGroups": ["discovery.k8s.io"], "verbs": _READ, "resources": ["endpointslices"]}]},
+]
+
+
+def _verb_matches(rule: dict[str, Any], verb: str) -> bool:
+    return "*" in rule.get("verbs", []) or verb in rule.get("verbs", [])
+
+
+def _resource_matches(rule: dict[str, Any], group: str, resource: str, subresource: str | None) -> bool:
+    if not ("*" in rule.get("apiGroups", []) or group in rule.get("apiGroups", [])):
+        return False
+    wanted = f"{resource}/{subresource}" if subresource else resource
+    names = rule.get("resources", [])
+    return "*" in names or wanted in names or (subresource is not None and f"*/{subresource}" in names)
+
+
+def _name_matches(rule: dict[str, Any], name: str | None) -> bool:
+    names = rule.get("resourceNames") or []
+    return not names or (name is not None and name in names)
+
+
+class Rbac:
+    """Kubernetes' RBAC authorizer (plugin/pkg/auth/authorizer/rbac) over a set of RBAC objects: a request is allowed
+    when a ClusterRoleBinding, or a RoleBinding in the request's namespace, binds a subject the identity is (its user,
+    one of its groups, or as the ServiceAccount it is) to a role with a rule matching the verb, API group, resource
+    (and subresource) and, where the rule names any, the object's name. Aggregated ClusterRoles take the rules of every
+    ClusterRole their selectors match. There are no deny rules: anything not granted is forbidden."""
+
+    def __init__(self, objects: list[dict[str, Any]]):
+        objects = [*BOOTSTRAP_ROLES, *objects]
+        self.cluster_roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
+        self.roles = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects if o["kind"] == "Role"}
+        self.bindings = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+
+    def cluster_role_rules(self, name: str) -> list[dict[str, Any]]:
+        role = self.cluster_roles.get(name)
+        if role is None:
+            return []
+        rules = list(role.get("rules") or [])
+        for selector in (role.get("aggregationRule") or {}).get("clusterRoleSelectors", []):
+            for other in self.cluster_roles.values():
+                labels = other["metadata"].get("labels") or {}
+                if other is not role and all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()):
+                    rules += other.get("rules") or []
+        return rules
+
+    @staticmethod
+    def _subject_is(subject: dict[str, Any], who: Identity) -> bool:
+        kind = subject.get("kind")
+        if kind == "User":
+            return subject["name"] == who.user
+        if kind == "Group":
+            return subject["name"] in who.all_groups
+        if kind == "ServiceAccount":
+            return who.user == f"system:serviceaccount:{subject.get('namespace')}:{subject['name']}"
+        return False
+
+    def rules_for(self, who: Identity, namespace: str | None) -> list[dict[str, Any]]:
+        rules = []
+        for binding in self.bindings:
+            if not any(self._subject_is(s, who) for s in binding.get("subjects") or []):
+                continue
+            if binding["kind"] == "RoleBinding" and binding["metadata"].get("namespace") != namespace:
+                continue
+            ref = binding["roleRef"]
+            if ref["kind"] == "ClusterRole":
+                rules += self.cluster_role_rules(ref["name"])
+            else:
+                rules += (self.roles.get((binding["metadata"]["namespace"], ref["name"])) or {}).get("rules") or []
+        return rules
+
+    def allows(self, who: Identity, verb: str, group: str, resource: str, subresource: str | None, namespace: str | None,
+               name: str | None) -> bool:
+        return any(_verb_matches(r, verb) and _resource_matches(r, group, resource, subresource) and _name_matches(r, name)
+                   for r in self.rules_for(who, namespace))
+
+
+def verb_of(method: str, name: str | None, query: dict[str, str]) -> str:
+    if method == "GET":
+        return "get" if name else ("watch" if query.get("watch") in ("true", "1") else "list")
+    if method == "DELETE":
+        return "delete" if name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}[method]
+
+
 @dataclass
 class KubeApi:
     """The store and the rules; `serve()` puts it on a port."""
 
     namespaces: set[str] = field(default_factory=set)
     tokens: dict[str, set[str] | None] = field(default_factory=dict)  # token -> namespaces it may use (None: all)
+    identities: dict[str, Identity] = field(default_factory=dict)  # token -> who (authorised by `rbac`)
+    rbac: Rbac | None = None
     objects: dict[tuple, dict[str, Any]] = field(default_factory=dict)  # (group, version, plural, namespace, name) -> object
     pod_logs: dict[tuple[str, str], str] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -89,6 +232,17 @@ class KubeApi:
     # handler(path, query) -> (status, JSON body or text). Tests play Prometheus and MLflow behind it.
     proxies: dict[tuple[str, str], Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def holding(cls, manifests: list[dict[str, Any]], identities: dict[str, Identity]) -> KubeApi:
+        """An API server holding these objects (those of kinds it serves), authorising `identities` by RBAC over the
+        RBAC objects among them (plus the API server's bootstrap roles)."""
+        api = cls(identities=dict(identities), rbac=Rbac([m for m in manifests if m.get("kind") in RBAC_KINDS]))
+        served = {(f"{g}/{v}".lstrip("/"), kind) for (g, v, _), (kind, _) in SERVED.items()}
+        for manifest in manifests:
+            if (manifest.get("apiVersion"), manifest.get("kind")) in served:
+                api.put(copy.deepcopy(manifest))
+        return api
 
     # Test-side helpers (the tests play the controllers and the platform).
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +253,8 @@ class KubeApi:
         meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         with self.lock:
             self.objects[(group, version, plural, meta.get("namespace"), meta["name"])] = obj
+            if obj["kind"] == "Namespace":
+                self.namespaces.add(meta["name"])
         return obj
 
     def find(self, group: str, version: str, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -150,6 +306,28 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return group, version, plural, namespace, name, sub, query
 
+    def _attributes(self, method: str) -> tuple | None:
+        """(verb, group, resource, subresource, namespace, name) of a resource request; None for a non-resource path."""
+        url = urlparse(self.path)
+        parts = [p for p in url.path.split("/") if p]
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        if parts[:2] == ["api", "v1"]:
+            group, rest = "", parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            group, rest = parts[1], parts[3:]
+        else:
+            return None
+        namespace = None
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            namespace, rest = rest[1], rest[2:]
+        elif rest[:1] == ["namespaces"] and len(rest) == 2:  # the namespace object itself
+            rest = ["namespaces", rest[1]]
+        if not rest:
+            return None
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        return verb_of(method, name, query), group, rest[0], sub, namespace, name
+
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
         return json.loads(self.rfile.read(length)) if length else None
@@ -160,16 +338,27 @@ class Handler(BaseHTTPRequestHandler):
         route = self._route()
         api.requests.append({"method": method, "path": self.path, "content_type": self.headers.get("Content-Type"), "body": body})
         token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
-        if token not in api.tokens:
+        if token not in api.tokens and token not in api.identities:
             return self._send(401, status(401, "Unauthorized", "Unauthorized"))
+        who = api.identities.get(token)
+        if who is not None:  # the API server authorises before it looks for the resource or the object
+            attributes = self._attributes(method)
+            if attributes is not None and not api.rbac.allows(who, *attributes):
+                verb, group, plural, sub, namespace, name = attributes
+                resource = f"{plural}/{sub}" if sub else plural
+                what = f'{resource} "{name}"' if name else resource
+                where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+                return self._send(403, status(403, "Forbidden", f'{what} is forbidden: User "{who.user}" cannot {verb} resource '
+                                              f'"{resource}" in API group "{group}"{where}', {"name": name, "kind": plural}))
         if route is None:
             return self._send(404, "404 page not found\n", "text/plain")
         if route[2] == "services" and route[5] == "proxy":
             return self._proxy(route, token)
         group, version, plural, namespace, name, sub, query = route
         kind, namespaced = SERVED[(group, version, plural)]
-        allowed = api.tokens[token]
-        if namespaced and allowed is not None and namespace not in allowed or not namespaced and allowed is not None and method != "GET":
+        allowed = api.tokens.get(token)
+        if who is None and (namespaced and allowed is not None and namespace not in allowed
+                            or not namespaced and allowed is not None and method != "GET"):
             where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
             return self._send(403, status(403, "Forbidden", f'{plural} is forbidden: User "tester" cannot {method.lower()} resource '
                                           f'"{plural}" in API group "{group}"{where}', {"kind": plural}))
@@ -218,7 +407,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _proxy(self, route, token: str) -> None:
         _, _, _, namespace, service, _, query = route
-        if self.api.tokens[token] is not None and namespace not in self.api.tokens[token]:
+        if token in self.api.tokens and self.api.tokens[token] is not None and namespace not in self.api.tokens[token]:
             return self._send(403, status(403, "Forbidden", f'services "{service}" is forbidden: cannot get resource "services/proxy"'))
         handler = self.api.proxies.get((namespace, service))
         if handler is None:
@@ -238,6 +427,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._handle("DELETE")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """The submitter's cluster path, through the official `kubernetes` client, against a Kubernetes API on loopback
-(tests/kubeapi.py) seeded with the objects the platform's tenancy component generates for the dev stack.
+(tests/kubeapi.py) holding what the dev stack's `pulumi up` creates — the program's objects and its charts' renders —
+and authorising every request with RBAC over the program's own Roles and bindings, for a team member's identity: the
+groups the program's EKS access entry maps their IAM role to.
 
 The CLI runs as a subprocess with a KUBECONFIG pointing at the stand-in, so exit codes and messages are the user's.
 The tests play Kueue and the Trainer: they set the job's conditions the way those controllers would."""
@@ -15,11 +17,10 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-from conftest import REPO
-from kubeapi import KubeApi, serve
+from conftest import REPO, evaluation_of, member_groups, program_manifests
+from kubeapi import MASTERS, Identity, KubeApi, serve
 
 from trainforge import contract, k8s_schema
-from trainforge.platform.manifests import tenancy
 from trainforge.stackconfig import load_stack_file
 
 STACK = REPO / "stacks" / "Pulumi.dev.yaml"
@@ -27,17 +28,17 @@ VISION, LANGUAGE = contract.namespace_name("vision"), contract.namespace_name("l
 THIS_MONTH = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m")
 
 
+def member(team: str, index: int = 0) -> Identity:
+    """A member of `team` as the cluster sees them: their IAM role's session, in the groups the program maps it to."""
+    evaluation = evaluation_of(STACK)
+    principal = next(t for t in load_stack_file(STACK).teams if t.name == team).members[index]
+    return Identity(f"{principal}/session", member_groups(evaluation, principal))
+
+
 def seeded() -> KubeApi:
-    """The dev stack's teams as the platform creates them (only the kinds the submitter reads)."""
-    cfg = load_stack_file(STACK)
-    api = KubeApi(tokens={"vision-token": {VISION}, "admin-token": None})
-    for team in cfg.teams:
-        for obj in tenancy.team_objects(cfg, team, role_arn="arn:aws:iam::111122223333:role/t", prices_as_of="2026-11-01"):
-            if obj["kind"] == "Namespace":
-                api.namespaces.add(obj["metadata"]["name"])
-            elif obj["kind"] in ("ConfigMap", "ClusterQueue", "LocalQueue"):
-                api.put(obj)
-    return api
+    """The dev stack's cluster after `pulumi up`: alice (vision), bob (language) and an administrator."""
+    return KubeApi.holding(program_manifests(evaluation_of(STACK)),
+                           {"vision-token": member("vision"), "language-token": member("language"), "admin-token": MASTERS})
 
 
 @pytest.fixture
@@ -145,7 +146,8 @@ def test_the_live_cluster_queue_quota_wins_over_the_stack(cluster):
                 resource["nominalQuota"] = 1  # the stack says 4; someone lowered it on the cluster
     result = submit(cluster)
     assert result.returncode == 3
-    assert "2 gpu-spot GPUs needed, the cluster's quota for team 'vision' is 1" in result.stderr
+    assert "Kueue can never admit this job into the cluster's ClusterQueue team-vision" in result.stderr
+    assert "insufficient quota for nvidia.com/gpu in flavor gpu-spot, request > maximum capacity (2 > 1)" in result.stderr
     assert job(cluster, "trainjob") is None
 
 
@@ -208,7 +210,6 @@ def test_missing_things_are_404s_that_say_what_is_missing(cluster):
 
 def test_a_team_without_a_namespace_is_named(cluster, tmp_path):
     spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    cluster.api.tokens["admin-token"] = None
     admin = cluster.kubeconfig(tmp_path / "admin", "admin-token")
     cluster.api.namespaces.discard(VISION)
     path = tmp_path / "job.yaml"

@@ -276,7 +276,8 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
     with serve(seeded()) as kube:
         monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig(tmp_path / "kubeconfig", "vision-token")))
         backend = KubernetesBackend("vision", "trainjob")
-        controller = SweepController(sweep, backend, lambda spec: admit(with_image(spec, platform), platform), storage, poll_s=0.2,
+        controller = SweepController(sweep, backend, lambda spec: admit(with_image(spec, platform), platform,
+                                                                       live_queue=backend.live_queue("vision")), storage, poll_s=0.2,
                                      trial_storage=contract.SWEEP_STORAGE_FROM_ENV)
         outcome: list[str] = []
         runner = threading.Thread(target=lambda: outcome.append(controller.run()), daemon=True)
@@ -314,7 +315,7 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
         refused = SweepController(parse_sweep({**raw, "name": "after-budget"}, "after.yaml"), backend,
                                   lambda spec: admit(with_image(spec, platform), platform), storage, poll_s=0.2,
                                   trial_storage=contract.SWEEP_STORAGE_FROM_ENV)
-        assert refused.run() == "a trial was not admitted by the cluster: team budget: team 'vision' is over its monthly budget " \
-                                "($1,500.00 of $1,500.00 spent in 2026-11); its queue is held until the month rolls over or the " \
-                                "budget is raised. Fix: a budget increase from the team's cost-centre owner"
+        assert refused.run().startswith("a trial was not admitted by the cluster: team budget: team 'vision' is over its monthly "
+                                        "budget ($1,500.00 of $1,500.00 spent in 2026-11); its queue is held until the month rolls "
+                                        "over or the budget is raised. Fix: a budget increase from the team's cost-centre owner")
         assert len(kube.api.of_kind("trainjobs", VISION)) == 4, "no TrainJob created for the refused trial"

@@ -151,7 +151,8 @@ def test_a_teams_role_grants_nothing_in_another_namespace(stack):
             assert binding["metadata"]["namespace"] == namespace and binding["roleRef"]["kind"] == "Role"
             role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == binding["roleRef"]["name"]
                         and o["metadata"]["namespace"] == namespace)
-            assert not any("secrets" in rule["resources"] for rule in role["rules"])
+            assert [rule.get("resourceNames") for rule in role["rules"] if "secrets" in rule["resources"]] == \
+                [[contract.SWEEP_STORAGE_SECRET]], "no Secret but the team's study database URL"
         organisation = [o for o in objects if o["kind"] == "RoleBinding" and any(s["name"] == contract.ORGANISATION_GROUP for s in o["subjects"])
                         and o["metadata"]["namespace"] == namespace]
         assert [(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in organisation] == ([("ClusterRole", "view")] if team.visible_to_organisation else [])

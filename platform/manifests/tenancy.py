@@ -74,14 +74,17 @@ def local_queue(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
 
 
 def member_role(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
-    """Run, watch and delete training jobs; read pods, logs, events and the team's settings — in this namespace only."""
+    """Run, watch and delete training jobs; read pods, logs, events, the team's settings and its study database URL — in
+    this namespace only. Nothing that bypasses Kueue (pods, Jobs), no write to settings, quotas, policies or RBAC."""
     jobs = ["create", "get", "list", "watch", "delete", "patch"]
     read = ["get", "list", "watch"]
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(MEMBER_ROLE, team, cfg.environment),
             "rules": [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": jobs},
                       {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": jobs},
                       {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "configmaps"], "verbs": read},
-                      {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": read}]}
+                      {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": read},
+                      # The team's own study database URL, for `trainforge sweep --backend kubernetes`; no other Secret.
+                      {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [contract.SWEEP_STORAGE_SECRET]}]}
 
 
 def queue_reader_name(team: TeamConfig) -> str:

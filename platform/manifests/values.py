@@ -105,8 +105,10 @@ def kueue_configuration(cfg: PlatformConfig) -> dict[str, Any]:
         "controller": {"groupKindConcurrency": {"Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 10, "LocalQueue.kueue.x-k8s.io": 5,
                                                 "ClusterQueue.kueue.x-k8s.io": 5, "ResourceFlavor.kueue.x-k8s.io": 1}},
         "clientConnection": {"qps": 300, "burst": 500},
-        # A job admitted but not running within the timeout (GPU nodes scaling from zero) is requeued, not stuck.
-        "waitForPodsReady": {"timeout": cfg.kubernetes.kueue.wait_for_pods_ready_timeout, "recoveryTimeout": "10m",
+        # A job admitted but not running within the timeout (GPU nodes scaling from zero) is requeued, not stuck; one
+        # that lost a pod (a spot node reclaimed) gets recoveryTimeout for its replacement node, a GPU scale-up.
+        "waitForPodsReady": {"timeout": cfg.kubernetes.kueue.wait_for_pods_ready_timeout,
+                             "recoveryTimeout": cfg.kubernetes.kueue.recovery_timeout,
                              "blockAdmission": False,
                              "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5, "backoffBaseSeconds": 60,
                                                    "backoffMaxSeconds": 3600}},

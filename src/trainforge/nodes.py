@@ -169,7 +169,9 @@ def template_from(group: str, first_type: str, tags: dict[str, str]) -> NodeTemp
     """The node the autoscaler imagines for an ASG: the first type's capacity (less the DaemonSets it simulates on it),
     the labels, taints and resources its tags name."""
     instance = catalog.lookup(first_type)
-    labels = {INSTANCE_TYPE_LABEL: first_type, **{k.removeprefix(TEMPLATE_LABEL): v for k, v in tags.items() if k.startswith(TEMPLATE_LABEL)}}
+    # The generic labels the AWS provider puts on every template (buildGenericLabels; the AMIs are x86_64 Linux).
+    generic = {INSTANCE_TYPE_LABEL: first_type, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    labels = {**generic, **{k.removeprefix(TEMPLATE_LABEL): v for k, v in tags.items() if k.startswith(TEMPLATE_LABEL)}}
     taints = tuple(Taint(k.removeprefix(TEMPLATE_TAINT), *v.rsplit(":", 1)) for k, v in sorted(tags.items()) if k.startswith(TEMPLATE_TAINT))
     resources = usable(instance) if instance.gpus else {}
     resources |= {k.removeprefix(TEMPLATE_RESOURCE): int(v) for k, v in tags.items() if k.startswith(TEMPLATE_RESOURCE)}

@@ -187,22 +187,17 @@ class Cluster:
                  "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
         self._call(f"recording an event in {namespace}", self.core.create_namespaced_event, namespace, event, namespace=namespace)
 
-    def gpu_quota(self, team: str) -> dict[str, int]:
-        """The team's nominal GPU quota per Kueue ResourceFlavor, read from its ClusterQueue."""
-        return gpu_quota(self.cluster_queue(team))
+    def sweep_storage(self, team: str) -> str | None:
+        """The team's study database URL, from its trainforge-sweeps Secret (the one Secret a member may read)."""
+        import base64
+        namespace = contract.namespace_name(team)
+        found = self._call(f"reading Secret {namespace}/{contract.SWEEP_STORAGE_SECRET}", self.core.read_namespaced_secret,
+                           contract.SWEEP_STORAGE_SECRET, namespace, namespace=namespace, missing_ok=True)
+        value = None if found is None else (found.data or {}).get(contract.SWEEP_STORAGE_KEY)
+        return None if value is None else base64.b64decode(value).decode()
 
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
-
-
-def gpu_quota(queue: dict[str, Any]) -> dict[str, int]:
-    quota: dict[str, int] = {}
-    for group in queue.get("spec", {}).get("resourceGroups", []):
-        for flavor in group.get("flavors", []):
-            for resource in flavor.get("resources", []):
-                if resource["name"] == contract.RESOURCE_GPU:
-                    quota[flavor["name"]] = int(resource["nominalQuota"])
-    return quota
 
 
 class KubernetesBackend:
@@ -242,21 +237,21 @@ class KubernetesBackend:
                 + ". Kueue admits it when the team's quota has room.")
         return JobReport(spec.name, spec.team, "created", line, {"manifest": manifest})
 
+    def live_queue(self, team: str) -> dict[str, Any]:
+        """The team's ClusterQueue as the cluster has it: admission decides over it (trainforge.kueue.assign)."""
+        return self.cluster.cluster_queue(team)
+
     def _queue_problems(self, spec: JobSpec, admission: Admission) -> list[str]:
+        """Quota was decided by admission over the live queue; what is left is whether the queue admits anything now."""
         queue = self.cluster.cluster_queue(spec.team)
         if is_held(queue):
             note = (queue["metadata"].get("annotations") or {}).get(contract.BUDGET_HOLD_ANNOTATION)
             if note is not None:
                 return [f"team budget: team {spec.team!r} is over its monthly budget ({note}); its queue is held until the month "
-                        "rolls over or the budget is raised. Fix: a budget increase from the team's cost-centre owner"]
+                        "rolls over or the budget is raised. Fix: a budget increase from the team's cost-centre owner "
+                        "(`trainforge cost --backend kubernetes --team " + spec.team + "` shows the figures)"]
             return [f"queue: the platform team has stopped ClusterQueue {contract.cluster_queue_name(spec.team)} (stopPolicy "
                     f"{queue['spec']['stopPolicy']}). Fix: ask them when it reopens"]
-        if admission.flavour is None:
-            return []
-        live = gpu_quota(queue).get(admission.flavour.value)
-        if live is not None and admission.gpus > live:
-            return [f"resources: {admission.gpus} {admission.flavour.value} GPUs needed, the cluster's quota for "
-                    f"team {spec.team!r} is {live}. Fix: fewer GPUs, or a larger quota"]
         return []
 
     def _get(self, name: str) -> tuple[str, dict[str, Any]]:

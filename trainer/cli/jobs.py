@@ -44,7 +44,8 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     spec, platform = load_spec(spec_file), load_platform(stack)
     target = backend(backend_name, team=spec.team, context=context) if backend_name is BackendName.kubernetes else None
     used, budget = _spend(spec, spent, target)
-    decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget)
+    live = target.live_queue(spec.team) if target is not None else None
+    decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget, live_queue=live)
     if output is Output.json:
         typer.echo(json.dumps(views.admission_json(decision), indent=2))
     else:
@@ -93,8 +94,10 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     if platform is None:
         decision = unchecked(spec)
     else:
-        used, budget = _spend(spec, spent, target if backend_name is BackendName.kubernetes else None)
-        decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget)
+        on_cluster = backend_name is BackendName.kubernetes
+        used, budget = _spend(spec, spent, target if on_cluster else None)
+        decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget,
+                         live_queue=target.live_queue(spec.team) if on_cluster else None)
     if not decision.admitted:
         raise NotAdmitted(spec.name, decision.problems, "created" if backend_name is BackendName.kubernetes else "started")
     if backend_name is BackendName.kubernetes or detach:

@@ -48,7 +48,7 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
         poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials")) -> None:
     """Run a sweep, or continue it (same name, same spec): finished trials are kept, running ones adopted."""
-    from trainforge import paths
+    from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.admission import admit, unchecked
     from trainforge.trainer.cli.common import backend, cost_centre, load_platform
@@ -60,32 +60,39 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
     if backend_name is BackendName.kubernetes:
         if platform is None:
             raise TrainforgeError("", ["--stack: a cluster sweep admits every trial against the stack's quota and budget. Fix: --stack stacks/Pulumi.<env>.yaml"])
-        if storage is None or storage.startswith("sqlite"):
+        if storage is not None and storage.startswith("sqlite"):
             raise TrainforgeError("", ["--storage: trial pods report to the team's study database on the platform's PostgreSQL "
                                        "(its URL is in the team's trainforge-sweeps Secret); the controller must use the same one, "
-                                       "from a machine that reaches it (VPN or bastion into the VPC). Fix: --storage \"$(kubectl -n "
-                                       "team-<team> get secret trainforge-sweeps -o jsonpath='{.data.storage}' | base64 -d)\""])
+                                       "from a machine that reaches it (VPN or bastion into the VPC). Fix: leave --storage out (the "
+                                       "CLI reads the Secret), or pass that URL"])
     else:
         processes = sweep.base.workers.nodes * sweep.base.workers.procs_per_node * sweep.spec.max_parallel
         if processes > (os.cpu_count() or 1):
             raise TrainforgeError(str(sweep_file), [f"max_parallel: {sweep.spec.max_parallel} trials x {processes // sweep.spec.max_parallel} "
                                                     f"worker processes need {processes} cores; this machine has {os.cpu_count()}. "
                                                     f"Fix: max_parallel: {max(1, (os.cpu_count() or 1) // (processes // sweep.spec.max_parallel))}"])
+    target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre(sweep.base, platform))
+    if backend_name is BackendName.kubernetes and storage is None:
+        storage = target.cluster.sweep_storage(sweep.base.team)
+        if storage is None:
+            raise TrainforgeError("", [f"team {sweep.base.team!r} has no {contract.SWEEP_STORAGE_SECRET} Secret with its study "
+                                       "database. Fix: the platform's `pulumi up` creates it with the team; or pass --storage"])
     url = storage or _storage(sweep.name, None)
     directory = paths.sweep_dir(sweep.name)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sweep.json").write_text(json.dumps({"storage": url, "backend": backend_name.value, "kind": kind.value,
                                                       "team": sweep.base.team, "source": str(sweep_file.resolve())}, indent=2))
-    target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre(sweep.base, platform))
 
     def admission(spec):
         spec = with_image(spec, platform)
-        return admit(spec, platform) if platform is not None else unchecked(spec)
+        if platform is None:
+            return unchecked(spec)
+        live = target.live_queue(spec.team) if backend_name is BackendName.kubernetes else None
+        return admit(spec, platform, live_queue=live)
 
     from trainforge.trainer.cli import views
     from trainforge.trainer.sweeps.controller import SweepController
     with views.SweepProgress(sweep) as bar:
-        from trainforge import contract
         controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
                                      poll_s=poll, on_change=bar.update,
                                      trial_storage=contract.SWEEP_STORAGE_FROM_ENV if backend_name is BackendName.kubernetes else None)
@@ -135,7 +142,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     """The best trial: its value, parameters, job, checkpoint and MLflow run."""
     import yaml
 
-    from trainforge import paths
+    from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.sweeps.controller import load_existing
     from trainforge.trainer.sweeps.spec import load_sweep, trial_job

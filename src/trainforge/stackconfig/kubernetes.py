@@ -27,17 +27,25 @@ def duration_seconds(value: str) -> int:
     return int(m["h"] or 0) * 3600 + int(m["m"] or 0) * 60 + int(m["s"] or 0)
 
 
+# A GPU node from nothing: EC2 launch (p5: minutes, longer in a placement group), the NVIDIA AMI's boot and driver
+# checks, the device plugins, then a multi-GB image pull: 10-15 minutes for p5.
+GPU_SCALE_UP_S = 15 * 60
+
+
 class KueueConfig(_Model):
     wait_for_pods_ready_timeout: str = Field(
         "25m", description="how long an admitted job may wait for all its pods; above a GPU group's scale-from-zero time")
+    recovery_timeout: str = Field(
+        "25m", description="how long a running job may wait for a lost pod to be ready again (a spot node replaced); "
+                           "above a GPU group's scale-up time, or the job is requeued and counted toward deactivation")
     fair_sharing: bool = True
 
-    @field_validator("wait_for_pods_ready_timeout")
+    @field_validator("wait_for_pods_ready_timeout", "recovery_timeout")
     @classmethod
     def _long_enough(cls, value: str) -> str:
         seconds = duration_seconds(value)
-        if seconds < 15 * 60:
-            raise ValueError(f"{value} is shorter than a GPU node group's scale-from-zero (EC2 launch, GPU AMI boot, image "
+        if seconds < GPU_SCALE_UP_S:
+            raise ValueError(f"{value} is shorter than a GPU node group's scale-up (EC2 launch, GPU AMI boot, image "
                              "pull: 10-15 min for p5): Kueue would evict jobs that were about to start. Fix: 15m or more")
         return value
 
