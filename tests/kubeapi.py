@@ -18,6 +18,7 @@ PUT — hit the pod listing by label and the selector on team ClusterQueues. A s
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import threading
@@ -241,7 +242,10 @@ class KubeApi:
         served = {(f"{g}/{v}".lstrip("/"), kind) for (g, v, _), (kind, _) in SERVED.items()}
         for manifest in manifests:
             if (manifest.get("apiVersion"), manifest.get("kind")) in served:
-                api.put(copy.deepcopy(manifest))
+                obj = copy.deepcopy(manifest)
+                if obj["kind"] == "Secret" and "stringData" in obj:  # the API server stores stringData as base64 data
+                    obj.setdefault("data", {}).update({k: base64.b64encode(str(v).encode()).decode() for k, v in obj.pop("stringData").items()})
+                api.put(obj)
         return api
 
     # Test-side helpers (the tests play the controllers and the platform).

@@ -30,12 +30,26 @@ VISION, LANGUAGE = contract.namespace_name("vision"), contract.namespace_name("l
 
 
 class OpenCost:
-    """OpenCost's /allocation, aggregated by namespace and accumulated, as the real one answers (code + one set)."""
+    """OpenCost's /allocation, aggregated by namespace and accumulated, as the real one answers (code + one set).
+
+    `costs`: what each namespace spent in a window that is not a whole UTC day (the controller's "since the last
+    settled day", or a test's own question); `daily`: what it spent on a whole day ("YYYY-MM-DD"), nothing if unset.
+    `retention`: with `now`, Prometheus' retention — a window's part older than now - retention costs nothing."""
 
     def __init__(self):
         self.costs: dict[str, float] = {}
+        self.daily: dict[str, dict[str, float]] = {}
         self.mode = "ok"  # ok | error | garbage
         self.queries: list[dict[str, str]] = []
+        self.now: dt.datetime | None = None
+        self.retention: dt.timedelta | None = None
+
+    def spent(self, start: dt.datetime, end: dt.datetime) -> dict[str, float]:
+        if end - start == dt.timedelta(days=1) and start.hour == 0:
+            if self.retention is not None and self.now is not None and start < self.now - self.retention:
+                return {}  # Prometheus no longer has that day
+            return self.daily.get(start.strftime("%Y-%m-%d"), {})
+        return self.costs
 
     def answer(self, query: dict[str, str]) -> tuple[int, str]:
         self.queries.append(query)
@@ -44,9 +58,11 @@ class OpenCost:
         if self.mode == "garbage":
             return 200, json.dumps({"code": 200, "data": []})
         start, end = query["window"].split(",")
+        parse = lambda t: dt.datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)  # noqa: E731
+        costs = self.spent(parse(start), parse(end))
         return 200, json.dumps({"code": 200, "data": [{ns: {"name": ns, "cpuCost": cost * 0.1, "gpuCost": cost * 0.8, "ramCost": cost * 0.1,
                                                             "totalCost": cost, "window": {"start": start, "end": end}}
-                                                       for ns, cost in self.costs.items()}]})
+                                                       for ns, cost in costs.items()}]})
 
 
 @contextmanager
@@ -104,7 +120,9 @@ def test_under_budget_only_the_figures_are_written(world):
     assert settings(kube)[contract.SETTING_SPENT_AS_OF] == "2026-11-22T20:00:00Z"
     assert settings(kube, "language")[contract.SETTING_SPENT_USD] == "1.25"
     assert "stopPolicy" not in queue(kube)["spec"] and events(kube, VISION) == []
-    assert opencost.queries[0] == {"window": "2026-11-01T00:00:00Z,2026-11-22T20:00:00Z", "aggregate": "namespace", "accumulate": "true"}
+    # Each whole day of the month asked once (settled), then the rest of today.
+    assert opencost.queries[0] == {"window": "2026-11-01T00:00:00Z,2026-11-02T00:00:00Z", "aggregate": "namespace", "accumulate": "true"}
+    assert opencost.queries[-1]["window"] == "2026-11-22T00:00:00Z,2026-11-22T20:00:00Z" and len(opencost.queries) == 22
     assert sample(metrics, "trainforge_team_spent_usd", team="vision") == 412.5
     assert sample(metrics, "trainforge_team_budget_usd", team="vision") == 1500.0
     assert sample(metrics, "trainforge_team_budget_held", team="vision") == 0
@@ -256,3 +274,39 @@ def test_opencost_reads_the_platforms_prometheus(stack):
     evaluation, _ = stack
     internal = releases(evaluation)["opencost"]["values"]["opencost"]["prometheus"]["internal"]
     assert f"http://{internal['serviceName']}.{internal['namespaceName']}.svc.cluster.local:{internal['port']}" == contract.PROMETHEUS_URL
+
+
+def test_month_to_date_outlives_prometheus_retention_so_a_hold_lasts_the_month(world):
+    """vision spends $100 a day for 15 days (held on the 16th), then $10 a day (its running jobs wind down); Prometheus
+    keeps 15 days. Asked for the month so far, OpenCost would forget the first days and the spend would fall below the
+    budget around the 20th — a release "because OpenCost revised it". The settled days keep it: held until December."""
+    kube, opencost, controller, _, _ = world
+    opencost.retention = dt.timedelta(days=15)
+    actions = {}
+    for day in range(1, 31):
+        now = dt.datetime(2026, 11, day, 12, 0, tzinfo=dt.timezone.utc)
+        opencost.now = now
+        opencost.daily = {f"2026-11-{d:02d}": {VISION: 100.0 if d <= 15 else 10.0} for d in range(1, day)}
+        opencost.costs = {VISION: 50.0 if day <= 15 else 5.0}  # today until noon
+        (vision,) = [d for d in controller.run_once(now) if d.team == "vision"]
+        actions[day] = (vision.action, vision.spent_usd)
+    assert actions[15] == ("none", 1400.0 + 50.0)
+    assert actions[16] == ("hold", 1500.0 + 5.0), "held when the month's spend reached $1,500"
+    assert all(action == "none" for day, (action, _) in actions.items() if day > 16), actions
+    assert actions[30][1] == 1500.0 + 14 * 10.0 + 5.0, "every settled day counted, though Prometheus lost the first half"
+    assert queue(kube)["spec"]["stopPolicy"] == "Hold"
+    days = json.loads(settings(kube)[contract.SETTING_SPENT_DAYS])
+    assert len(days) == 29 and days["2026-11-01"] == 100.0
+    asked = [q["window"] for q in opencost.queries if q["window"].startswith("2026-11-01T00:00:00Z,2026-11-02")]
+    assert len(asked) == 1, "a settled day is never asked again"
+    opencost.costs, opencost.daily = {VISION: 3.0}, {}
+    (december,) = [d for d in controller.run_once(DEC) if d.team == "vision"]
+    assert december.action == "release" and "a new month began (2026-12)" in december.reason
+
+
+def test_a_damaged_record_of_settled_days_is_asked_again(world):
+    kube, opencost, controller, _, _ = world
+    opencost.daily = {"2026-11-01": {VISION: 7.0}}
+    settings(kube).update({contract.SETTING_SPENT_MONTH: "2026-11", contract.SETTING_SPENT_DAYS: "not json"})
+    (vision,) = [d for d in controller.run_once(dt.datetime(2026, 11, 2, 3, 0, tzinfo=dt.timezone.utc)) if d.team == "vision"]
+    assert vision.spent_usd == 7.0 and json.loads(settings(kube)[contract.SETTING_SPENT_DAYS]) == {"2026-11-01": 7.0}

@@ -216,3 +216,98 @@ def test_a_team_without_a_namespace_is_named(cluster, tmp_path):
     path.write_text(yaml.safe_dump(spec))
     result = cli(cluster, "cost", "--team", "vision", "--backend", "kubernetes", kubeconfig=admin)
     assert result.returncode == 2 and "has no trainforge-team ConfigMap in namespace team-vision" in result.stderr
+
+
+# ---- what a member may and may not do, under the program's own RBAC -------------------------------------------------
+
+def raw_request(served, token: str, method: str, path: str, body: dict | None = None) -> int:
+    import urllib.error
+    import urllib.request
+    data = json.dumps(body).encode() if body is not None else None
+    content = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    request = urllib.request.Request(served.url + path, data=data, method=method,
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": content})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+FORBIDDEN = {
+    "read Secrets": ("GET", f"/api/v1/namespaces/{VISION}/secrets", None),
+    "read another Secret by name": ("GET", f"/api/v1/namespaces/{VISION}/secrets/mlflow-db", None),
+    "rewrite its budget state": ("PATCH", f"/api/v1/namespaces/{VISION}/configmaps/{contract.TEAM_SETTINGS_CONFIG_MAP}",
+                                 {"data": {contract.SETTING_SPENT_USD: "0"}}),
+    "change its namespace quota": ("PATCH", f"/api/v1/namespaces/{VISION}/resourcequotas/trainforge-quota",
+                                   {"spec": {"hard": {"requests.nvidia.com/gpu": "1000"}}}),
+    "change its Kueue quota": ("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{contract.cluster_queue_name('vision')}",
+                               {"spec": {"resourceGroups": []}}),
+    "clear a hold": ("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{contract.cluster_queue_name('vision')}",
+                     {"spec": {"stopPolicy": "None"}}),
+    "read every team's queue": ("GET", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues", None),
+    "create a pod (bypassing Kueue)": ("POST", f"/api/v1/namespaces/{VISION}/pods", {"metadata": {"name": "p"}}),
+    "create a Job (bypassing Kueue)": ("POST", f"/apis/batch/v1/namespaces/{VISION}/jobs", {"metadata": {"name": "j"}}),
+    "point its LocalQueue elsewhere": ("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{VISION}/localqueues/{contract.queue_name('vision')}",
+                                       {"spec": {"clusterQueue": contract.cluster_queue_name("language")}}),
+    "drop its network policy": ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{VISION}/networkpolicies/default-deny", None),
+    "relax Pod Security": ("PATCH", f"/api/v1/namespaces/{VISION}", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}),
+    "change its defaults": ("PATCH", f"/api/v1/namespaces/{VISION}/limitranges/trainforge-defaults", {"spec": {"limits": []}}),
+    "bind itself a role": ("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{VISION}/rolebindings", {"metadata": {"name": "b"}}),
+    "widen its role": ("PATCH", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{VISION}/roles/trainforge-team-member", {"rules": []}),
+    "bind itself cluster-wide": ("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {"metadata": {"name": "b"}}),
+    "annotate its service account's role": ("PATCH", f"/api/v1/namespaces/{VISION}/serviceaccounts/{contract.TRAINING_SERVICE_ACCOUNT}",
+                                            {"metadata": {"annotations": {contract.IRSA_ROLE_ANNOTATION: "arn:aws:iam::1:role/x"}}}),
+    "list another team's jobs": ("GET", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{LANGUAGE}/trainjobs", None),
+    "submit into another team": ("POST", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{LANGUAGE}/trainjobs", {"metadata": {"name": "x"}}),
+    "read another team's settings": ("GET", f"/api/v1/namespaces/{LANGUAGE}/configmaps/{contract.TEAM_SETTINGS_CONFIG_MAP}", None),
+    "read another team's queue": ("GET", f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{contract.cluster_queue_name('language')}", None),
+    "read another team's sweep database": ("GET", f"/api/v1/namespaces/{LANGUAGE}/secrets/{contract.SWEEP_STORAGE_SECRET}", None),
+}
+
+
+@pytest.mark.parametrize("what", sorted(FORBIDDEN))
+def test_a_member_cannot(cluster, what):
+    method, path, body = FORBIDDEN[what]
+    assert raw_request(cluster, "vision-token", method, path, body) == 403, f"a vision member could {what}"
+    # The same request from an administrator is not refused for lack of rights: the rule, not the stand-in, says no.
+    assert raw_request(cluster, "admin-token", method, path, body) != 403
+
+
+def readme_cluster_commands() -> list[str]:
+    """The commands of the README's cluster section, one per line, comments dropped."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("<!-- cluster-commands -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.strip().splitlines() if line.strip().startswith("trainforge ")]
+
+
+def test_every_cluster_command_of_the_readme_runs_as_a_team_member(cluster):
+    """alice of vision, through the program's access entry groups and RBAC: check, submit, status, list, logs, cost,
+    cancel succeed (sweeps: test_sweep's cluster sweep runs as the same member)."""
+    commands = readme_cluster_commands()
+    assert {c.split()[1] for c in commands} >= {"check", "submit", "status", "list", "logs", "cost", "cancel", "sweep"}
+    ran = []
+    for command in commands:
+        if command.split()[1] == "sweep":
+            continue
+        for placeholder, value in {"job.yaml": "examples/quickstart.yaml", "NAME": "quickstart", "TEAM": "vision", "<env>": "dev"}.items():
+            command = command.replace(placeholder, value)
+        argv = command.split()[1:]
+        result = cli(cluster, *argv)
+        assert result.returncode == 0, (command, result.stderr)
+        ran.append(argv[0])
+    assert ran[-1] == "cancel" and job(cluster, "trainjob") is None
+    assert not [r for r in cluster.api.requests if r["method"] != "GET" and "/trainjobs" not in r["path"]], "only the job was written"
+
+
+def test_a_member_reads_its_teams_sweep_database_and_no_other(cluster, monkeypatch):
+    from trainforge.trainer.backends.kubernetes import Cluster, ClusterError
+    secret = cluster.api.find("", "v1", "secrets", VISION, contract.SWEEP_STORAGE_SECRET)
+    assert secret is not None, "the program creates the team's sweep Secret"
+    monkeypatch.setenv("KUBECONFIG", str(cluster.config))
+    member_cluster = Cluster()
+    stored = member_cluster.sweep_storage("vision")
+    assert stored is not None and stored.startswith("postgresql")
+    with pytest.raises(ClusterError) as refused:
+        member_cluster.sweep_storage("language")
+    assert "forbidden (403)" in str(refused.value)

@@ -1,7 +1,7 @@
 """The monthly budget the cluster enforces: one pass of the budget controller.
 
-Every few minutes: read each team's month-to-date cost from OpenCost's allocation API (aggregated by namespace,
-the window from the first of the month, UTC, to now), write spent / month / as-of into the team's settings ConfigMap,
+Every few minutes: work out each team's month-to-date cost from OpenCost's allocation API (aggregated by namespace),
+write spent / month / as-of into the team's settings ConfigMap,
 and hold the team's Kueue ClusterQueue (`stopPolicy: Hold`: queued jobs wait, running ones finish) once the spend
 reaches the budget; lift the hold when the month rolls over or the budget is raised. Every hold and release is a
 Kubernetes Event in the team's namespace and a Prometheus metric.
@@ -10,6 +10,13 @@ Missing data changes nothing: if OpenCost cannot be read, or answers something t
 the window asked, the pass holds and releases nobody and says why (a stale figure must not lock a team out, nor a
 blind controller let one overspend). Only holds this controller set (its annotation on the ClusterQueue) are lifted
 by it; a hold a platform engineer set by hand stays.
+
+Month-to-date is durable. OpenCost computes from Prometheus, which keeps `monitoring.retention_days` (15 by default):
+asked for the month so far on the 20th it would know only the last 15 days, the spend would shrink every day and a
+held team would be released. So each whole UTC day, once an hour has passed since it ended (OpenCost's lag), is
+*settled*: asked for once, its figure kept in the team's ConfigMap (`spent_days`) for the rest of the month. Spent is
+the settled days plus the unsettled rest of the month asked for now; it only grows within a month, and a hold is
+released only by a new month or a raised budget.
 
 The decision (`decide`) is a pure function of the team's state and its spend; `BudgetController` does the I/O.
 """
@@ -58,11 +65,14 @@ def rfc3339(moment: dt.datetime) -> str:
     return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def month_to_date(opencost_url: str, now: dt.datetime, timeout_s: float = 20.0) -> dict[str, float]:
-    """Cost per namespace from the first of `now`'s month (UTC) to `now`, as OpenCost allocates it.
+SETTLE_LAG = dt.timedelta(hours=1)
+
+
+def allocation(opencost_url: str, start: dt.datetime, end: dt.datetime, timeout_s: float = 20.0) -> dict[str, float]:
+    """Cost per namespace in [start, end), as OpenCost allocates it.
 
     A namespace OpenCost does not list ran nothing in the window: it spent $0 (that is data, not missing data)."""
-    window = f"{rfc3339(month_start(now))},{rfc3339(now)}"
+    window = f"{rfc3339(start)},{rfc3339(end)}"
     query = urllib.parse.urlencode({"window": window, "aggregate": "namespace", "accumulate": "true"})
     url = f"{opencost_url.rstrip('/')}/allocation?{query}"
     try:
@@ -75,6 +85,25 @@ def month_to_date(opencost_url: str, now: dt.datetime, timeout_s: float = 20.0) 
     except json.JSONDecodeError:
         raise CostUnavailable(f"OpenCost's answer from {url} is not JSON") from None
     return _namespace_costs(body, url)
+
+
+def month_to_date(opencost_url: str, now: dt.datetime, timeout_s: float = 20.0) -> dict[str, float]:
+    """Cost per namespace from the first of `now`'s month (UTC) to `now`, in one question (no settled days)."""
+    return allocation(opencost_url, month_start(now), now, timeout_s)
+
+
+def settled_until(now: dt.datetime) -> dt.datetime:
+    """Days ending at or before this are settled: whole UTC days of this month that ended at least SETTLE_LAG ago."""
+    cut = (now - SETTLE_LAG).astimezone(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(cut, month_start(now))
+
+
+def days_between(start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
+    out, day = [], start
+    while day < end:
+        out.append(day)
+        day += dt.timedelta(days=1)
+    return out
 
 
 def _namespace_costs(body: Any, url: str) -> dict[str, float]:
@@ -102,6 +131,11 @@ class TeamBudget:
     spent_as_of: str | None
     held: bool  # stopPolicy is Hold or HoldAndDrain, whoever set it
     held_for_budget: bool  # ... and it was this controller
+    spent_days: dict[str, float] | None = None  # settled days of spent_month (SETTING_SPENT_DAYS)
+
+    def settled(self, month: str) -> dict[str, float]:
+        """The settled days recorded for `month` (none when the record is an earlier month's)."""
+        return dict(self.spent_days or {}) if self.spent_month == month else {}
 
     @property
     def namespace(self) -> str:
@@ -155,21 +189,39 @@ class BudgetController:
     def run_once(self, now: dt.datetime | None = None) -> list[Decision]:
         now = now or dt.datetime.now(dt.timezone.utc)
         month = month_of(now)
+        teams = self.teams()
         try:
-            costs = month_to_date(self.opencost_url, now)
+            settled, rest = self.costs(teams, now)
         except CostUnavailable as exc:
             log.warning("no budget changes this pass: %s", exc.problems[0])
             if self.metrics:
                 self.metrics.cost_unavailable()
             raise
         decisions = []
-        for team in self.teams():
-            decision = decide(team, costs.get(team.namespace, 0.0), month)
-            self.apply(team, decision, now)
+        for team in teams:
+            days = settled[team.team]
+            decision = decide(team, round(sum(days.values()) + rest.get(team.namespace, 0.0), 2), month)
+            self.apply(team, decision, now, days)
             decisions.append(decision)
         if self.metrics:
             self.metrics.pass_succeeded(now)
         return decisions
+
+    def costs(self, teams: list[TeamBudget], now: dt.datetime) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+        """(each team's settled days this month, each namespace's cost since the last settled day). A day some team has
+        not settled yet is asked for once, for all; a day already settled is never asked again."""
+        month = month_of(now)
+        cut = settled_until(now)
+        settled = {team.team: team.settled(month) for team in teams}
+        for day in days_between(month_start(now), cut):
+            key = day.strftime("%Y-%m-%d")
+            if all(key in days for days in settled.values()):
+                continue
+            costs = allocation(self.opencost_url, day, day + dt.timedelta(days=1))
+            for team in teams:
+                settled[team.team].setdefault(key, round(costs.get(team.namespace, 0.0), 4))
+        rest = allocation(self.opencost_url, cut, now) if now > cut else {}
+        return settled, rest
 
     def teams(self) -> list[TeamBudget]:
         found = []
@@ -182,10 +234,11 @@ class BudgetController:
             found.append(team_budget(team, settings, queue))
         return found
 
-    def apply(self, team: TeamBudget, decision: Decision, now: dt.datetime) -> None:
+    def apply(self, team: TeamBudget, decision: Decision, now: dt.datetime, settled_days: dict[str, float] | None = None) -> None:
         self.cluster.patch_team_settings(team.team, {contract.SETTING_SPENT_USD: f"{decision.spent_usd:.2f}",
                                                      contract.SETTING_SPENT_MONTH: decision.month,
-                                                     contract.SETTING_SPENT_AS_OF: rfc3339(now)})
+                                                     contract.SETTING_SPENT_AS_OF: rfc3339(now),
+                                                     contract.SETTING_SPENT_DAYS: json.dumps(dict(sorted((settled_days or {}).items())))})
         held = team.held
         if decision.action == "hold":
             self.cluster.set_queue_hold(team.team, hold=True, note=decision.reason)
@@ -221,7 +274,19 @@ def team_budget(team: str, settings: dict[str, str], queue: dict[str, Any]) -> T
     annotations = queue["metadata"].get("annotations") or {}
     held = is_held(queue)
     return TeamBudget(team, budget, number(contract.SETTING_SPENT_USD), settings.get(contract.SETTING_SPENT_MONTH),
-                      settings.get(contract.SETTING_SPENT_AS_OF), held, held and contract.BUDGET_HOLD_ANNOTATION in annotations)
+                      settings.get(contract.SETTING_SPENT_AS_OF), held, held and contract.BUDGET_HOLD_ANNOTATION in annotations,
+                      _settled_days(settings.get(contract.SETTING_SPENT_DAYS)))
+
+
+def _settled_days(text: str | None) -> dict[str, float] | None:
+    """The recorded settled days; a record that is not a {day: usd} map counts as none (those days are asked again)."""
+    try:
+        days = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(days, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in days.values()):
+        return None
+    return {str(k): float(v) for k, v in days.items()}
 
 
 class PrometheusMetrics:

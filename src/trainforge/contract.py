@@ -272,6 +272,9 @@ SETTING_BUDGET_USD = "monthly_budget_usd"  # written by the platform (pulumi up)
 SETTING_SPENT_USD = "spent_usd"  # written by the budget controller, with the two below
 SETTING_SPENT_MONTH = "spent_month"  # YYYY-MM (UTC) the figure belongs to
 SETTING_SPENT_AS_OF = "spent_as_of"  # RFC 3339 (UTC), the end of the cost window OpenCost answered for
+# JSON {"YYYY-MM-DD": usd}: each settled day of spent_month, kept by the budget controller so month-to-date outlives
+# Prometheus' retention (OpenCost reads Prometheus: a day older than its retention would count as $0).
+SETTING_SPENT_DAYS = "spent_days"
 # A ClusterQueue held for budget carries this annotation: the controller lifts only the holds it set itself.
 BUDGET_HOLD_ANNOTATION = f"{LABEL_DOMAIN}/budget-hold"
 NAMESPACE_OPENCOST = "opencost"
