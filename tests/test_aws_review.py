@@ -182,7 +182,7 @@ def test_a_reserved_group_launches_into_its_reservation(kind, capacity_type):
 
 @pytest.mark.parametrize("change, message", [
     ({"capacity": "spot", "efa": False}, "capacity_reservation: a reservation is on-demand capacity"),
-    ({"instance_types": ["p5.48xlarge", "p5e.48xlarge"], "efa": False}, "capacity_reservation: a reservation holds one instance type"),
+    ({"instance_types": ["g6e.12xlarge", "g6e.24xlarge"], "efa": False}, "capacity_reservation: a reservation holds one instance type"),
     ({"availability_zone": None, "efa": False}, "capacity_reservation: a reservation lives in one AZ"),
 ])
 def test_impossible_reservations_are_rejected_with_the_fix(change, message):

@@ -45,11 +45,11 @@ def test_costs_recomputed_by_hand(plans):
     plan = plans["Pulumi.prod.yaml"]
     lines = plan.cost.by_item()
     services = service_prices()
-    # gpu-spot: min 0, max 16, 25 % of the range in use, at the spot price of its first type (g6e.12xlarge)
+    # spot-l40s: min 0, max 8, 25 % of the range in use, at the spot price of its first type (g6e.12xlarge)
     spot = price_table().quote("g6e.12xlarge", "us-east-1").spot
-    assert lines["node group gpu-spot"].monthly_usd == pytest.approx(4 * spot * HOURS, abs=0.01)
-    assert lines["node group gpu-spot"].at_max_usd == pytest.approx(16 * spot * HOURS, abs=0.01)
-    assert lines["node group gpu-spot"].at_min_usd == 0
+    assert lines["node group spot-l40s"].monthly_usd == pytest.approx(2 * spot * HOURS, abs=0.01)
+    assert lines["node group spot-l40s"].at_max_usd == pytest.approx(8 * spot * HOURS, abs=0.01)
+    assert lines["node group spot-l40s"].at_min_usd == 0
     # three NAT gateways (per-az), 730 h each and 1000 GB processed each
     assert lines["NAT gateways"].monthly_usd == pytest.approx(3 * (0.045 * HOURS + 0.045 * 1000), abs=0.01)
     # 4800 GiB PERSISTENT_2 at 500 MB/s/TiB
@@ -93,16 +93,16 @@ def test_adding_a_team_adds_exactly_its_resources_and_no_dollars(tmp_path):
 
 def test_resizing_a_node_group_changes_that_group_and_its_dollars(tmp_path):
     def grow(raw):
-        next(g for g in raw["node_groups"] if g["name"] == "gpu-spot")["max_size"] = 20
+        next(g for g in raw["node_groups"] if g["name"] == "spot-l40s")["max_size"] = 12
     result = cli("--stack", write_stack(tmp_path, "after", grow), "--against", write_stack(tmp_path, "before", lambda raw: None), "-o", "json")
     assert result.returncode == 0, result.stderr[-2000:]
     diff = json.loads(result.stdout)["against"]
     assert diff["added"] == [] and diff["removed"] == []
-    assert diff["changed"] == ["aws:eks/nodeGroup:NodeGroup trainforge-prod-gpu-spot"]
+    assert diff["changed"] == ["aws:eks/nodeGroup:NodeGroup trainforge-prod-spot-l40s"]
     spot = price_table().quote("g6e.12xlarge", "us-east-1").spot
     volume = 500 * service_prices()["ebs_gp3_gb_month"] + (6000 - 3000) * 0.005 + (500 - 125) * 0.040
     delta = {row["item"]: row["delta"] for row in diff["cost"]}
-    assert delta == pytest.approx({"node group gpu-spot": 0.25 * 4 * spot * HOURS, "root volumes gpu-spot": 0.25 * 4 * volume}, abs=0.02)
+    assert delta == pytest.approx({"node group spot-l40s": 0.25 * 4 * spot * HOURS, "root volumes spot-l40s": 0.25 * 4 * volume}, abs=0.02)
 
 
 def test_the_same_file_at_head_differs_in_nothing():
@@ -123,7 +123,7 @@ def test_a_shipped_stack_plans_but_names_what_its_deployer_must_set_first():
 
 def test_a_policy_violation_fails_the_plan_naming_the_rule(tmp_path):
     def one_spot_type(raw):
-        next(g for g in raw["node_groups"] if g["name"] == "gpu-spot")["instance_types"] = ["g6e.12xlarge"]
+        next(g for g in raw["node_groups"] if g["name"] == "spot-l40s")["instance_types"] = ["g6e.12xlarge"]
     result = cli("--stack", write_stack(tmp_path, "bad", one_spot_type), "-o", "json")
     assert result.returncode == 1
     violations = json.loads(result.stdout)["policy"]["violations"]

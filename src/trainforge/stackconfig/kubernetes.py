@@ -45,7 +45,7 @@ class KueueConfig(_Model):
     def _long_enough(cls, value: str) -> str:
         seconds = duration_seconds(value)
         if seconds < GPU_SCALE_UP_S:
-            raise ValueError(f"{value} is shorter than a GPU node group's scale-up (EC2 launch, GPU AMI boot, image "
+            raise ValueError(f"{value} is shorter than a GPU node group's scale-from-zero (EC2 launch, GPU AMI boot, image "
                              "pull: 10-15 min for p5): Kueue would evict jobs that were about to start. Fix: 15m or more")
         return value
 
