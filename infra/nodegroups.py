@@ -32,12 +32,9 @@ def eks_taints(group: NodeGroupConfig) -> list[aws.eks.NodeGroupTaintArgs]:
             for t in contract.flavour_traits(group.flavour).taints]
 
 
-AUTOSCALER = nodes.AUTOSCALER
-
-
 def autoscaler_discovery_tags(cluster_name: str) -> dict[str, str]:
     """The tags cluster-autoscaler's auto-discovery looks for (EKS also puts them on a managed group's ASG)."""
-    return {f"{AUTOSCALER}/{cluster_name}": "owned", f"{AUTOSCALER}/enabled": "true"}
+    return {f"{nodes.AUTOSCALER}/{cluster_name}": "owned", f"{nodes.AUTOSCALER}/enabled": "true"}
 
 
 def nodeadm_user_data(group: NodeGroupConfig) -> str | None:
@@ -160,7 +157,7 @@ class NodePool(pulumi.ComponentResource):
         )
         asg_name = self.node_group.resources.apply(lambda resources: resources[0].autoscaling_groups[0].name)
         for key, value in nodes.template_tags(group).items():
-            suffix = key.removeprefix(f"{AUTOSCALER}/node-template/").replace("/", "-")
+            suffix = key.removeprefix(f"{nodes.AUTOSCALER}/node-template/").replace("/", "-")
             aws.autoscaling.Tag(f"{name}-{suffix}", autoscaling_group_name=asg_name,
                                 tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
                                 opts=pulumi.ResourceOptions(parent=self.node_group))

@@ -288,7 +288,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _route(self):
+    def _request(self):
+        """(group, version, plural, namespace, name, subresource, query) of a resource path, served or not; None else."""
         url = urlparse(self.path)
         parts = [p for p in url.path.split("/") if p]
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
@@ -299,38 +300,31 @@ class Handler(BaseHTTPRequestHandler):
         else:
             return None
         namespace = None
-        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:  # (else: the namespace objects themselves)
             namespace, rest = rest[1], rest[2:]
         if not rest:
             return None
-        plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), (rest[2] if len(rest) > 2 else None)
+        return group, version, rest[0], namespace, rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None, query
+
+    def _route(self):
+        """The request when this server serves its resource (or it is the service proxy); None: a plain-text 404."""
+        request = self._request()
+        if request is None:
+            return None
+        group, version, plural, _, _, sub, _ = request
         if plural == "services" and sub == "proxy":
-            return group, version, plural, namespace, name, sub, query
+            return request
         if (group, version, plural) not in SERVED or plural in self.api.unserved:
             return None
-        return group, version, plural, namespace, name, sub, query
+        return request
 
     def _attributes(self, method: str) -> tuple | None:
         """(verb, group, resource, subresource, namespace, name) of a resource request; None for a non-resource path."""
-        url = urlparse(self.path)
-        parts = [p for p in url.path.split("/") if p]
-        query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        if parts[:2] == ["api", "v1"]:
-            group, rest = "", parts[2:]
-        elif parts[:1] == ["apis"] and len(parts) >= 3:
-            group, rest = parts[1], parts[3:]
-        else:
+        request = self._request()
+        if request is None:
             return None
-        namespace = None
-        if rest[:1] == ["namespaces"] and len(rest) >= 3:
-            namespace, rest = rest[1], rest[2:]
-        elif rest[:1] == ["namespaces"] and len(rest) == 2:  # the namespace object itself
-            rest = ["namespaces", rest[1]]
-        if not rest:
-            return None
-        name = rest[1] if len(rest) > 1 else None
-        sub = rest[2] if len(rest) > 2 else None
-        return verb_of(method, name, query), group, rest[0], sub, namespace, name
+        group, _, plural, namespace, name, sub, query = request
+        return verb_of(method, name, query), group, plural, sub, namespace, name
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)

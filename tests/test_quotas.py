@@ -168,10 +168,7 @@ def _gpu_node_daemonsets(objects: list[dict], template: nodes.NodeTemplate) -> d
     total = {"cpu": 0, "memory": 0, "pods": 0}
     for ds in (o for o in objects if o.get("kind") == "DaemonSet"):
         pod = ds["spec"]["template"]["spec"]
-        requests: dict[str, int] = {}
-        for container in pod.get("containers", []):
-            for resource, amount in nodes.requests_of(kueue._requests(container.get("resources") or {})).items():
-                requests[resource] = requests.get(resource, 0) + amount
+        requests = kueue.pod_requests(pod)
         shape = nodes.PodShape.of_pod_spec(pod, requests)
         if shape.label_problems(template.labels) or any(not shape.tolerates(t) for t in template.taints):
             continue

@@ -27,6 +27,7 @@ class Admission:
     flavour: Flavour | None  # the flavour whose quota the job is charged to (Kueue may pick another candidate with room)
     cost: CostEstimate | None
     problems: list[str] = field(default_factory=list)
+    live_queue: dict | None = None  # the cluster's ClusterQueue it was decided over, if any
 
     @property
     def admitted(self) -> bool:
@@ -136,4 +137,4 @@ def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: floa
                 problems.append(f"team budget: the estimate is ${expected:,.2f} but team {team.name!r} has ${remaining:,.2f} left of "
                                 f"${budget:,.2f} this month (${expected - remaining:,.2f} short). "
                                 "Fix: a cheaper job, or a budget increase from the team's cost-centre owner")
-    return Admission(where, chosen, cost, problems)
+    return Admission(where, chosen, cost, problems, live_queue)

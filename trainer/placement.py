@@ -107,7 +107,7 @@ def _efa_pays_off(spec: JobSpec, platform: PlatformConfig | None) -> bool:
         return False
     if platform is None:
         return instance.supports_efa
-    return any(g.efa and not group_problems(spec, platform, Flavour.GPU_EFA) for g in platform.node_groups)
+    return not group_problems(spec, platform, Flavour.GPU_EFA)
 
 
 def pod_shape(spec: JobSpec, where: Placement) -> nodes.PodShape:

@@ -15,6 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from trainforge import contract
+from trainforge import kueue as core_kueue
 from trainforge.infra.database import USERNAME
 from trainforge.infra.iam import Role
 from trainforge.infra.layer import AwsLayer
@@ -39,7 +40,7 @@ class Scheduling(pulumi.ComponentResource):
         super().__init__("trainforge:platform:Scheduling", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_KUEUE), parent=self)
         self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns, *after])
-        objects = [*kueue.resource_flavors(cfg), kueue.cohort(), *kueue.workload_priority_classes()]
+        objects = [*core_kueue.resource_flavors(cfg), kueue.cohort(), *kueue.workload_priority_classes()]
         self.objects = [apply(o, parent=self, depends_on=[self.release]) for o in objects]
         self.objects.append(apply(monitoring.kueue_service_monitor(), parent=self, depends_on=[self.release, monitoring_release]))
         self.register_outputs({"namespace": contract.NAMESPACE_KUEUE, "version": charts["kueue"].version})

@@ -1,6 +1,6 @@
-"""Kueue's cluster-wide objects: one ResourceFlavor per node flavour of the stack (labels and taints from the
-contract, the same the node groups carry), the cohort every team's ClusterQueue joins, and the priority classes
-job specs name. The teams' ClusterQueues and LocalQueues belong to tenancy."""
+"""Kueue's cluster-wide objects: the cohort every team's ClusterQueue joins and the priority classes job specs name.
+The ResourceFlavors and the teams' ClusterQueues are built by trainforge.kueue (admission reads the same objects);
+the LocalQueues belong to tenancy."""
 
 from __future__ import annotations
 
@@ -11,10 +11,6 @@ from trainforge import kueue as core_kueue
 
 API = core_kueue.API
 PRIORITY_VALUES = {"low": 100, "normal": 1000, "high": 10000}
-
-
-resource_flavor = core_kueue.resource_flavor
-resource_flavors = core_kueue.resource_flavors
 
 
 def cohort() -> dict[str, Any]:

@@ -21,7 +21,6 @@ COST_CENTRE_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"
 ENVIRONMENT_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}"
 MEMBER_ROLE = "trainforge-team-member"
 SETTINGS_CONFIG_MAP = contract.TEAM_SETTINGS_CONFIG_MAP
-NAMESPACE_NAME_LABEL = kueue.NAMESPACE_NAME_LABEL
 
 
 def cost_labels(team: TeamConfig, environment: str) -> dict[str, str]:
@@ -125,7 +124,7 @@ def network_policies(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, An
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(name, team, cfg.environment), "spec": spec}
 
     def namespace_peer(name: str) -> dict[str, Any]:
-        return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: name}}}
+        return {"namespaceSelector": {"matchLabels": {kueue.NAMESPACE_NAME_LABEL: name}}}
     everyone = {"podSelector": {}}
     return [
         policy("default-deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),

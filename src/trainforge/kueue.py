@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainforge import catalog, contract, nodes
 from trainforge.contract import Flavour
 from trainforge.nodes import PodShape, Taint, quantity, show
+
+if TYPE_CHECKING:
+    from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 API = "kueue.x-k8s.io/v1beta2"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
@@ -34,7 +37,7 @@ COVERED = ["cpu", "memory", contract.RESOURCE_GPU, contract.RESOURCE_EFA]
 
 # ---- quota ------------------------------------------------------------------------------------------------------
 
-def per_gpu(cfg, flavour: Flavour) -> dict[str, int]:
+def per_gpu(cfg: PlatformConfig, flavour: Flavour) -> dict[str, int]:
     """cpu (millicores), memory (bytes) and EFA devices one GPU of `flavour` comes with: the most any of the flavour's
     groups gives, per its template node (the first, smallest type)."""
     best: dict[str, int] = {"cpu": 0, "memory": 0, contract.RESOURCE_EFA: 0}
@@ -66,7 +69,7 @@ class FlavourQuota:
     lending: dict[str, int | None] = field(default_factory=dict)
 
 
-def team_quotas(cfg, team) -> list[FlavourQuota]:
+def team_quotas(cfg: PlatformConfig, team: TeamConfig) -> list[FlavourQuota]:
     """Per flavour the stack has (system first for CPU-only jobs, then GPU flavours the team may use), in node-group
     order: GPUs as configured, cpu/memory/EFA in proportion."""
     out = []
@@ -90,7 +93,7 @@ def _text(resource: str, amount: int) -> Any:
     return cpu_text(amount) if resource == "cpu" else memory_text(amount) if resource == "memory" else amount
 
 
-def cluster_queue(cfg, team, labels: dict[str, str] | None = None) -> dict[str, Any]:
+def cluster_queue(cfg: PlatformConfig, team: TeamConfig, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """The team's ClusterQueue, in the platform's cohort: borrowed capacity reclaimed by its owner, a fair-sharing weight."""
     entries = []
     for quota in team_quotas(cfg, team):
@@ -127,11 +130,11 @@ def resource_flavor(flavour: Flavour) -> dict[str, Any]:
     return {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": flavour.value}, "spec": spec}
 
 
-def resource_flavors(cfg) -> list[dict[str, Any]]:
+def resource_flavors(cfg: PlatformConfig) -> list[dict[str, Any]]:
     return [resource_flavor(f) for f in dict.fromkeys(g.flavour for g in cfg.node_groups)]
 
 
-def stack_queues(cfg) -> list[dict[str, Any]]:
+def stack_queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
     """Every team's ClusterQueue as the stack creates it (the cohort, offline)."""
     return [cluster_queue(cfg, team) for team in cfg.teams]
 
@@ -251,15 +254,9 @@ def pod_sets(manifest: dict[str, Any]) -> list[PodSet]:
                 pod |= {k: v for k, v in job["template"]["spec"]["template"]["spec"].items() if k != "containers"}
         requests = nodes.requests_of(_requests(trainer.get("resourcesPerNode", {})))
         return [PodSet(contract.TRAINJOB_REPLICATED_JOB, int(trainer.get("numNodes", 1)), PodShape.of_pod_spec(pod, requests))]
-    out = []
-    for role, replica in spec["pytorchReplicaSpecs"].items():
-        pod = replica["template"]["spec"]
-        requests: dict[str, int] = {}
-        for container in pod["containers"]:
-            for resource, amount in nodes.requests_of(_requests(container.get("resources", {}))).items():
-                requests[resource] = requests.get(resource, 0) + amount
-        out.append(PodSet(role.lower(), int(replica.get("replicas", 1)), PodShape.of_pod_spec(pod, requests)))
-    return out
+    return [PodSet(role.lower(), int(replica.get("replicas", 1)), PodShape.of_pod_spec(replica["template"]["spec"],
+                                                                                       pod_requests(replica["template"]["spec"])))
+            for role, replica in spec["pytorchReplicaSpecs"].items()]
 
 
 def _requests(resources: dict[str, Any]) -> dict[str, Any]:
@@ -267,12 +264,10 @@ def _requests(resources: dict[str, Any]) -> dict[str, Any]:
     return {**resources.get("limits", {}), **resources.get("requests", {})}
 
 
-def gpu_quota(queue: dict[str, Any]) -> dict[str, int]:
-    """The nominal GPU quota per flavour of a ClusterQueue."""
-    quota: dict[str, int] = {}
-    for group in queue.get("spec", {}).get("resourceGroups", []):
-        for flavor in group.get("flavors", []):
-            for resource in flavor.get("resources", []):
-                if resource["name"] == contract.RESOURCE_GPU:
-                    quota[flavor["name"]] = int(resource["nominalQuota"])
-    return quota
+def pod_requests(pod: dict[str, Any]) -> dict[str, int]:
+    """What a pod requests: its containers' requests summed (init containers and overhead: none in what we render)."""
+    out: dict[str, int] = {}
+    for container in pod.get("containers", []):
+        for resource, amount in nodes.requests_of(_requests(container.get("resources") or {})).items():
+            out[resource] = out.get(resource, 0) + amount
+    return out

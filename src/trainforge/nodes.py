@@ -51,7 +51,7 @@ def quantity(resource: str, text: str | int | float) -> int:
 
 
 def show(resource: str, amount: int) -> str:
-    """The reverse of `quantity`, in the unit people read: "47.5 CPU", "180Gi", "8"."""
+    """The reverse of `quantity`, in the unit people read: "47.5" (CPUs), "180Gi", "8"."""
     if resource == "cpu":
         return f"{amount / 1000:g}"
     if resource == "memory":

@@ -212,15 +212,16 @@ class KubernetesBackend:
             raise TrainforgeError("", ["the kubernetes backend needs the job's team (its namespace). Fix: --team <team>"])
         return self.team
 
-    def budget(self, team: str, now: datetime.datetime | None = None) -> TeamSpend:
-        """The team's budget and month-to-date spend as the cluster's budget controller last wrote them."""
+    def budget(self, team: str, now: datetime.datetime | None = None, queue: dict[str, Any] | None = None) -> TeamSpend:
+        """The team's budget and month-to-date spend as the cluster's budget controller last wrote them (`queue`: the
+        team's ClusterQueue when the caller has just read it)."""
         now = now or datetime.datetime.now(datetime.timezone.utc)
         settings = self.cluster.team_settings(team)
         if settings is None:
             raise ClusterError(f"team {team!r} has no {contract.TEAM_SETTINGS_CONFIG_MAP} ConfigMap in namespace "
                                f"{contract.namespace_name(team)}. Fix: check the team name; the platform's `pulumi up` creates it",
                                EXIT_BAD_INPUT)
-        return TeamSpend.of(team_budget(team, settings, self.cluster.cluster_queue(team)), month_of(now))
+        return TeamSpend.of(team_budget(team, settings, queue or self.cluster.cluster_queue(team)), month_of(now))
 
     def submit(self, spec: JobSpec, admission: Admission, *, detach: bool = True, on_progress: Progress | None = None) -> JobReport:
         """Create the job once the live ClusterQueue agrees: quota from it (the cluster wins if it differs from the stack),
@@ -242,8 +243,9 @@ class KubernetesBackend:
         return self.cluster.cluster_queue(team)
 
     def _queue_problems(self, spec: JobSpec, admission: Admission) -> list[str]:
-        """Quota was decided by admission over the live queue; what is left is whether the queue admits anything now."""
-        queue = self.cluster.cluster_queue(spec.team)
+        """Quota was decided by admission over the live queue; what is left is whether the queue admits anything now
+        (read from the queue admission decided over, not read again)."""
+        queue = admission.live_queue or self.cluster.cluster_queue(spec.team)
         if is_held(queue):
             note = (queue["metadata"].get("annotations") or {}).get(contract.BUDGET_HOLD_ANNOTATION)
             if note is not None:

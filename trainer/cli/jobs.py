@@ -43,8 +43,8 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     from trainforge.trainer.cli import views
     spec, platform = load_spec(spec_file), load_platform(stack)
     target = backend(backend_name, team=spec.team, context=context) if backend_name is BackendName.kubernetes else None
-    used, budget = _spend(spec, spent, target)
     live = target.live_queue(spec.team) if target is not None else None
+    used, budget = _spend(spec, spent, target, live)
     decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget, live_queue=live)
     if output is Output.json:
         typer.echo(json.dumps(views.admission_json(decision), indent=2))
@@ -56,12 +56,12 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
         raise typer.Exit(3)
 
 
-def _spend(spec, spent: Optional[float], cluster=None) -> tuple[float, Optional[float]]:
+def _spend(spec, spent: Optional[float], cluster=None, queue=None) -> tuple[float, Optional[float]]:
     """The team's spend this month and, from a cluster, its budget there: as given, else what the cluster's budget
     controller recorded (so the CLI and the cluster agree), else what the team's local jobs cost."""
     budget = None
     if cluster is not None:
-        recorded = cluster.budget(spec.team)
+        recorded = cluster.budget(spec.team, queue=queue)
         budget = recorded.budget_usd
         if spent is None:
             spent = recorded.spent_usd
@@ -95,9 +95,9 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
         decision = unchecked(spec)
     else:
         on_cluster = backend_name is BackendName.kubernetes
-        used, budget = _spend(spec, spent, target if on_cluster else None)
-        decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget,
-                         live_queue=target.live_queue(spec.team) if on_cluster else None)
+        live = target.live_queue(spec.team) if on_cluster else None
+        used, budget = _spend(spec, spent, target if on_cluster else None, live)
+        decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget, live_queue=live)
     if not decision.admitted:
         raise NotAdmitted(spec.name, decision.problems, "created" if backend_name is BackendName.kubernetes else "started")
     if backend_name is BackendName.kubernetes or detach:
