@@ -54,6 +54,8 @@ def test_every_team_has_every_object_valid_and_cost_labelled(stack):
                 assert k8s_schema.problems(obj) == [], obj["kind"]
             if obj["metadata"].get("namespace") == contract.NAMESPACE_MLFLOW:  # its sweep database's SQL, password and Job
                 assert obj["metadata"]["name"].startswith(f"trainforge-sweeps-{team.name}") and obj["kind"] in ("ConfigMap", "Secret", "Job")
+            elif obj["metadata"].get("namespace") == contract.NAMESPACE_SYSTEM:  # the Job that makes its FSx directory
+                assert (obj["kind"], obj["metadata"]["name"]) == ("Job", f"fsx-dir-{team.name}")
             elif obj["kind"] not in ("Namespace", "ClusterQueue"):
                 assert obj["metadata"]["namespace"] == contract.namespace_name(team.name)
         namespace = one(objects, "Namespace")["metadata"]["labels"]
@@ -242,7 +244,7 @@ def test_each_team_has_its_own_sweep_database_reachable_only_on_the_database_por
         for other in cfg.teams:
             if other is not team:
                 assert all(name not in sql and name not in url for name in contract.sweep_database(other.name))
-        job = one(objects, "Job")["spec"]["template"]["spec"]
+        job = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["namespace"] == contract.NAMESPACE_MLFLOW)["spec"]["template"]["spec"]
         refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in job["containers"][0]["env"] if "valueFrom" in e}
         assert refs == {"mlflow-database", f"trainforge-sweeps-{team.name}"}
         egress = one(objects, "NetworkPolicy", "allow-sweep-database")["spec"]["egress"]

@@ -19,7 +19,7 @@ FSX_ROOT = contract.FSX_MOUNT_PATH
 
 
 def job_paths(spec: JobSpec) -> dict[str, str]:
-    base = f"{FSX_ROOT}/teams/{spec.team}/jobs/{spec.name}"
+    base = f"{contract.fsx_team_dir(spec.team)}/jobs/{spec.name}"
     return {"output_dir": f"{base}/run", "checkpoint_dir": f"{base}/checkpoints"}
 
 

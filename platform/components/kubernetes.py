@@ -21,7 +21,7 @@ from trainforge.infra.iam import Role
 from trainforge.infra.layer import AwsLayer
 from trainforge.platform.components.objects import apply, helm_release
 from trainforge.platform.manifests import charts as chart_table
-from trainforge.platform.manifests import budget, kueue, monitoring, storage, values
+from trainforge.platform.manifests import budget, kueue, monitoring, storage, tenancy, values
 from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.stackconfig import PlatformConfig
 
@@ -110,14 +110,31 @@ class SharedStorage(pulumi.ComponentResource):
 
     def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:SharedStorage", name, None, opts)
-        fs = aws.file_system
         self.block = apply(storage.block_storage_class(aws.data_key.arn), parent=self, depends_on=aws.system_ready)
         self.objects = [apply(storage.storage_class(), parent=self)]
         for team in cfg.teams:
             for read_only in (False, True):
-                self.objects.append(apply(storage.team_volume(team.name, file_system_id=fs.id, dns_name=fs.dns_name, mount_name=fs.mount_name,
-                                                              capacity_gib=cfg.fsx.storage_capacity_gib, read_only=read_only), parent=self))
+                self.objects.append(apply(storage.team_volume(team.name, **fsx_volume(cfg, aws), read_only=read_only), parent=self))
         self.register_outputs({"storage_class": storage.STORAGE_CLASS})
+
+
+def fsx_volume(cfg: PlatformConfig, aws: AwsLayer) -> dict[str, Any]:
+    fs = aws.file_system
+    return dict(file_system_id=fs.id, dns_name=fs.dns_name, mount_name=fs.mount_name, capacity_gib=cfg.fsx.storage_capacity_gib)
+
+
+class TeamDirectories(pulumi.ComponentResource):
+    """The FSx root in trainforge's namespace and, per team, the Job that creates and owns `/fsx/teams/<team>`
+    (`jobs[team]`: the team's objects wait for it; Pulumi waits for a Job to complete)."""
+
+    def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, image: pulumi.Input[str], system: pulumi.Resource,
+                 after: list[pulumi.Resource], opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:TeamDirectories", name, None, opts)
+        root = [apply(o, parent=self, depends_on=[system, *after]) for o in storage.root_volume(**fsx_volume(cfg, aws))]
+        # Its pod needs a system node and the FSx CSI node plugin (system_ready).
+        self.jobs = {team.name: apply(storage.team_directory_job(team.name, image, tenancy.cost_labels(team, cfg.environment)), parent=self, depends_on=[*root, *aws.system_ready])
+                     for team in cfg.teams}
+        self.register_outputs({"teams": sorted(self.jobs)})
 
 
 class TrackingServer(pulumi.ComponentResource):
@@ -145,7 +162,7 @@ class CostControl(pulumi.ComponentResource):
         ns = apply(namespace(contract.NAMESPACE_OPENCOST), parent=self)
         # The chart's ServiceMonitor needs the Prometheus operator's CRDs.
         self.release = helm_release(charts["opencost"], values.opencost(cfg), parent=self, depends_on=[ns, monitoring_release, *after])
-        system = apply(namespace(contract.NAMESPACE_SYSTEM), parent=self)
+        self.system = system = apply(namespace(contract.NAMESPACE_SYSTEM), parent=self)  # trainforge's own namespace
         self.objects = [apply(o, parent=self, depends_on=[system, *after]) for o in budget.controller_objects(cfg, image)]
         self.objects.append(apply(budget.pod_monitor(), parent=self, depends_on=[monitoring_release]))
         self.register_outputs({"opencost": contract.OPENCOST_URL, "budget_controller": contract.BUDGET_CONTROLLER})
@@ -178,7 +195,8 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     scheduling = Scheduling(f"{name}-scheduling", cfg, charts, after, monitoring_.release, opts)
     TrainingOperators(f"{name}-training", cfg, charts, default_image, after, opts)
     GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, after, opts)
-    CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, after, opts)
+    cost = CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, after, opts)
+    directories = TeamDirectories(f"{name}-team-dirs", cfg, aws, default_image, cost.system, shared.objects[:1], opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role, after, opts)
     tracking = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, opts)
     from trainforge.pricing import price_table
@@ -186,7 +204,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking.namespace, tracking.secret])
     for team in cfg.teams:
         Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.outputs["team_role_arns"][team.name], prices_as_of=price_table().as_of,
-                after=[scheduling.release, *shared.objects], database=database, opts=opts)
+                after=[scheduling.release, *shared.objects, directories.jobs[team.name]], database=database, opts=opts)
     return KubernetesLayer({
         "kubernetes": {
             "namespaces": {"kueue": contract.NAMESPACE_KUEUE, "trainer": contract.NAMESPACE_TRAINER,

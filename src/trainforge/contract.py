@@ -58,6 +58,14 @@ RESOURCE_EFA = "vpc.amazonaws.com/efa"
 FSX_CLAIM_NAME = "trainforge-fsx"  # read-write, in every team namespace
 FSX_DATASETS_CLAIM_NAME = "trainforge-datasets"  # the same file system, mounted read-only
 FSX_MOUNT_PATH = "/fsx"
+# The identity the runtime image runs as (Dockerfile: USER 1000:1000); a team's FSx directory belongs to it.
+RUNTIME_UID = RUNTIME_GID = 1000
+
+
+def fsx_team_dir(team: str) -> str:
+    """Where a team's jobs write on the shared file system (created and owned per team by the platform)."""
+    return f"{FSX_MOUNT_PATH}/teams/{team}"
+
 
 # Cost-allocation tag keys (AWS tags on every resource; Kubernetes labels on team objects)
 TAG_PROJECT = "project"
