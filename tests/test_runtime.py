@@ -257,3 +257,45 @@ def test_a_lost_node_makes_the_survivors_retry_not_fail(tmp_path):
     assert [p.read_text() for p in (tmp_path / "exit0").glob("rank*.code")] == [str(contract.EXIT_PEER_LOST)], \
         (tmp_path / "node0.log").read_text()[-2000:]
     assert contract.is_retryable(codes[0]), f"the surviving node exited {codes[0]}: the job would fail instead of resuming"
+
+
+class _Payload:
+    """A pickle that runs a shell command when loaded: what someone who could write a job's directory would plant."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("planted", ["trainer.pt", "rng-rank0.pt", ".metadata"])
+def test_a_checkpoint_that_would_run_code_is_refused_not_executed(tmp_path, planted):
+    import pickle
+
+    import torch
+    run(tmp_path, "max_steps=30", nproc=None)
+    newest = tmp_path / "checkpoints" / "step-00000030"
+    marker = tmp_path / "pwned"
+    target = newest / planted
+    if planted == ".metadata":
+        target.write_bytes(pickle.dumps(_Payload(marker)))
+    else:
+        torch.save({"state": _Payload(marker)}, target)
+    # Whoever planted it also fixes the manifest, so the size check cannot save the job.
+    manifest = json.loads((newest / "COMMITTED").read_text())
+    manifest["files"][planted] = target.stat().st_size
+    (newest / "COMMITTED").write_text(json.dumps(manifest))
+    resumed = run(tmp_path, "max_steps=40", nproc=None, check=False)
+    assert not marker.exists(), "the planted pickle ran"
+    assert resumed.returncode == contract.EXIT_USER_ERROR, resumed.stderr[-2000:]
+    assert f"step-00000030/{planted}" in resumed.stderr and "not loaded" in resumed.stderr
+    assert "remove its directory to resume from" in resumed.stderr
+    assert "Traceback" not in resumed.stderr
+
+
+def test_a_checkpoint_written_now_resumes_with_data_only_loading(tmp_path):
+    """Every file a save writes loads under the data-only rules (a save that wrote an object would fail here)."""
+    run(tmp_path, "max_steps=30", nproc=None)
+    run(tmp_path, "max_steps=40", nproc=None)
+    assert result(tmp_path)["resumed_from"] == 30

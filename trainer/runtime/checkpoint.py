@@ -8,13 +8,20 @@ Layout of `<dir>/step-00000120/`:
 
 A directory without COMMITTED, or whose files no longer match the manifest (truncated, missing), is not a
 checkpoint: discovery skips it with a warning, and rank 0 removes it.
+
+Loading never runs code from the files: tensors and trainer state through `torch.load(weights_only=True)` (data only:
+tensors, numbers, strings, lists, dicts), DCP's `.metadata` through an unpickler that builds only DCP's own metadata
+classes and torch's dtypes. A file that asks for anything else is refused (`UnsafeCheckpoint`), never executed: a
+checkpoint is input, and whoever could write it must not be able to run code in the job that reads it.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 import time
@@ -30,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from trainforge.trainer.runtime.config import CheckpointConfig
+from trainforge.trainer.runtime.config import CheckpointConfig, UserError
 
 log = logging.getLogger("trainforge.runtime")
 COMMIT_MARKER = "COMMITTED"
@@ -91,14 +98,78 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class UnsafeCheckpoint(UserError):
+    """A checkpoint file that would run code (or build objects other than data) when loaded: not retried, since
+    loading it again would meet the same file."""
+
+
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every generator's state as plain data (numpy's key array as a tensor), loadable with weights_only=True."""
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = state["numpy"]
+    np.random.set_state((numpy["name"], numpy["key"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                         numpy["cached_gaussian"]))
+
+
+def load_data(path: Path) -> Any:
+    """A torch.save'd file of data only; anything that would construct other objects is refused with the reason."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpoint(f"{path}: holds more than data (tensors, numbers, strings, lists, dicts), so it is not "
+                               f"loaded: {str(e).splitlines()[0]}. A trainforge job never writes such a file; if this "
+                               "checkpoint was written by an older trainforge or by anyone else, remove its directory to "
+                               "resume from the one before") from None
+
+
+# What DCP's .metadata pickle may build: DCP's own metadata classes (plain dataclasses), torch.Size and torch's dtype,
+# layout and memory-format singletons, and the path the writer recorded.
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_METADATA_GLOBALS = {("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+                     ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if "." not in name:
+            if (module, name) in _METADATA_GLOBALS:
+                return super().find_class(module, name)
+            if module in _METADATA_MODULES:
+                found = super().find_class(module, name)
+                if isinstance(found, type) and found.__module__ == module:  # a class defined there, not an import
+                    return found
+            if module == "torch":
+                found = getattr(torch, name, None)
+                if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+                    return found
+        raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in checkpoint metadata")
+
+
+class SafeReader(dcp.FileSystemReader):
+    """DCP's file reader with the metadata read by `_MetadataUnpickler` (tensors it already loads weights_only)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            try:
+                metadata = _MetadataUnpickler(io.BytesIO(stream.read())).load()
+            except pickle.UnpicklingError as e:
+                raise UnsafeCheckpoint(f"{path}: {e}; the checkpoint is not loaded (remove its directory to resume from "
+                                       "the one before)") from None
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 @dataclass
@@ -254,11 +325,13 @@ class CheckpointManager:
         """Restore model and optimizer (resharding as needed); return trainer state and whether RNG was restored."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(checkpoint.path), process_group=self.pg)
+        trainer_state = load_data(checkpoint.path / "trainer.pt")  # first: refuse a bad checkpoint before touching the model
+        reader = SafeReader(checkpoint.path)
+        reader.read_metadata()  # here, not inside DCP's collective: a refusal reaches the user as itself
+        dcp.load(state, storage_reader=reader, process_group=self.pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        trainer_state = torch.load(checkpoint.path / "trainer.pt", weights_only=False)
         rng_file = checkpoint.path / f"rng-rank{self.rank}.pt"
         same_world = json.loads((checkpoint.path / COMMIT_MARKER).read_text())["world_size"] == self.world_size
         if same_world and rng_file.exists():
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(load_data(rng_file))
         return trainer_state, same_world
