@@ -119,7 +119,9 @@ class LustreFileSystem(pulumi.ComponentResource):
                 batch_import_meta_data_on_create=True,
                 s3=aws.fsx.DataRepositoryAssociationS3Args(
                     auto_import_policy=aws.fsx.DataRepositoryAssociationS3AutoImportPolicyArgs(events=ALL_S3_EVENTS) if repo.auto_import else None,
-                    auto_export_policy=aws.fsx.DataRepositoryAssociationS3AutoExportPolicyArgs(events=ALL_S3_EVENTS) if repo.auto_export else None,
+                    # Off means an empty event list, not an absent block: the provider keeps a policy it once set
+                    # when the block is removed (Optional+Computed upstream).
+                    auto_export_policy=aws.fsx.DataRepositoryAssociationS3AutoExportPolicyArgs(events=ALL_S3_EVENTS if repo.auto_export else []),
                 ),
                 tags=named(tags, f"{name}-{repo.bucket}"), opts=child,
             )

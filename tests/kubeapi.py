@@ -33,6 +33,8 @@ from urllib.parse import parse_qs, urlparse
 
 import yaml
 
+from trainforge import selectors
+
 CORE = ("", "v1")
 # (group, version, plural) -> (kind, namespaced)
 SERVED: dict[tuple[str, str, str], tuple[str, bool]] = {
@@ -232,13 +234,16 @@ class KubeApi:
     # The service proxy (/api/v1/namespaces/<ns>/services/<name:port>/proxy/<path>): (ns, "name:port") ->
     # handler(path, query) -> (status, JSON body or text). Tests play Prometheus and MLflow behind it.
     proxies: dict[tuple[str, str], Any] = field(default_factory=dict)
+    policies: Any = None  # admission_policies.AdmissionPolicies over the program's ValidatingAdmissionPolicies
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def holding(cls, manifests: list[dict[str, Any]], identities: dict[str, Identity]) -> KubeApi:
         """An API server holding these objects (those of kinds it serves), authorising `identities` by RBAC over the
         RBAC objects among them (plus the API server's bootstrap roles)."""
-        api = cls(identities=dict(identities), rbac=Rbac([m for m in manifests if m.get("kind") in RBAC_KINDS]))
+        from admission_policies import AdmissionPolicies
+        api = cls(identities=dict(identities), rbac=Rbac([m for m in manifests if m.get("kind") in RBAC_KINDS]),
+                  policies=AdmissionPolicies(manifests))
         served = {(f"{g}/{v}".lstrip("/"), kind) for (g, v, _), (kind, _) in SERVED.items()}
         for manifest in manifests:
             if (manifest.get("apiVersion"), manifest.get("kind")) in served:
@@ -263,6 +268,16 @@ class KubeApi:
 
     def find(self, group: str, version: str, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         return self.objects.get((group, version, plural, namespace, name))
+
+    def admission_denials(self, operation: str, obj: dict[str, Any], group: str, version: str, plural: str) -> list:
+        """What the program's admission policies say of a create or update (after authorisation, as in the server)."""
+        if self.policies is None:
+            return []
+        namespace = obj.get("metadata", {}).get("namespace")
+        ns = self.objects.get(("", "v1", "namespaces", None, namespace)) if namespace else None
+        labels = selectors.namespace_labels(namespace, ns["metadata"].get("labels")) if ns is not None else None
+        return self.policies.denials(operation, obj, group=group, version=version, plural=plural, namespace_labels=labels,
+                                     param=lambda n, name: self.objects.get(("", "v1", "configmaps", n, name)))
 
     def of_kind(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         """In the order they were created."""
@@ -378,6 +393,9 @@ class Handler(BaseHTTPRequestHandler):
                 if key in api.objects:
                     return self._send(409, status(409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists',
                                                   {"name": meta["name"], "kind": plural}))
+                denied = api.admission_denials("CREATE", body, group, version, plural)
+                if denied:
+                    return self._send(denied[0].status, status(denied[0].status, denied[0].reason, str(denied[0]), {"name": meta["name"], "kind": plural}))
                 meta.update(uid=str(uuid.uuid4()), creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                 if not namespaced:
                     meta.pop("namespace")
@@ -396,7 +414,11 @@ class Handler(BaseHTTPRequestHandler):
                                                   "accepted media types include: application/json-patch+json"))
                 if content_type not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                     return self._send(415, status(415, "UnsupportedMediaType", f"the stand-in takes merge patches, not {content_type}"))
-                api.objects[key] = merge_patch(found, body)
+                patched = merge_patch(found, body)
+                denied = api.admission_denials("UPDATE", patched, group, version, plural)
+                if denied:
+                    return self._send(denied[0].status, status(denied[0].status, denied[0].reason, str(denied[0]), {"name": name, "kind": plural}))
+                api.objects[key] = patched
                 return self._send(200, api.objects[key])
             if method == "DELETE":
                 del api.objects[key]

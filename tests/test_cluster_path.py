@@ -259,7 +259,8 @@ FORBIDDEN = {
     "annotate its service account's role": ("PATCH", f"/api/v1/namespaces/{VISION}/serviceaccounts/{contract.TRAINING_SERVICE_ACCOUNT}",
                                             {"metadata": {"annotations": {contract.IRSA_ROLE_ANNOTATION: "arn:aws:iam::1:role/x"}}}),
     "list another team's jobs": ("GET", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{LANGUAGE}/trainjobs", None),
-    "submit into another team": ("POST", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{LANGUAGE}/trainjobs", {"metadata": {"name": "x"}}),
+    "submit into another team": ("POST", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{LANGUAGE}/trainjobs",
+                                 {"metadata": {"name": "x", "labels": {contract.KUEUE_QUEUE_LABEL: contract.queue_name("language")}}}),
     "read another team's settings": ("GET", f"/api/v1/namespaces/{LANGUAGE}/configmaps/{contract.TEAM_SETTINGS_CONFIG_MAP}", None),
     "read another team's queue": ("GET", f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{contract.cluster_queue_name('language')}", None),
     "read another team's sweep database": ("GET", f"/api/v1/namespaces/{LANGUAGE}/secrets/{contract.SWEEP_STORAGE_SECRET}", None),
@@ -311,3 +312,13 @@ def test_a_member_reads_its_teams_sweep_database_and_no_other(cluster, monkeypat
     with pytest.raises(ClusterError) as refused:
         member_cluster.sweep_storage("language")
     assert "forbidden (403)" in str(refused.value)
+
+
+@pytest.mark.parametrize("labels", [{}, {contract.KUEUE_QUEUE_LABEL: contract.queue_name("language")},
+                                    {contract.KUEUE_QUEUE_LABEL: contract.queue_name("vision"), contract.KUEUE_PRIORITY_LABEL: "urgent"}],
+                         ids=["no queue", "another team's queue", "a priority the platform lacks"])
+def test_a_member_cannot_go_round_its_queue(cluster, labels):
+    """RBAC lets a member create TrainJobs; the program's admission policy decides what they may say."""
+    body = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "sneaky", "labels": labels}}
+    assert raw_request(cluster, "vision-token", "POST", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{VISION}/trainjobs", body) == 403
+    assert cluster.api.find("trainer.kubeflow.org", "v1alpha1", "trainjobs", VISION, "sneaky") is None

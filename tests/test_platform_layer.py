@@ -30,7 +30,10 @@ CORE_TYPES = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:ConfigMap", "k
               "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding",
               "kubernetes:apps/v1:Deployment",
               # each team's sweep database
-              "kubernetes:batch/v1:Job"}
+              "kubernetes:batch/v1:Job",
+              # the guardrails over team namespaces
+              "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
+              "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"}
 SECRET_SIG = pulumi.runtime.rpc._special_secret_sig
 SIG_KEY = pulumi.runtime.rpc._special_sig_key
 

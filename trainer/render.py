@@ -15,9 +15,6 @@ from trainforge.trainer.spec import JobSpec
 
 Kind = Literal["trainjob", "pytorchjob"]
 CONTAINER = {"trainjob": contract.TRAINJOB_CONTAINER, "pytorchjob": "pytorch"}  # the container name each controller expects
-FSX_ROOT = contract.FSX_MOUNT_PATH
-
-
 def job_paths(spec: JobSpec) -> dict[str, str]:
     base = f"{contract.fsx_team_dir(spec.team)}/jobs/{spec.name}"
     return {"output_dir": f"{base}/run", "checkpoint_dir": f"{base}/checkpoints"}
@@ -97,24 +94,44 @@ def resources(spec: JobSpec, where: Placement) -> dict[str, Any]:
 
 
 def pod_placement(spec: JobSpec, where: Placement) -> dict[str, Any]:
-    """nodeSelector, affinity, tolerations, service account, volumes: the parts of the pod both kinds share. (The grace
-    period is not here: a TrainJob takes it from its ClusterTrainingRuntime, a PyTorchJob from its pod template.)"""
+    """nodeSelector, affinity, tolerations, service account, identity, volumes: the parts of the pod both kinds share.
+    (The grace period is not here: a TrainJob takes it from its ClusterTrainingRuntime, a PyTorchJob from its pod
+    template.)"""
     affinity = where.node_affinity()
     return {
         "nodeSelector": where.node_selector(),
         **({"affinity": affinity} if affinity else {}),
         "tolerations": where.tolerations(),
         "serviceAccountName": contract.TRAINING_SERVICE_ACCOUNT,
+        "securityContext": pod_identity(spec.team),
         "volumes": [
             # NCCL and DataLoader workers share tensors through /dev/shm; the container default is 64 MiB.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.memory}},
+            # The image's home belongs to its build user; the team's identity gets a home of its own (caches).
+            {"name": "home", "emptyDir": {"sizeLimit": HOME_SIZE}},
             {"name": "fsx", "persistentVolumeClaim": {"claimName": contract.FSX_CLAIM_NAME}},
+            {"name": "datasets", "persistentVolumeClaim": {"claimName": contract.FSX_DATASETS_CLAIM_NAME, "readOnly": True}},
         ],
     }
 
 
-def volume_mounts() -> list[dict[str, str]]:
-    return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "fsx", "mountPath": FSX_ROOT}]
+HOME = "/home/trainforge"
+HOME_SIZE = "20Gi"
+
+
+def pod_identity(team: str) -> dict[str, Any]:
+    """The pod runs as its team's own POSIX identity, the owner of its FSx directory (the admission policy refuses any
+    other); never root."""
+    posix = contract.team_posix_id(team)
+    return {"runAsUser": posix, "runAsGroup": posix, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
+    """The team's directory where the job paths point, the datasets read-only beside it; nothing else of the file
+    system."""
+    return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "home", "mountPath": HOME},
+            {"name": "fsx", "mountPath": contract.fsx_team_dir(spec.team)},
+            {"name": "datasets", "mountPath": contract.FSX_DATASETS_MOUNT, "readOnly": True}]
 
 
 def node_price(spec: JobSpec, where: Placement) -> float | None:
@@ -130,7 +147,7 @@ def node_price(spec: JobSpec, where: Placement) -> float | None:
 
 
 def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
-    out = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team},
+    out = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team}, {"name": "HOME", "value": HOME},
            {"name": "TRAINFORGE_IMAGE", "value": image(spec)}, {"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
            {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.tracking.experiment}]
     if spec.checkpoint.s3_uri:
@@ -193,7 +210,7 @@ def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = N
                     "name": contract.TRAINJOB_REPLICATED_JOB,
                     "template": {"spec": {"template": {
                         "metadata": {"labels": pod_labels(spec, cost_centre)},
-                        "spec": {**placement, "containers": [{"name": CONTAINER["trainjob"], "volumeMounts": volume_mounts()}]},
+                        "spec": {**placement, "containers": [{"name": CONTAINER["trainjob"], "volumeMounts": volume_mounts(spec)}]},
                     }}},
                 }]}}},
             }],
@@ -206,7 +223,7 @@ def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None =
         "metadata": {"labels": pod_labels(spec, cost_centre)},
         "spec": {**pod_placement(spec, where), "terminationGracePeriodSeconds": where.termination_grace_s, "containers": [{
             "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec), "args": args(spec, where), "env": env(spec, where),
-            "resources": resources(spec, where), "volumeMounts": volume_mounts(),
+            "resources": resources(spec, where), "volumeMounts": volume_mounts(spec),
             "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
         }]},
     }

@@ -21,7 +21,7 @@ from trainforge.infra.iam import Role
 from trainforge.infra.layer import AwsLayer
 from trainforge.platform.components.objects import apply, helm_release
 from trainforge.platform.manifests import charts as chart_table
-from trainforge.platform.manifests import budget, kueue, monitoring, storage, tenancy, values
+from trainforge.platform.manifests import budget, guardrails, kueue, monitoring, storage, tenancy, values
 from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.stackconfig import PlatformConfig
 
@@ -114,7 +114,7 @@ class SharedStorage(pulumi.ComponentResource):
         self.objects = [apply(storage.storage_class(), parent=self)]
         for team in cfg.teams:
             for read_only in (False, True):
-                self.objects.append(apply(storage.team_volume(team.name, **fsx_volume(cfg, aws), read_only=read_only), parent=self))
+                self.objects.append(apply(storage.team_volume(team.name, **fsx_volume(cfg, aws), read_only=read_only, datasets_path=cfg.fsx.datasets_path), parent=self))
         self.register_outputs({"storage_class": storage.STORAGE_CLASS})
 
 
@@ -132,9 +132,20 @@ class TeamDirectories(pulumi.ComponentResource):
         super().__init__("trainforge:platform:TeamDirectories", name, None, opts)
         root = [apply(o, parent=self, depends_on=[system, *after]) for o in storage.root_volume(**fsx_volume(cfg, aws))]
         # Its pod needs a system node and the FSx CSI node plugin (system_ready).
-        self.jobs = {team.name: apply(storage.team_directory_job(team.name, image, tenancy.cost_labels(team, cfg.environment)), parent=self, depends_on=[*root, *aws.system_ready])
+        self.jobs = {team.name: apply(storage.team_directory_job(team.name, image, tenancy.cost_labels(team, cfg.environment), cfg.fsx.datasets_path), parent=self, depends_on=[*root, *aws.system_ready])
                      for team in cfg.teams}
         self.register_outputs({"teams": sorted(self.jobs)})
+
+
+class Guardrails(pulumi.ComponentResource):
+    """The admission policies over every team namespace: a team's jobs use its own queue, its pods run as its own
+    identity and mount only its own storage (platform/manifests/guardrails.py)."""
+
+    def __init__(self, name: str, opts: pulumi.ResourceOptions):
+        super().__init__("trainforge:platform:Guardrails", name, None, opts)
+        priority_classes = [c["metadata"]["name"] for c in kueue.workload_priority_classes()]
+        self.objects = [apply(o, parent=self) for o in guardrails.objects(priority_classes)]
+        self.register_outputs({"policies": [guardrails.JOBS_POLICY, guardrails.PODS_POLICY]})
 
 
 class TrackingServer(pulumi.ComponentResource):
@@ -196,6 +207,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     TrainingOperators(f"{name}-training", cfg, charts, default_image, after, opts)
     GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, after, opts)
     cost = CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, after, opts)
+    guard = Guardrails(f"{name}-guardrails", opts)
     directories = TeamDirectories(f"{name}-team-dirs", cfg, aws, default_image, cost.system, shared.objects[:1], opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role, after, opts)
     tracking = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, opts)
@@ -204,7 +216,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking.namespace, tracking.secret])
     for team in cfg.teams:
         Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.outputs["team_role_arns"][team.name], prices_as_of=price_table().as_of,
-                after=[scheduling.release, *shared.objects, directories.jobs[team.name]], database=database, opts=opts)
+                after=[scheduling.release, *shared.objects, *guard.objects, directories.jobs[team.name]], database=database, opts=opts)
     return KubernetesLayer({
         "kubernetes": {
             "namespaces": {"kueue": contract.NAMESPACE_KUEUE, "trainer": contract.NAMESPACE_TRAINER,

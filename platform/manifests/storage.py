@@ -1,16 +1,23 @@
-"""The stack's FSx for Lustre file system in Kubernetes.
+"""The stack's FSx for Lustre file system in Kubernetes, one team's directory per team.
 
-One file system, many namespaces: a PersistentVolume binds exactly one claim, so each team gets its own static PV
-(pre-bound by claimRef to the claim `trainforge-fsx` in its namespace), all on the same file system. The file system
-itself keeps the teams apart by directory (`/fsx/teams/<team>`, where jobs write) and holds the shared datasets
-(`/fsx/datasets`, the S3 data repository). A second, read-only PV per team (`ro` mount) carries the datasets for pods
-that should not be able to write them. The StorageClass has no provisioner: a claim can never create a new (costly)
-file system by accident; it binds only the PVs made here.
+One file system, many namespaces, no team able to reach another's files:
+- A team's read-write PV (pre-bound to the claim `trainforge-fsx` in its namespace) mounts only the file system's
+  `teams/<team>` directory (a Lustre fileset mount: `<dns>@tcp:/<mountname>/teams/<team>`). Pods see it at
+  `/fsx/teams/<team>`; nothing above it is reachable from a team pod (mounting needs CAP_SYS_ADMIN, which Pod Security
+  `baseline` forbids).
+- Its read-only PV (`trainforge-datasets`) mounts only the data repository's directory, with `ro`, at `/fsx/datasets`.
+  The association does not export (stack config refuses it for the datasets bucket): no path leads from a job to the
+  bucket.
+- The directory belongs to the team's own POSIX identity (`contract.team_posix_id`), mode 0770, and team pods are
+  admitted only as that identity (platform/manifests/guardrails.py): a second lock if a mount were ever wrong.
+Each PV has its own volumeHandle: the kubelet names a CSI volume by driver and handle, and two PVs of one handle in a
+pod would be taken for one volume (aws-fsx-csi-driver issue #328); the driver reads only dnsname/mountname.
 
-A new Lustre file system has only a root-owned `/`; pods run as uid 1000 and could not create their team's directory.
-So the platform mounts the root once more, in its own namespace (claim `trainforge-fsx-root`), and runs a Job per team that creates
-`/fsx/teams/<team>` and gives it to the runtime's uid/gid, mode 0770 (idempotent: a re-run changes nothing). The
-team's queue is created after its Job completes, so no job of the team can start before its directory exists.
+A new Lustre file system has only a root-owned `/`. So the platform mounts the root once more, in its own namespace
+(claim `trainforge-fsx-root`), and runs a Job per team that creates `teams/<team>` for the team's identity and the
+datasets directory (idempotent: a re-run changes nothing). The team's queue and access are created after its Job
+completes, so no job of the team can start before its directory exists. The StorageClass has no provisioner: a claim
+can never create a new (costly) file system by accident; it binds only the PVs made here.
 """
 
 from __future__ import annotations
@@ -61,17 +68,20 @@ def root_volume(*, file_system_id: Any, dns_name: Any, mount_name: Any, capacity
     return [pv, claim]
 
 
-def team_directory_script(team: str) -> str:
-    """Create the team's directory and give it to the runtime's identity; safe to run again."""
-    path = contract.fsx_team_dir(team)
-    return (f'set -eu\nmkdir -p "{path}"\nchown {contract.RUNTIME_UID}:{contract.RUNTIME_GID} "{path}"\n'
+def team_directory_script(team: str, datasets_path: str) -> str:
+    """Create the team's directory for the team's identity (and the datasets directory its read-only PV mounts, the
+    root's); safe to run again."""
+    mount = contract.FSX_MOUNT_PATH
+    path = f"{mount}/{contract.FSX_TEAMS_DIR}/{team}"
+    posix = contract.team_posix_id(team)
+    return (f'set -eu\nmkdir -p "{mount}{datasets_path}"\nmkdir -p "{path}"\nchown {posix}:{posix} "{path}"\n'
             f'chmod 0770 "{path}"\n')
 
 
-def team_directory_job(team: str, image: Any, labels: dict[str, str]) -> dict[str, Any]:
+def team_directory_job(team: str, image: Any, labels: dict[str, str], datasets_path: str) -> dict[str, Any]:
     """One Job per team (adding a team adds only its own), root only as far as chown needs: every capability dropped
     but CHOWN, FOWNER and DAC_OVERRIDE. `labels`: the team's cost labels (the Job's pod runs on the team's account)."""
-    container = {"name": "mkdir", "image": image, "command": ["sh", "-c", team_directory_script(team)],
+    container = {"name": "mkdir", "image": image, "command": ["sh", "-c", team_directory_script(team, datasets_path)],
                  "volumeMounts": [{"name": "fsx", "mountPath": contract.FSX_MOUNT_PATH}],
                  "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
                  "securityContext": {"runAsUser": 0, "runAsGroup": 0, "allowPrivilegeEscalation": False,
@@ -83,8 +93,11 @@ def team_directory_job(team: str, image: Any, labels: dict[str, str]) -> dict[st
                 "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": ROOT_CLAIM}}]}}}}
 
 
-def team_volume(team: str, *, file_system_id: Any, dns_name: Any, mount_name: Any, capacity_gib: int, read_only: bool) -> dict[str, Any]:
+def team_volume(team: str, *, file_system_id: Any, dns_name: Any, mount_name: Any, capacity_gib: int, read_only: bool,
+                datasets_path: str) -> dict[str, Any]:
+    """The team's directory (read-write) or the datasets (read-only), each a fileset of the one file system."""
     claim = contract.FSX_DATASETS_CLAIM_NAME if read_only else contract.FSX_CLAIM_NAME
+    directory = datasets_path if read_only else f"/{contract.FSX_TEAMS_DIR}/{team}"
     return {
         "apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": f"{claim}-{team}", "labels": {contract.LABEL_TEAM: team}},
@@ -95,7 +108,14 @@ def team_volume(team: str, *, file_system_id: Any, dns_name: Any, mount_name: An
             "storageClassName": STORAGE_CLASS,
             "mountOptions": ["flock", "ro"] if read_only else ["flock"],
             "claimRef": {"namespace": contract.namespace_name(team), "name": claim},
-            "csi": {"driver": CSI_DRIVER, "volumeHandle": file_system_id, "readOnly": read_only,
-                    "volumeAttributes": {"dnsname": dns_name, "mountname": mount_name}},
+            "csi": {"driver": CSI_DRIVER, "volumeHandle": _join(file_system_id, f"::{claim}-{team}"), "readOnly": read_only,
+                    "volumeAttributes": {"dnsname": dns_name, "mountname": _join(mount_name, directory)}},
         },
     }
+
+
+def _join(output: Any, suffix: str) -> Any:
+    """`output` + `suffix`, for a plain string (tests, plan) or a Pulumi output alike."""
+    if isinstance(output, str):
+        return output + suffix
+    return output.apply(lambda value: f"{value}{suffix}")

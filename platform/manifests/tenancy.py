@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainforge import contract, kueue
-from trainforge.platform.manifests import storage
+from trainforge.platform.manifests import guardrails, storage
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 TEAM_LABEL = contract.LABEL_TEAM
@@ -152,7 +152,10 @@ def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str) -> dict[s
     """What the CLI needs of the team without the stack file (the budget controller adds spent / as-of)."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(SETTINGS_CONFIG_MAP, team, cfg.environment),
             "data": {"team": team.name, "cost_centre": team.cost_centre, contract.SETTING_BUDGET_USD: f"{team.monthly_budget_usd:.2f}",
-                     "region": cfg.region, "prices_as_of": prices_as_of, "queue": contract.queue_name(team.name)}}
+                     "region": cfg.region, "prices_as_of": prices_as_of, guardrails.PARAM_QUEUE: contract.queue_name(team.name),
+                     # The team's POSIX identity: its pods run as it and its FSx directory belongs to it (admission
+                     # policy params, platform/manifests/guardrails.py).
+                     guardrails.PARAM_UID: str(contract.team_posix_id(team.name)), guardrails.PARAM_GID: str(contract.team_posix_id(team.name))}}
 
 
 def claims(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:

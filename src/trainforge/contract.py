@@ -58,13 +58,34 @@ RESOURCE_EFA = "vpc.amazonaws.com/efa"
 FSX_CLAIM_NAME = "trainforge-fsx"  # read-write, in every team namespace
 FSX_DATASETS_CLAIM_NAME = "trainforge-datasets"  # the same file system, mounted read-only
 FSX_MOUNT_PATH = "/fsx"
-# The identity the runtime image runs as (Dockerfile: USER 1000:1000); a team's FSx directory belongs to it.
+# The identity the runtime image is built with (Dockerfile: USER 1000:1000), what local jobs run as. On the cluster
+# every team runs as its own identity (team_posix_id), enforced at admission.
 RUNTIME_UID = RUNTIME_GID = 1000
+# Team identities: above every distribution's system and first-user ranges, below 2^31 (Lustre and the kubelet take
+# any uid_t, the API server an int64; 2^31 keeps it safe for every tool that reads a signed 32-bit id).
+TEAM_POSIX_ID_BASE = 1_000_000
+TEAM_POSIX_ID_SPAN = 1_000_000_000
+
+
+def team_posix_id(team: str) -> int:
+    """The uid (and gid) every pod of `team` runs as and its FSx directory belongs to. Derived from the name alone, so
+    the CLI, the platform and the admission policy agree without a lookup and a team keeps it across re-creation; two
+    teams of one stack that collide are refused by the stack config (odds about 1 in 10^7 for 100 teams)."""
+    import hashlib
+    digest = int.from_bytes(hashlib.sha256(f"trainforge-team:{team}".encode()).digest()[:8], "big")
+    return TEAM_POSIX_ID_BASE + digest % TEAM_POSIX_ID_SPAN
+
+
+FSX_TEAMS_DIR = "teams"  # under the file system's root
+FSX_DATASETS_DIR = "datasets"  # where pods see the data repository: /fsx/datasets, read-only
 
 
 def fsx_team_dir(team: str) -> str:
-    """Where a team's jobs write on the shared file system (created and owned per team by the platform)."""
-    return f"{FSX_MOUNT_PATH}/teams/{team}"
+    """Where a team's jobs write, as pods see it: the team's PV mounts only this directory of the file system."""
+    return f"{FSX_MOUNT_PATH}/{FSX_TEAMS_DIR}/{team}"
+
+
+FSX_DATASETS_MOUNT = f"{FSX_MOUNT_PATH}/{FSX_DATASETS_DIR}"
 
 
 # Cost-allocation tag keys (AWS tags on every resource; Kubernetes labels on team objects)

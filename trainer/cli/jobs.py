@@ -14,6 +14,15 @@ from trainforge.trainer.cli.common import DEFAULT_STACK, BackendName, Kind, Outp
 TEAM_HELP = "kubernetes: the job's team (its namespace)"
 
 
+def _valid_spend(value: Optional[float]) -> Optional[float]:
+    """A spend is a finite amount of USD, zero or more: nan or -1e9 would make every budget look unspent."""
+    import math
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise typer.BadParameter(f"{value} is not an amount spent. Fix: USD this month, 0 or more (e.g. --spent 1250.50), "
+                                 "or leave it out to use the recorded figure")
+    return value
+
+
 def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
            kind: Kind = typer.Option(Kind.trainjob, "--kind", help="TrainJob (Kubeflow Trainer v2) or PyTorchJob (training-operator v1)"),
            stack: Optional[Path] = typer.Option(None, help="stack file: place the job on what the stack has, label its cost centre"),
@@ -32,7 +41,7 @@ def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
 
 def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
           stack: Path = typer.Option(DEFAULT_STACK, help="the environment's stack file (team quotas, budgets, region)"),
-          spent: Optional[float] = typer.Option(None, help="what the team has spent this month, USD (default: local jobs' cost, "
+          spent: Optional[float] = typer.Option(None, callback=_valid_spend, help="what the team has spent this month, USD (default: local jobs' cost, "
                                                 "or with --backend kubernetes the cluster's figure)"),
           backend_name: BackendName = typer.Option(BackendName.local, "--backend", help="kubernetes: the team's spend and budget "
                                                    "as the cluster's budget controller last recorded them"),
@@ -78,7 +87,7 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
            kind: Kind = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob or PyTorchJob"),
            context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
            stack: Optional[Path] = typer.Option(None, help="stack file: quota, cost limit and budget are checked first (required for kubernetes)"),
-           spent: Optional[float] = typer.Option(None, help="team spend this month in USD (default: the cluster's figure on "
+           spent: Optional[float] = typer.Option(None, callback=_valid_spend, help="team spend this month in USD (default: the cluster's figure on "
                                                  "kubernetes, local jobs' cost this month otherwise)")) -> None:
     """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
     from trainforge.errors import TrainforgeError

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from trainforge import catalog
+from trainforge import catalog, contract
 from trainforge.contract import Flavour
 from trainforge.stackconfig.fields import DNS_LABEL, IAM_PRINCIPAL_ARN, TAG_VALUE, StrictModel as _Model
 
@@ -284,7 +284,20 @@ class DataRepositoryConfig(_Model):
     prefix: str = Field("", pattern=r"^[A-Za-z0-9!_.*'()/-]*$", description="key prefix inside the bucket")
     file_system_path: str = Field("/datasets", pattern=r"^/[A-Za-z0-9_./-]*$")
     auto_import: bool = True
-    auto_export: bool = True
+    auto_export: bool = Field(False, description="FSx writes changes back to the bucket; never for `datasets`, which teams "
+                                                 "may only read")
+
+    @model_validator(mode="after")
+    def _datasets_read_only(self) -> DataRepositoryConfig:
+        if self.bucket == "datasets" and self.auto_export:
+            raise ValueError("auto_export: the datasets bucket is read-only to teams; exporting from FSx would let any job "
+                             "that can write the file system change or delete it. Fix: remove auto_export (load datasets "
+                             "into the bucket, FSx imports them)")
+        parts = [p for p in self.file_system_path.split("/") if p]
+        if not parts or parts[0] == contract.FSX_TEAMS_DIR or ".." in parts:
+            raise ValueError(f"file_system_path: {self.file_system_path!r} would put the repository over the teams' directories "
+                             f"(/{contract.FSX_TEAMS_DIR}/<team>). Fix: a directory of its own, e.g. /datasets")
+        return self
 
 
 class FsxConfig(_Model):
@@ -293,6 +306,13 @@ class FsxConfig(_Model):
     per_unit_storage_throughput: int | None = Field(None, description="MB/s per TiB; persistent types only")
     data_repository: DataRepositoryConfig | None = None
     backup_retention_days: int | None = Field(None, ge=0, le=90, description="daily automatic backups kept; PERSISTENT only, default 7")
+
+    @property
+    def datasets_path(self) -> str:
+        """The file system's directory teams read datasets from (mounted read-only at /fsx/datasets)."""
+        if self.data_repository is not None and self.data_repository.bucket == "datasets":
+            return self.data_repository.file_system_path.rstrip("/")
+        return f"/{contract.FSX_DATASETS_DIR}"
 
     @field_validator("storage_capacity_gib")
     @classmethod

@@ -11,6 +11,7 @@ from collections import Counter
 
 from pydantic import Field, field_validator, model_validator
 
+from trainforge import contract
 from trainforge.contract import Flavour
 from trainforge.stackconfig.aws import (MAX_AZS, BucketsConfig, ClusterConfig, FsxConfig, NetworkConfig, NodeGroupConfig,
                                         TagsConfig)
@@ -93,6 +94,12 @@ class PlatformConfig(_Model):
         dupes = [n for n, c in Counter(t.name for t in self.teams).items() if c > 1]
         if dupes:
             out.append(f"teams: names {dupes} are used twice (a team is a namespace). Fix: give every team its own name")
+        ids: dict[int, str] = {}
+        for i, team in enumerate(self.teams):
+            posix_id = contract.team_posix_id(team.name)
+            if ids.setdefault(posix_id, team.name) != team.name:
+                out.append(f"teams[{i}].name: {team.name!r} has the same POSIX id ({posix_id}) as team {ids[posix_id]!r}: "
+                           "they could read each other's files. Fix: rename one of them")
         # Each principal gets exactly one EKS access entry: a second one for the same principal fails the deploy (409).
         seen: dict[str, str] = {}
         for i, team in enumerate(self.teams):

@@ -1,0 +1,116 @@
+"""What a team may run, enforced by the API server: ValidatingAdmissionPolicies over every team namespace.
+
+RBAC decides which objects a member may create; these decide what those objects may say, for the objects members
+create (TrainJobs, PyTorchJobs) and for the pods the operators create from them:
+- `trainforge-team-jobs`: a job names its own team's LocalQueue (Kueue also suspends a queue-less job in a team
+  namespace, `manageJobsWithoutQueueName`; this refuses it outright, with the fix) and a priority class the platform
+  defines.
+- `trainforge-team-pods`: a pod runs as its team's POSIX identity (the owner of its FSx directory) and never as root,
+  mounts only its namespace's FSx claims and the kinds of volume a job needs (no CSI inline, hostPath, NFS, other
+  claims). (Keeping CPU-only team pods off the system nodes needs a tenant CPU node group first: not yet.)
+
+The team's facts come from its settings ConfigMap (`paramRef` without a namespace: the admitted object's own
+namespace), which members can read but not write. No ConfigMap, no admission (`parameterNotFoundAction: Deny`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainforge import contract
+
+API = "admissionregistration.k8s.io/v1"
+JOBS_POLICY = "trainforge-team-jobs"
+PODS_POLICY = "trainforge-team-pods"
+# Keys of the team's settings ConfigMap the policies read.
+PARAM_UID, PARAM_GID, PARAM_QUEUE = "uid", "gid", "queue"
+# Volumes a training pod may use besides its FSx claims: scratch, config and the service account's projected token.
+ALLOWED_VOLUME_KINDS = ("emptyDir", "configMap", "secret", "projected", "downwardAPI")
+ALLOWED_CLAIMS = (contract.FSX_CLAIM_NAME, contract.FSX_DATASETS_CLAIM_NAME)
+CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def team_namespaces() -> dict[str, Any]:
+    return {"matchExpressions": [{"key": contract.LABEL_TEAM, "operator": "Exists"}]}
+
+
+def _quoted(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _label(key: str) -> str:
+    return f"object.metadata.labels['{key}']"
+
+
+def _has_label(key: str) -> str:
+    return f"has(object.metadata.labels) && '{key}' in object.metadata.labels"
+
+
+def job_validations(priority_classes: list[str]) -> list[dict[str, str]]:
+    queue, priority = contract.KUEUE_QUEUE_LABEL, contract.KUEUE_PRIORITY_LABEL
+    return [
+        {"expression": f"{_has_label(queue)} && {_label(queue)} == params.data.{PARAM_QUEUE}",
+         "message": f"a job in a team namespace must carry the label {queue} naming the team's own LocalQueue (quota, "
+                    "fair sharing and the budget hold apply through it). Fix: submit with `trainforge submit`, or set "
+                    f"the label to the `{PARAM_QUEUE}` value of ConfigMap {contract.TEAM_SETTINGS_CONFIG_MAP}",
+         "reason": "Forbidden"},
+        {"expression": f"!({_has_label(priority)}) || {_label(priority)} in {_quoted(priority_classes)}",
+         "message": f"{priority} must be one of {', '.join(priority_classes)}. Fix: use the job spec's `priority`",
+         "reason": "Forbidden"},
+    ]
+
+
+def _every_container(condition: str) -> str:
+    """`condition` (over `c`) for every container, init and ephemeral container of the pod."""
+    return " && ".join(f"(!has(object.spec.{field}) || object.spec.{field}.all(c, {condition}))" for field in CONTAINER_LISTS)
+
+
+def _identity(field: str, param: str) -> str:
+    """The pod sets `field` to the team's id, and no container overrides it with another."""
+    pod = "object.spec.securityContext"
+    return (f"has({pod}) && has({pod}.{field}) && {pod}.{field} == int(params.data.{param}) && "
+            + _every_container(f"!has(c.securityContext) || !has(c.securityContext.{field}) || "
+                               f"c.securityContext.{field} == int(params.data.{param})"))
+
+
+def pod_validations() -> list[dict[str, str]]:
+    pod = "object.spec.securityContext"
+    volume_ok = " || ".join([f"has(v.{kind})" for kind in ALLOWED_VOLUME_KINDS]
+                            + [f"(has(v.persistentVolumeClaim) && v.persistentVolumeClaim.claimName in {_quoted(ALLOWED_CLAIMS)})"])
+    return [
+        {"expression": _identity("runAsUser", PARAM_UID),
+         "message": "pods in a team namespace run as the team's uid (the owner of its FSx directory), set in the pod's "
+                    f"securityContext and not overridden by a container. Fix: submit with `trainforge submit`; the uid is "
+                    f"the `{PARAM_UID}` value of ConfigMap {contract.TEAM_SETTINGS_CONFIG_MAP}"},
+        {"expression": _identity("runAsGroup", PARAM_GID),
+         "message": f"pods in a team namespace run with the team's gid (the `{PARAM_GID}` value of ConfigMap "
+                    f"{contract.TEAM_SETTINGS_CONFIG_MAP}). Fix: submit with `trainforge submit`"},
+        {"expression": f"!has({pod}) || ((!has({pod}.fsGroup) || {pod}.fsGroup == int(params.data.{PARAM_GID})) && "
+                       f"(!has({pod}.supplementalGroups) || {pod}.supplementalGroups.all(g, g == int(params.data.{PARAM_GID}))))",
+         "message": "a team's pod may join no group but its team's (fsGroup, supplementalGroups)"},
+        {"expression": f"!has(object.spec.volumes) || object.spec.volumes.all(v, {volume_ok})",
+         "message": f"a team's pod may mount only its namespace's FSx claims ({', '.join(ALLOWED_CLAIMS)}) and "
+                    f"{', '.join(ALLOWED_VOLUME_KINDS)} volumes"},
+    ]
+
+
+def policy(name: str, rules: list[dict[str, Any]], validations: list[dict[str, str]]) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "ValidatingAdmissionPolicy", "metadata": {"name": name},
+            "spec": {"failurePolicy": "Fail", "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+                     "matchConstraints": {"resourceRules": rules, "namespaceSelector": team_namespaces()},
+                     "validations": validations}}
+
+
+def binding(name: str) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"],
+                     "paramRef": {"name": contract.TEAM_SETTINGS_CONFIG_MAP, "parameterNotFoundAction": "Deny"},
+                     "matchResources": {"namespaceSelector": team_namespaces()}}}
+
+
+def objects(priority_classes: list[str]) -> list[dict[str, Any]]:
+    jobs = [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["trainjobs"]},
+            {"apiGroups": ["kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["pytorchjobs"]}]
+    pods = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
+    return [policy(JOBS_POLICY, jobs, job_validations(priority_classes)), binding(JOBS_POLICY),
+            policy(PODS_POLICY, pods, pod_validations()), binding(PODS_POLICY)]

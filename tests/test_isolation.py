@@ -1,0 +1,272 @@
+"""Teams cannot reach each other's files or go round their queue — over the objects the program creates, every stack.
+
+- Storage: a team's PVs mount only its own directory of the file system (read-write) and the datasets (read-only);
+  no PV bound to a team mounts the root; the data repository never exports back to the datasets bucket.
+- Identity: the pods the operators would build from a rendered job run as the team's own uid/gid; the program's
+  admission policies (their CEL evaluated by cel-python, tests/admission_policies.py) admit them in their team's
+  namespace and refuse them in another's, and refuse every way a job author could try to change identity or storage.
+- Queues: the policies refuse a job that leaves out its team's LocalQueue or names another; Kueue also manages
+  queue-less jobs in team namespaces.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from admission_policies import AdmissionPolicies
+from conftest import REPO
+from test_platform_layer import kubernetes_objects, manifest, releases
+from test_spec import SPECS
+
+from trainforge import contract, k8s_schema, selectors
+from trainforge.platform.manifests import guardrails
+from trainforge.trainer.placement import decide
+from trainforge.trainer.render import job_paths, render
+from trainforge.trainer.spec import load_spec
+
+TRAINJOBS = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+PYTORCHJOBS = ("kubeflow.org", "v1", "pytorchjobs")
+PODS = ("", "v1", "pods")
+
+
+class Program:
+    """The program's Kubernetes objects, and the API server's admission decision over its policies."""
+
+    def __init__(self, evaluation):
+        self.objects = [manifest(r) for r in kubernetes_objects(evaluation)]
+        self.policies = AdmissionPolicies(self.objects)
+
+    def one(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        (found,) = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name
+                    and o["metadata"].get("namespace") == namespace]
+        return found
+
+    def namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        found = [o for o in self.objects if o["kind"] == "Namespace" and o["metadata"]["name"] == namespace]
+        return selectors.namespace_labels(namespace, found[0]["metadata"].get("labels")) if found else None
+
+    def param(self, namespace: str, name: str) -> dict | None:
+        found = [o for o in self.objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name
+                 and o["metadata"].get("namespace") == namespace]
+        return found[0] if found else None
+
+    def denials(self, obj: dict, resource: tuple[str, str, str], operation: str = "CREATE") -> list[str]:
+        group, version, plural = resource
+        found = self.policies.denials(operation, obj, group=group, version=version, plural=plural,
+                                      namespace_labels=self.namespace_labels(obj["metadata"]["namespace"]), param=self.param)
+        return [d.message for d in found]
+
+    def pods(self, job: dict) -> list[dict]:
+        """The pods the Trainer (over the program's ClusterTrainingRuntime) or the training operator would create."""
+        runtime = None
+        if job["kind"] == "TrainJob":
+            runtime = self.one("ClusterTrainingRuntime", job["spec"]["runtimeRef"]["name"])
+        return [{"apiVersion": "v1", "kind": "Pod", "metadata": {**template.get("metadata", {}), "name": f"{job['metadata']['name']}-{name}",
+                                                                 "namespace": job["metadata"]["namespace"]},
+                 "spec": template["spec"]} for name, template in k8s_schema.pod_templates(job, runtime).items()]
+
+
+@pytest.fixture
+def program(stack):
+    evaluation, cfg = stack
+    return Program(evaluation), cfg
+
+
+def rendered(cfg, team: str, path=REPO / "examples" / "quickstart.yaml", kind: str = "trainjob") -> dict:
+    spec = load_spec(path).model_copy(update={"team": team})
+    return render(spec, decide(spec, cfg), kind)
+
+
+def in_namespace(obj: dict, namespace: str) -> dict:
+    moved = copy.deepcopy(obj)
+    moved["metadata"]["namespace"] = namespace
+    return moved
+
+
+# ---- storage ----------------------------------------------------------------------------------------------------
+
+def test_each_team_mounts_only_its_own_directory_and_the_datasets_read_only(program):
+    prog, cfg = program
+    pvs = [o for o in prog.objects if o["kind"] == "PersistentVolume"]
+    root = next(pv for pv in pvs if pv["metadata"]["name"] == "trainforge-fsx-root")["spec"]["csi"]
+    handles = [pv["spec"]["csi"]["volumeHandle"] for pv in pvs]
+    assert len(handles) == len(set(handles)), "two PVs with one handle are one volume to the kubelet"
+    for team in cfg.teams:
+        namespace = contract.namespace_name(team.name)
+        bound = {pv["spec"]["claimRef"]["name"]: pv["spec"] for pv in pvs if pv["spec"]["claimRef"]["namespace"] == namespace}
+        assert set(bound) == {contract.FSX_CLAIM_NAME, contract.FSX_DATASETS_CLAIM_NAME}
+        own, datasets = bound[contract.FSX_CLAIM_NAME], bound[contract.FSX_DATASETS_CLAIM_NAME]
+        assert own["csi"]["volumeAttributes"]["mountname"] == f"{root['volumeAttributes']['mountname']}/teams/{team.name}"
+        assert datasets["csi"]["volumeAttributes"]["mountname"] == root["volumeAttributes"]["mountname"] + cfg.fsx.datasets_path
+        assert datasets["csi"]["readOnly"] is True and "ro" in datasets["mountOptions"] and datasets["accessModes"] == ["ReadOnlyMany"]
+        for spec in (own, datasets):
+            assert spec["csi"]["volumeAttributes"]["dnsname"] == root["volumeAttributes"]["dnsname"]
+        # A rendered job of the team writes only under its mounted directory and reads datasets read-only.
+        for kind in ("trainjob", "pytorchjob"):
+            for pod in prog.pods(in_namespace(rendered(cfg, team.name, kind=kind), namespace)):
+                claims = {v["name"]: v["persistentVolumeClaim"] for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v}
+                for container in pod["spec"]["containers"]:
+                    mounts = {m["mountPath"]: m for m in container["volumeMounts"] if m["name"] in claims}
+                    assert {p: claims[m["name"]]["claimName"] for p, m in mounts.items()} == {
+                        contract.fsx_team_dir(team.name): contract.FSX_CLAIM_NAME, contract.FSX_DATASETS_MOUNT: contract.FSX_DATASETS_CLAIM_NAME}
+                    assert mounts[contract.FSX_DATASETS_MOUNT]["readOnly"] is True
+        spec = load_spec(REPO / "examples" / "quickstart.yaml").model_copy(update={"team": team.name})
+        assert all(p.startswith(contract.fsx_team_dir(team.name) + "/") for p in job_paths(spec).values())
+
+
+def test_the_data_repository_never_writes_the_datasets_bucket(stack):
+    evaluation, cfg = stack
+    for dra in evaluation.of_type("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation"):
+        assert dra.inputs["s3"]["autoExportPolicy"]["events"] == []
+        assert dra.inputs["fileSystemPath"] == cfg.fsx.datasets_path
+
+
+# ---- identity ----------------------------------------------------------------------------------------------------
+
+def test_every_team_has_its_own_identity_in_its_settings(program):
+    prog, cfg = program
+    ids = {}
+    for team in cfg.teams:
+        data = prog.param(contract.namespace_name(team.name), contract.TEAM_SETTINGS_CONFIG_MAP)["data"]
+        assert data[guardrails.PARAM_UID] == data[guardrails.PARAM_GID] == str(contract.team_posix_id(team.name))
+        assert int(data[guardrails.PARAM_UID]) not in (0, contract.RUNTIME_UID)
+        ids[team.name] = data[guardrails.PARAM_UID]
+    assert len(set(ids.values())) == len(ids)
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_rendered_pods_are_admitted_in_their_own_namespace_and_no_other(program, path, kind):
+    prog, cfg = program
+    if len(cfg.teams) < 2:
+        pytest.skip("one team")
+    for team, other in zip(cfg.teams, cfg.teams[1:] + cfg.teams[:1]):
+        job = in_namespace(rendered(cfg, team.name, path, kind), contract.namespace_name(team.name))
+        assert prog.denials(job, TRAINJOBS if kind == "trainjob" else PYTORCHJOBS) == []
+        for pod in prog.pods(job):
+            assert pod["spec"]["securityContext"]["runAsUser"] == contract.team_posix_id(team.name)
+            assert prog.denials(pod, PODS) == [], pod["metadata"]["name"]
+            elsewhere = prog.denials(in_namespace(pod, contract.namespace_name(other.name)), PODS)
+            assert any("team's uid" in m for m in elsewhere), f"{team.name}'s pod would run as itself in {other.name}'s namespace"
+
+
+def _trainjob_pod(prog, cfg) -> dict:
+    team = cfg.teams[0].name
+    (pod, *_) = prog.pods(in_namespace(rendered(cfg, team), contract.namespace_name(team)))
+    return pod
+
+
+TAMPERING = {
+    "run as root": lambda pod: pod["spec"]["securityContext"].update(runAsUser=0),
+    "no security context": lambda pod: pod["spec"].pop("securityContext"),
+    "a container runs as another uid": lambda pod: pod["spec"]["containers"][0].update(securityContext={"runAsUser": 1000}),
+    "an init container runs as root": lambda pod: pod["spec"].update(initContainers=[{"name": "x", "image": "busybox", "securityContext": {"runAsUser": 0}}]),
+    "another group": lambda pod: pod["spec"]["securityContext"].update(runAsGroup=1000),
+    "a supplemental group": lambda pod: pod["spec"]["securityContext"].update(supplementalGroups=[1000]),
+    "another fsGroup": lambda pod: pod["spec"]["securityContext"].update(fsGroup=0),
+    "hostPath": lambda pod: pod["spec"]["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+    "an inline CSI volume": lambda pod: pod["spec"]["volumes"].append({"name": "c", "csi": {"driver": "fsx.csi.aws.com"}}),
+    "NFS": lambda pod: pod["spec"]["volumes"].append({"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}),
+    "another claim": lambda pod: pod["spec"]["volumes"].append({"name": "o", "persistentVolumeClaim": {"claimName": "someone-elses"}}),
+    "an ephemeral claim": lambda pod: pod["spec"]["volumes"].append({"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}),
+}
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPERING))
+def test_the_pod_policy_refuses_what_a_job_author_could_try(program, tamper):
+    prog, cfg = program
+    pod = _trainjob_pod(prog, cfg)
+    assert prog.denials(pod, PODS) == []
+    TAMPERING[tamper](pod)
+    refused = prog.denials(pod, PODS)
+    assert refused, f"admitted: {tamper}"
+    assert not any(m.startswith("expression error") for m in refused), refused  # refused by the rule, not by accident
+
+
+def test_no_settings_no_admission(program):
+    prog, cfg = program
+    pod = _trainjob_pod(prog, cfg)
+    prog.objects = [o for o in prog.objects if not (o["kind"] == "ConfigMap" and o["metadata"]["name"] == contract.TEAM_SETTINGS_CONFIG_MAP)]
+    assert any("failed to find params" in m for m in prog.denials(pod, PODS))
+
+
+def test_the_policies_cover_every_team_namespace_and_no_platform_one(program):
+    prog, cfg = program
+    pod = _trainjob_pod(prog, cfg)
+    pod["spec"]["securityContext"]["runAsUser"] = 0
+    for namespace in [o["metadata"]["name"] for o in prog.objects if o["kind"] == "Namespace"]:
+        is_team = namespace in {contract.namespace_name(t.name) for t in cfg.teams}
+        assert bool(prog.denials(in_namespace(pod, namespace), PODS)) == is_team, namespace
+
+
+# ---- queues -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+def test_a_job_must_name_its_own_teams_queue(program, kind):
+    prog, cfg = program
+    resource = TRAINJOBS if kind == "trainjob" else PYTORCHJOBS
+    for team in cfg.teams:
+        job = in_namespace(rendered(cfg, team.name, kind=kind), contract.namespace_name(team.name))
+        assert prog.denials(job, resource) == []
+        assert prog.denials(job, resource, "UPDATE") == []
+        labels = job["metadata"]["labels"]
+        for change in ({contract.KUEUE_QUEUE_LABEL: None}, {contract.KUEUE_QUEUE_LABEL: "default"},
+                       *({contract.KUEUE_QUEUE_LABEL: contract.queue_name(o.name)} for o in cfg.teams if o is not team),
+                       {contract.KUEUE_PRIORITY_LABEL: "urgent"}):
+            changed = copy.deepcopy(job)
+            for key, value in change.items():
+                changed["metadata"]["labels"].pop(key) if value is None else changed["metadata"]["labels"].update({key: value})
+            refused = prog.denials(changed, resource)
+            assert refused and not any(m.startswith("expression error") for m in refused), (change, refused, labels)
+
+
+def test_kueue_manages_queue_less_jobs_in_every_team_namespace(stack):
+    evaluation, cfg = stack
+    values = yaml.safe_load(releases(evaluation)["kueue"]["values"]["managerConfig"]["controllerManagerConfigYaml"])
+    assert values["manageJobsWithoutQueueName"] is True
+    prog = Program(evaluation)
+    for team in cfg.teams:
+        assert selectors.matches(values["managedJobsNamespaceSelector"], prog.namespace_labels(contract.namespace_name(team.name)))
+
+
+# ---- bad inputs that would cross a line -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["check", "submit"])
+@pytest.mark.parametrize("spent", ["nan", "-1e9", "inf"])
+def test_a_spend_that_is_not_an_amount_is_refused(tmp_path, command, spent):
+    import os
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", command, str(REPO / "examples" / "quickstart.yaml"),
+                             "--spent", spent], capture_output=True, text=True, env={**os.environ, "TRAINFORGE_HOME": str(tmp_path), "COLUMNS": "300"}, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--spent" in result.stderr and "Fix: USD this month, 0 or more" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir()), "nothing submitted"
+
+
+def _raw(name: str) -> dict:
+    from trainforge.stackconfig import CONFIG_KEY, read_stack_file
+    return copy.deepcopy(read_stack_file(REPO / "stacks" / f"Pulumi.{name}.yaml").config[CONFIG_KEY])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"auto_export": True}, r"fsx\.data_repository.*auto_export: the datasets bucket is read-only to teams"),
+    ({"file_system_path": "/"}, r"file_system_path: '/' would put the repository over the teams' directories"),
+    ({"file_system_path": "/teams/vision"}, r"over the teams' directories"),
+])
+def test_a_data_repository_that_would_let_teams_write_or_reach_others_is_refused(change, message):
+    from trainforge.stackconfig import ConfigError, parse
+    raw = _raw("dev")
+    raw["fsx"]["data_repository"].update(change)
+    with pytest.raises(ConfigError, match=message):
+        parse(raw, environment="dev", source="Pulumi.dev.yaml")
+
+
+def test_two_teams_with_one_posix_id_are_refused(monkeypatch):
+    from trainforge.stackconfig import ConfigError, parse
+    monkeypatch.setattr(contract, "TEAM_POSIX_ID_SPAN", 1)  # every name lands on one id: the collision the rule is for
+    with pytest.raises(ConfigError, match=r"teams\[1\]\.name: 'language' has the same POSIX id \(1000000\) as team 'vision'.*Fix: rename"):
+        parse(_raw("dev"), environment="dev", source="Pulumi.dev.yaml")
