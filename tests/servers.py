@@ -57,11 +57,13 @@ def moto_server(tmp: Path, port: int | None = None):
 
 
 @contextmanager
-def mlflow_server(tmp: Path, port: int | None = None, env: dict[str, str] | None = None):
-    """A real MLflow tracking server backed by SQLite (`env`: settings as the chart passes them); yields its URI."""
+def mlflow_server(tmp: Path, port: int | None = None, env: dict[str, str] | None = None, app_name: str | None = None):
+    """A real MLflow tracking server backed by SQLite (`env`: settings as the chart passes them; `app_name`: its
+    `--app-name`, e.g. basic-auth); yields its URI."""
     port = port or free_port()
     cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", str(tmp / "artifacts"), "--workers", "1"]
+           "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", str(tmp / "artifacts"), "--workers", "1",
+           *(["--app-name", app_name] if app_name else [])]
     with process(cmd, f"http://127.0.0.1:{port}/health", 90, tmp / f"mlflow-{port}.log", env):
         yield f"http://127.0.0.1:{port}"
 

@@ -90,12 +90,17 @@ def test_no_alert_or_scrape_waits_for_a_target_eks_does_not_expose(rendered):
 def test_every_platform_pod_requests_cpu_and_memory(rendered):
     evaluation, _, objects, _ = rendered
     missing = []
-    for obj in everything(evaluation, objects):
+    created = everything(evaluation, objects)
+    # What the API server fills in at admission: a LimitRange's defaultRequest in the pod's namespace.
+    defaults = {o["metadata"]["namespace"]: {k: v for limit in o["spec"]["limits"] if limit["type"] == "Container"
+                                             for k, v in (limit.get("defaultRequest") or {}).items()}
+                for o in created if o["kind"] == "LimitRange"}
+    for obj in created:
         if (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test":
             continue  # `helm test` pods, never run by an install
         for pod in pod_templates(obj):
             for container in [*(pod["spec"].get("initContainers") or []), *(pod["spec"].get("containers") or [])]:
-                have = (container.get("resources") or {}).get("requests") or {}
+                have = {**defaults.get(obj["metadata"].get("namespace"), {}), **((container.get("resources") or {}).get("requests") or {})}
                 if not {"cpu", "memory"} <= set(have):
                     missing.append(f"{obj['kind']} {obj['metadata']['name']}/{container['name']}")
         if obj["kind"] in ("Prometheus", "Alertmanager"):  # the operator makes their pods from these

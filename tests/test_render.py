@@ -69,8 +69,10 @@ def test_rendered_jobs_validate_and_carry_placement_resources_and_labels(path, k
         assert pod["terminationGracePeriodSeconds"] >= 120
     if capacity == "spot":
         assert pod["nodeSelector"][contract.LABEL_FLAVOUR] == "gpu-spot"
-    env = {e["name"]: e["value"] for e in trainer["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in trainer["env"]}
     assert env["MLFLOW_TRACKING_URI"] == contract.MLFLOW_TRACKING_URI and env["TRAINFORGE_JOB_ID"] == spec.name
+    # The team's MLflow user signs the pod in; its password is never in the manifest.
+    assert env["MLFLOW_TRACKING_PASSWORD"] == {"secretKeyRef": {"name": contract.MLFLOW_SECRET, "key": contract.MLFLOW_PASSWORD_KEY}}
     if spec.checkpoint.s3_uri:
         assert env["TRAINFORGE_CHECKPOINT_S3_URI"] == spec.checkpoint.s3_uri
     if kind == "pytorchjob":

@@ -14,6 +14,8 @@ pytest.importorskip("torch", reason="the runtime extra (torch) is not installed"
 from servers import free_port, mlflow_server, prometheus  # noqa: E402
 from test_runtime import result, run, start, wait_for_step  # noqa: E402
 
+from trainforge import contract  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 
@@ -67,10 +69,11 @@ def mlflow_uri(tmp_path_factory):
         yield uri
 
 
-def runs_of(uri: str, job_id: str):
+def runs_of(uri: str, job_id: str, team: str = "default"):
+    """The job's runs, in its team's experiment (`<team>/trainforge`)."""
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name("trainforge")
+    experiment = client.get_experiment_by_name(contract.team_experiment(team, "trainforge"))
     return client, client.search_runs([experiment.experiment_id], filter_string=f"tags.`trainforge.job_id` = '{job_id}'")
 
 
@@ -78,7 +81,7 @@ def test_one_mlflow_run_per_job_with_lineage_across_ranks_and_restarts(tmp_path,
     run(tmp_path, "job_id=lineage-1", "team=vision", f"tracking.uri={mlflow_uri}", "max_steps=30", "log_every=5")
     run(tmp_path, "job_id=lineage-1", "team=vision", f"tracking.uri={mlflow_uri}", "max_steps=40", "log_every=5")  # resumes
     assert result(tmp_path)["resumed_from"] == 30
-    client, runs = runs_of(mlflow_uri, "lineage-1")
+    client, runs = runs_of(mlflow_uri, "lineage-1", "vision")
     assert len(runs) == 1, "one run per job, not per rank or per restart"
     tags = runs[0].data.tags
     assert tags["trainforge.world_size"] == "2" and tags["trainforge.team"] == "vision"

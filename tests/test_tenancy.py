@@ -52,8 +52,9 @@ def test_every_team_has_every_object_valid_and_cost_labelled(stack):
                 kubernetes_validate.validate(obj, f"{cfg.cluster.version}.0", strict=True)
             else:
                 assert k8s_schema.problems(obj) == [], obj["kind"]
-            if obj["metadata"].get("namespace") == contract.NAMESPACE_MLFLOW:  # its sweep database's SQL, password and Job
-                assert obj["metadata"]["name"].startswith(f"trainforge-sweeps-{team.name}") and obj["kind"] in ("ConfigMap", "Secret", "Job")
+            if obj["metadata"].get("namespace") == contract.NAMESPACE_MLFLOW:  # its sweep database and MLflow user: Secrets, Jobs
+                assert obj["metadata"]["name"].startswith((f"trainforge-sweeps-{team.name}", f"trainforge-mlflow-user-{team.name}"))
+                assert obj["kind"] in ("ConfigMap", "Secret", "Job")
             elif obj["metadata"].get("namespace") == contract.NAMESPACE_SYSTEM:  # the Job that makes its FSx directory
                 assert (obj["kind"], obj["metadata"]["name"]) == ("Job", f"fsx-dir-{team.name}")
             elif obj["kind"] not in ("Namespace", "ClusterQueue"):
@@ -154,7 +155,7 @@ def test_a_teams_role_grants_nothing_in_another_namespace(stack):
             role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == binding["roleRef"]["name"]
                         and o["metadata"]["namespace"] == namespace)
             assert [rule.get("resourceNames") for rule in role["rules"] if "secrets" in rule["resources"]] == \
-                [[contract.SWEEP_STORAGE_SECRET]], "no Secret but the team's study database URL"
+                [[contract.SWEEP_STORAGE_SECRET, contract.MLFLOW_SECRET]], "no Secret but the team's study database URL and MLflow user"
         organisation = [o for o in objects if o["kind"] == "RoleBinding" and any(s["name"] == contract.ORGANISATION_GROUP for s in o["subjects"])
                         and o["metadata"]["namespace"] == namespace]
         assert [(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in organisation] == ([("ClusterRole", "view")] if team.visible_to_organisation else [])
@@ -244,7 +245,7 @@ def test_each_team_has_its_own_sweep_database_reachable_only_on_the_database_por
         for other in cfg.teams:
             if other is not team:
                 assert all(name not in sql and name not in url for name in contract.sweep_database(other.name))
-        job = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["namespace"] == contract.NAMESPACE_MLFLOW)["spec"]["template"]["spec"]
+        job = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].startswith("trainforge-sweeps-"))["spec"]["template"]["spec"]
         refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in job["containers"][0]["env"] if "valueFrom" in e}
         assert refs == {"mlflow-database", f"trainforge-sweeps-{team.name}"}
         egress = one(objects, "NetworkPolicy", "allow-sweep-database")["spec"]["egress"]

@@ -149,12 +149,15 @@ def node_price(spec: JobSpec, where: Placement) -> float | None:
 def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
     out = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team}, {"name": "HOME", "value": HOME},
            {"name": "TRAINFORGE_IMAGE", "value": image(spec)}, {"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
-           {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.tracking.experiment}]
+           {"name": "MLFLOW_EXPERIMENT_NAME", "value": contract.team_experiment(spec.team, spec.tracking.experiment)}]
     if spec.checkpoint.s3_uri:
         out.append({"name": "TRAINFORGE_CHECKPOINT_S3_URI", "value": spec.checkpoint.s3_uri})
     price = node_price(spec, where)
     if price is not None:
         out.append({"name": contract.NODE_PRICE_ENV, "value": f"{price:.4f}"})
+    for variable, key in (("MLFLOW_TRACKING_USERNAME", contract.MLFLOW_USERNAME_KEY), ("MLFLOW_TRACKING_PASSWORD", contract.MLFLOW_PASSWORD_KEY)):
+        # The team's MLflow user: the server admits nobody else to the team's experiments.
+        out.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": contract.MLFLOW_SECRET, "key": key}}})
     if spec.sweep:  # a sweep trial reports to its team's study database; the URL (with a password) stays in the Secret
         out.append({"name": contract.SWEEP_STORAGE_ENV, "valueFrom": {"secretKeyRef": {
             "name": contract.SWEEP_STORAGE_SECRET, "key": contract.SWEEP_STORAGE_KEY}}})

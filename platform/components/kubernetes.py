@@ -13,6 +13,7 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import pulumi_random as random
 
 from trainforge import contract
 from trainforge import kueue as core_kueue
@@ -21,7 +22,7 @@ from trainforge.infra.iam import Role
 from trainforge.infra.layer import AwsLayer
 from trainforge.platform.components.objects import apply, helm_release
 from trainforge.platform.manifests import charts as chart_table
-from trainforge.platform.manifests import budget, guardrails, kueue, monitoring, storage, tenancy, values
+from trainforge.platform.manifests import budget, guardrails, kueue, monitoring, storage, tenancy, tracking, values
 from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.stackconfig import PlatformConfig
 
@@ -157,9 +158,19 @@ class TrackingServer(pulumi.ComponentResource):
         ns = apply(namespace(contract.NAMESPACE_MLFLOW), parent=self)
         secret = apply(database_secret(aws), parent=self, depends_on=[ns])
         self.namespace, self.secret = ns, secret
+        child = pulumi.ResourceOptions(parent=self)
+        # Alphanumeric: the chart's init container puts the admin password into the auth ini with sed.
+        admin_password = random.RandomPassword(f"{name}-admin", length=32, special=False, opts=child)
+        flask_key = random.RandomPassword(f"{name}-flask", length=48, special=False, opts=child)
+        admin = apply(tracking.admin_secret(pulumi.Output.secret(admin_password.result)), parent=self, depends_on=[ns])
+        defaults = apply(tracking.container_defaults(), parent=self, depends_on=[ns])
+        auth_database = [apply(o, parent=self, depends_on=[ns, secret, *aws.system_ready])
+                         for o in tracking.auth_database_objects(host=aws.database.instance.address, master_secret=DATABASE_SECRET)]
         chart_values = values.mlflow(cfg, database_host=aws.database.instance.address, database_secret=DATABASE_SECRET,
-                                     artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn)
-        self.release = helm_release(charts["mlflow"], chart_values, parent=self, depends_on=[ns, secret, *aws.system_ready, monitoring_release])
+                                     artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn,
+                                     flask_secret_key=pulumi.Output.secret(flask_key.result))
+        self.release = helm_release(charts["mlflow"], chart_values, parent=self,
+                                    depends_on=[ns, secret, admin, defaults, *auth_database, *aws.system_ready, monitoring_release])
         self.register_outputs({"tracking_uri": contract.MLFLOW_TRACKING_URI})
 
 
@@ -210,13 +221,15 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     guard = Guardrails(f"{name}-guardrails", opts)
     directories = TeamDirectories(f"{name}-team-dirs", cfg, aws, default_image, cost.system, shared.objects[:1], opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role, after, opts)
-    tracking = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, opts)
+    tracking_server = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, opts)
     from trainforge.pricing import price_table
-    from trainforge.platform.components.tenancy import SweepDatabase, Tenancy
-    database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking.namespace, tracking.secret])
+    from trainforge.platform.components.tenancy import SweepDatabase, Tenancy, TrackingUser
+    database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking_server.namespace, tracking_server.secret])
+    tracking_user = TrackingUser(default_image, after=[tracking_server.release])
     for team in cfg.teams:
         Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.outputs["team_role_arns"][team.name], prices_as_of=price_table().as_of,
-                after=[scheduling.release, *shared.objects, *guard.objects, directories.jobs[team.name]], database=database, opts=opts)
+                after=[scheduling.release, *shared.objects, *guard.objects, directories.jobs[team.name]], database=database,
+                tracking=tracking_user, opts=opts)
     return KubernetesLayer({
         "kubernetes": {
             "namespaces": {"kueue": contract.NAMESPACE_KUEUE, "trainer": contract.NAMESPACE_TRAINER,

@@ -1,6 +1,7 @@
 """One component per team: its namespace and everything in it (platform/manifests/tenancy.py), after the platform
 objects it relies on (Kueue's CRDs, the team's FSx volumes); and its sweep database on the platform's PostgreSQL
-(platform/manifests/sweeps.py), after the MLflow namespace and its master credentials."""
+(platform/manifests/sweeps.py), after the MLflow namespace and its master credentials; and its MLflow user
+(platform/manifests/tracking.py), after the tracking server."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import pulumi_random as random
 
 from trainforge.platform.components.objects import apply
 from trainforge.platform.manifests import sweeps, tenancy
+from trainforge.platform.manifests import tracking as tracking_manifests
 from trainforge.stackconfig import PlatformConfig, TeamConfig
+
+
+@dataclass(frozen=True)
+class TrackingUser:
+    image: pulumi.Input[str]  # runs the Job that makes the team's MLflow user
+    after: list[pulumi.Resource]  # the MLflow release (its server answers the Job)
 
 
 @dataclass(frozen=True)
@@ -23,7 +31,7 @@ class SweepDatabase:
 
 class Tenancy(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: PlatformConfig, team: TeamConfig, *, role_arn: pulumi.Input[str], prices_as_of: str,
-                 after: list[pulumi.Resource], database: SweepDatabase, opts: pulumi.ResourceOptions):
+                 after: list[pulumi.Resource], database: SweepDatabase, tracking: TrackingUser, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Tenancy", name, None, opts)
         namespace, *rest = tenancy.team_objects(cfg, team, role_arn=role_arn, prices_as_of=prices_as_of)
         ns = apply(namespace, parent=self)
@@ -34,4 +42,10 @@ class Tenancy(pulumi.ComponentResource):
                                              storage=pulumi.Output.secret(storage), master_secret=database.master_secret):
             self.objects.append(apply(obj, parent=self, depends_on=[ns, *database.after, *self.objects[-3:]] if obj["kind"] == "Job"
                                       else [ns, *database.after]))
+        # The team's MLflow user: its password in the team's namespace and the MLflow one, and the Job that sets it.
+        mlflow_password = random.RandomPassword(f"{name}-mlflow", length=32, special=False, opts=pulumi.ResourceOptions(parent=self))
+        in_team, for_job, job = tracking_manifests.team_objects(cfg, team, password=pulumi.Output.secret(mlflow_password.result),
+                                                                image=tracking.image)
+        secrets = [apply(in_team, parent=self, depends_on=[ns]), apply(for_job, parent=self, depends_on=[*database.after])]
+        self.objects += [*secrets, apply(job, parent=self, depends_on=[*secrets, *tracking.after])]
         self.register_outputs({"namespace": namespace["metadata"]["name"]})

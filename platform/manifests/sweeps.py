@@ -54,24 +54,31 @@ def password_secret(cfg: PlatformConfig, team: TeamConfig, password: Any) -> dic
 def database_job(cfg: PlatformConfig, team: TeamConfig, *, host: Any, master_secret: str) -> dict[str, Any]:
     """Named by its SQL's hash: changed SQL is a new Job, which `pulumi up` runs once."""
     digest = hashlib.sha256(sql(team).encode()).hexdigest()[:8]
-    env = [{"name": "PGHOST", "value": host}, {"name": "PGPORT", "value": str(contract.POSTGRES_PORT)}, {"name": "PGDATABASE", "value": "mlflow"},
-           {"name": "PGSSLMODE", "value": "require"},
-           {"name": "PGUSER", "valueFrom": {"secretKeyRef": {"name": master_secret, "key": "username"}}},
-           {"name": "PGPASSWORD", "valueFrom": {"secretKeyRef": {"name": master_secret, "key": "password"}}},
-           {"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": _name(team), "key": "password"}}}]
+    password = {"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": _name(team), "key": "password"}}}
+    return psql_job(f"{_name(team)}-{digest}", _labels(cfg, team), host=host, master_secret=master_secret, config_map=_name(team),
+                    script="sweeps.sql", env=[password], variables=f'-v password="${PASSWORD_ENV}"')
+
+
+def psql_job(name: str, labels: dict[str, str], *, host: Any, master_secret: str, config_map: str, script: str,
+             env: list[dict[str, Any]] = (), variables: str = "") -> dict[str, Any]:
+    """A Job in the MLflow namespace running one SQL script from a ConfigMap as the master user (bootstrap only)."""
+    master = [{"name": "PGHOST", "value": host}, {"name": "PGPORT", "value": str(contract.POSTGRES_PORT)}, {"name": "PGDATABASE", "value": "mlflow"},
+              {"name": "PGSSLMODE", "value": "require"},
+              {"name": "PGUSER", "valueFrom": {"secretKeyRef": {"name": master_secret, "key": "username"}}},
+              {"name": "PGPASSWORD", "valueFrom": {"secretKeyRef": {"name": master_secret, "key": "password"}}}]
     container = {"name": "psql", "image": PSQL_IMAGE,
-                 "command": ["sh", "-c", f'psql -v ON_ERROR_STOP=1 -v password="${PASSWORD_ENV}" -f /sql/sweeps.sql'],
-                 "env": env, "volumeMounts": [{"name": "sql", "mountPath": "/sql", "readOnly": True}],
+                 "command": ["sh", "-c", f'psql -v ON_ERROR_STOP=1 {variables} -f /sql/{script}'.replace("  ", " ")],
+                 "env": [*master, *env], "volumeMounts": [{"name": "sql", "mountPath": "/sql", "readOnly": True}],
                  "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                  "securityContext": {"runAsNonRoot": True, "runAsUser": 70, "allowPrivilegeEscalation": False,
                                      "capabilities": {"drop": ["ALL"]}}}
     return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": f"{_name(team)}-{digest}", "namespace": contract.NAMESPACE_MLFLOW, "labels": _labels(cfg, team)},
+            "metadata": {"name": name, "namespace": contract.NAMESPACE_MLFLOW, "labels": labels},
             "spec": {"backoffLimit": 6, "ttlSecondsAfterFinished": 86400,
-                     "template": {"metadata": {"labels": _labels(cfg, team)},
+                     "template": {"metadata": {"labels": labels},
                                   "spec": {"restartPolicy": "OnFailure", "nodeSelector": {contract.LABEL_FLAVOUR: "system"},
                                            "containers": [container],
-                                           "volumes": [{"name": "sql", "configMap": {"name": _name(team)}}]}}}}
+                                           "volumes": [{"name": "sql", "configMap": {"name": config_map}}]}}}}
 
 
 def storage_url(team: str, host: str, password: str) -> str:

@@ -82,8 +82,10 @@ def member_role(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
                       {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": jobs},
                       {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "configmaps"], "verbs": read},
                       {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": read},
-                      # The team's own study database URL, for `trainforge sweep --backend kubernetes`; no other Secret.
-                      {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": [contract.SWEEP_STORAGE_SECRET]}]}
+                      # The team's own study database URL, for `trainforge sweep --backend kubernetes`, and its MLflow
+                      # credentials (the UI, the API); no other Secret.
+                      {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+                       "resourceNames": [contract.SWEEP_STORAGE_SECRET, contract.MLFLOW_SECRET]}]}
 
 
 def queue_reader_name(team: TeamConfig) -> str:

@@ -12,7 +12,7 @@ import yaml
 
 from trainforge import contract
 from trainforge.contract import Flavour
-from trainforge.platform.manifests import storage
+from trainforge.platform.manifests import storage, tracking
 from trainforge.stackconfig import PlatformConfig
 
 CRITICAL_ADDONS = {"key": "CriticalAddonsOnly", "operator": "Exists"}
@@ -183,10 +183,14 @@ def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
     }
 
 
-def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, artifacts_bucket: Any, role_arn: Any) -> dict[str, Any]:
+def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, artifacts_bucket: Any, role_arn: Any,
+           flask_secret_key: Any) -> dict[str, Any]:
     """The tracking server on RDS PostgreSQL; artifacts proxied to S3 through the server's IRSA role, so training
-    pods need no S3 permission for them."""
+    pods need no S3 permission for them. Every request is authenticated (platform/manifests/tracking.py); the Flask
+    session key is the stack's (stable across upgrades, not the chart's per-render random one)."""
     return {
+        "auth": tracking.chart_auth(database_host=database_host, database_secret=database_secret),
+        "flaskServerSecretKey": flask_secret_key,
         "replicaCount": cfg.kubernetes.mlflow.replicas,
         "service": {"port": contract.MLFLOW_PORT},
         # MLflow >= 3.5 answers 403 "Invalid Host header" to any Host but localhost and private IPs (/health is exempt,

@@ -250,6 +250,25 @@ NAMESPACE_MONITORING = "monitoring"
 NAMESPACE_MLFLOW = "mlflow"
 MLFLOW_PORT = 5000
 MLFLOW_TRACKING_URI = f"http://mlflow.{NAMESPACE_MLFLOW}.svc.cluster.local:{MLFLOW_PORT}"
+# A run is its job's within its team: two teams' jobs of one name are two runs, in two teams' experiments.
+TRACKING_JOB_TAG = "trainforge.job_id"
+TRACKING_TEAM_TAG = "trainforge.team"
+# Each team signs in to MLflow as its own user (MLflow's basic-auth app, default permission NO_PERMISSIONS): the
+# experiments a team creates are its own. The credentials: Secret MLFLOW_SECRET in the team's namespace.
+MLFLOW_SECRET = "trainforge-mlflow"
+MLFLOW_USERNAME_KEY, MLFLOW_PASSWORD_KEY = "username", "password"
+# The environment of the Job that makes a team's MLflow user (platform) and the module it runs (trainer).
+MLFLOW_USER_ENV = {"admin_username": "MLFLOW_ADMIN_USERNAME", "admin_password": "MLFLOW_ADMIN_PASSWORD",
+                   "username": "MLFLOW_TEAM_USERNAME", "password": "MLFLOW_TEAM_PASSWORD"}
+
+
+def team_experiment(team: str, experiment: str) -> str:
+    """The MLflow experiment a team's `tracking.experiment` names: under the team's name, so teams never share one."""
+    return f"{team}/{experiment}"
+
+
+def mlflow_user(team: str) -> str:
+    return f"team-{team}"
 PROMETHEUS_URL = f"http://kube-prometheus-stack-prometheus.{NAMESPACE_MONITORING}.svc.cluster.local:9090"
 GRAFANA_URL = f"http://kube-prometheus-stack-grafana.{NAMESPACE_MONITORING}.svc.cluster.local:80"
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"

@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from trainforge import contract
+
 
 def admission_json(decision) -> dict[str, Any]:
     cost = decision.cost
@@ -72,7 +74,8 @@ def run_summary(spec, report) -> None:
         table.add_row("final eval", ", ".join(f"{k} {v:.4f}" for k, v in result["last_eval"].items()))
     table.add_row("checkpoints", f"{', '.join(info['checkpoints']) or 'none'} in {job_dir(spec.name) / JOB_CHECKPOINT_DIR}")
     if os.environ.get("MLFLOW_TRACKING_URI"):
-        table.add_row("MLflow", f"{os.environ['MLFLOW_TRACKING_URI']}, experiment {spec.tracking.experiment!r}, tag trainforge.job_id={spec.name}")
+        table.add_row("MLflow", f"{os.environ['MLFLOW_TRACKING_URI']}, experiment {contract.team_experiment(spec.team, spec.tracking.experiment)!r}, "
+                      f"tag {contract.TRACKING_JOB_TAG}={spec.name}")
     if cost["on_demand_usd"] is not None:
         table.add_row("on AWS", f"{cost['node_hours']:.3f} node-hours of {d['instance_type']}: ${cost['on_demand_usd']:.2f} on-demand, "
                       f"${cost['spot_usd']:.2f} spot ({cost['priced_in']} prices)")

@@ -199,7 +199,7 @@ class Trainer:
                 "trainforge.team": cfg.team, "trainforge.world_size": str(env.world_size), "trainforge.task": self.task.name,
                 "trainforge.git_commit": git_commit(), "trainforge.data_checksum": data_checksum(self.task),
                 "trainforge.image": os.environ.get("TRAINFORGE_IMAGE", "local")}
-        tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, job_id=cfg.job_id, run_name=cfg.job_id,
+        tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, job_id=cfg.job_id, team=cfg.team, run_name=cfg.job_id,
                           params=flatten(cfg.model_dump(mode="json")), tags=tags)
 
         def point_at(c, _):

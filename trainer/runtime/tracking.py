@@ -3,7 +3,9 @@
 Every call only appends to a buffer; a background thread sends batches to the tracking server. While the
 server is unreachable the buffer keeps everything, the thread retries with backoff and warns once per
 outage. A job has exactly one MLflow run however many times it restarts: the run is found again by its
-`trainforge.job_id` tag.
+`trainforge.job_id` and `trainforge.team` tags, in its team's experiment (`<team>/<experiment>`): two teams' jobs of
+one name never meet. On the platform the client signs in as the team's MLflow user (MLFLOW_TRACKING_USERNAME /
+MLFLOW_TRACKING_PASSWORD from the team's Secret) and can reach only experiments the team created.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import threading
 import time
 from typing import Any
 
+from trainforge import contract
+
 log = logging.getLogger("trainforge.runtime")
-JOB_TAG = "trainforge.job_id"
+JOB_TAG = contract.TRACKING_JOB_TAG
+TEAM_TAG = contract.TRACKING_TEAM_TAG
 MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
 
 
@@ -31,13 +36,13 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class Tracker:
-    def __init__(self, uri: str, experiment: str, *, job_id: str, run_name: str, params: dict[str, str], tags: dict[str, str],
-                 max_backoff_s: float = 30.0):
+    def __init__(self, uri: str, experiment: str, *, job_id: str, team: str, run_name: str, params: dict[str, str],
+                 tags: dict[str, str], max_backoff_s: float = 30.0):
         # Our thread owns retrying: MLflow's own HTTP retries would hold the buffer hostage for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        self.uri, self.experiment, self.job_id, self.run_name = uri, experiment, job_id, run_name
-        self._params, self._tags = dict(params), {**tags, JOB_TAG: job_id}
+        self.uri, self.experiment, self.job_id, self.team, self.run_name = uri, contract.team_experiment(team, experiment), job_id, team, run_name
+        self._params, self._tags = dict(params), {**tags, JOB_TAG: job_id, TEAM_TAG: team}
         self._metrics: list[tuple[str, float, int, int]] = []
         self._pending_tags: dict[str, str] = {}
         self.run_id: str | None = None
@@ -87,7 +92,8 @@ class Tracker:
             return self.run_id
         experiment = client.get_experiment_by_name(self.experiment)
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
-        found = client.search_runs([experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}'", max_results=1)
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}' and tags.`{TEAM_TAG}` = '{self.team}'",
+                                   max_results=1)
         if found:
             self.run_id = found[0].info.run_id
             client.update_run(self.run_id, status="RUNNING")

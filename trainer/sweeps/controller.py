@@ -22,6 +22,7 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
+from trainforge import contract
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
 from trainforge.trainer.backends import NoSuchJob
@@ -383,11 +384,14 @@ class _Tracking:
     def __init__(self, uri: str, sweep: Sweep, study: optuna.Study):
         from mlflow.tracking import MlflowClient
         self.client = MlflowClient(uri)
+        self.team = sweep.base.team
         self.parent_run_id = study.user_attrs.get("mlflow_run_id")
         if self.parent_run_id is None:
-            experiment = self.client.get_experiment_by_name(sweep.base.tracking.experiment)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(sweep.base.tracking.experiment)
-            run = self.client.create_run(experiment_id, run_name=sweep.name, tags={"trainforge.sweep": sweep.name})
+            name = contract.team_experiment(sweep.base.team, sweep.base.tracking.experiment)  # where its trials' runs are
+            experiment = self.client.get_experiment_by_name(name)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            run = self.client.create_run(experiment_id, run_name=sweep.name,
+                                         tags={"trainforge.sweep": sweep.name, contract.TRACKING_TEAM_TAG: sweep.base.team})
             self.parent_run_id = run.info.run_id
             study.set_user_attr("mlflow_run_id", self.parent_run_id)
             spec = sweep.spec
@@ -403,7 +407,8 @@ class _Tracking:
         if trial.value is not None:
             self.client.log_metric(self.parent_run_id, "trial_value", trial.value, step=trial.number)
         found = self.client.search_runs([self.client.get_run(self.parent_run_id).info.experiment_id],
-                                        filter_string=f"tags.`trainforge.job_id` = '{job}'", max_results=1) if job else []
+                                        filter_string=f"tags.`{contract.TRACKING_JOB_TAG}` = '{job}' and "
+                                                      f"tags.`{contract.TRACKING_TEAM_TAG}` = '{self.team}'", max_results=1) if job else []
         for run in found:
             for key, value in {"trainforge.trial.number": trial.number, "trainforge.trial.state": trial.state.name.lower(),
                                "trainforge.trial.cost_usd": f"{cost:.6f}", "trainforge.trial.value": trial.value}.items():
