@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -140,18 +141,28 @@ def test_sigterm_exit_code_means_resume_me(tmp_path):
     assert job.wait(timeout=60) == contract.EXIT_PREEMPTED
 
 
-@pytest.mark.parametrize("damage", ["truncate", "uncommit"])
+DAMAGE_SEEN = {"truncate": "damaged: __0_0.distcp is", "uncommit": "no commit marker",
+               "same-size": "damaged: __0_0.distcp does not match its checksum"}
+
+
+@pytest.mark.parametrize("damage", DAMAGE_SEEN)
 def test_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage):
     run(tmp_path, "max_steps=30", nproc=None)
     newest = tmp_path / "checkpoints" / "step-00000030"
+    shard = newest / "__0_0.distcp"
     if damage == "truncate":
-        shard = newest / "__0_0.distcp"
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif damage == "same-size":  # bytes in the middle of the tensors flipped: the size still matches the manifest
+        data = bytearray(shard.read_bytes())
+        middle = len(data) // 2
+        data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+        shard.write_bytes(bytes(data))
     else:
         (newest / "COMMITTED").unlink()
     resumed = run(tmp_path, "max_steps=40", nproc=None)
     assert "ignoring checkpoint checkpoints/step-00000030" in resumed.stderr
-    assert ("damaged: __0_0.distcp is" if damage == "truncate" else "no commit marker") in resumed.stderr
+    assert DAMAGE_SEEN[damage] in resumed.stderr
+    assert "falling back to step 20" in resumed.stderr
     assert result(tmp_path)["resumed_from"] == 20
     assert (tmp_path / "checkpoints" / "step-00000040" / "COMMITTED").exists()
 
@@ -282,9 +293,10 @@ def test_a_checkpoint_that_would_run_code_is_refused_not_executed(tmp_path, plan
         target.write_bytes(pickle.dumps(_Payload(marker)))
     else:
         torch.save({"state": _Payload(marker)}, target)
-    # Whoever planted it also fixes the manifest, so the size check cannot save the job.
+    # Whoever planted it also fixes the manifest, so neither the size nor the checksum check can save the job.
     manifest = json.loads((newest / "COMMITTED").read_text())
     manifest["files"][planted] = target.stat().st_size
+    manifest["sha256"][planted] = hashlib.sha256(target.read_bytes()).hexdigest()
     (newest / "COMMITTED").write_text(json.dumps(manifest))
     resumed = run(tmp_path, "max_steps=40", nproc=None, check=False)
     assert not marker.exists(), "the planted pickle ran"

@@ -157,9 +157,8 @@ def fetch(region: str, instance_types: list[str], lookback: dt.timedelta = dt.ti
 
 def save(refresh: Refresh) -> Path:
     """Replace the region's file atomically and make the next estimate use it."""
-    directory = paths.refreshed_prices_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{refresh.region}.yaml"
+    path = paths.refreshed_prices_file(refresh.region)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(refresh.document(), sort_keys=False))
     os.replace(tmp, path)

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainforge import catalog, contract
-from trainforge import errors
+from trainforge import errors, yamlfile
 from trainforge.stackconfig import PlatformConfig
 from trainforge.trainer.runtime.config import RunConfig
 
@@ -33,7 +33,7 @@ class SpecError(errors.TrainforgeError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf or nan is never a setting
 
 
 class Entry(_Model):
@@ -128,6 +128,8 @@ class Limits(_Model):
         m = DURATION.match(value)
         if not value or m is None or not any(m.groupdict().values()):
             raise ValueError(f"{value!r} is not a duration. Fix: e.g. 45m, 2h or 1h30m")
+        if not any(int(part) for part in m.groupdict().values() if part):
+            raise ValueError(f"{value!r} leaves the job no time to run. Fix: e.g. 45m, 2h or 1h30m")
         return value
 
     @property
@@ -229,7 +231,7 @@ def read_yaml(path: str | Path) -> Any:
     """A spec file's YAML, or a SpecError that names the file and what is wrong with it."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        return yamlfile.read(path)
     except FileNotFoundError:
         raise SpecError(str(path), ["no such file. Fix: check the path"]) from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -29,7 +29,7 @@ class TrainforgeError(Exception):
 
     def __init__(self, source: str, problems: list[str] | str, exit_code: int | None = None):
         self.source = source
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.problems = [elide(p) for p in ([problems] if isinstance(problems, str) else problems)]
         if exit_code is not None:
             self.exit_code = exit_code
         super().__init__(self._message())
@@ -38,6 +38,17 @@ class TrainforgeError(Exception):
         if len(self.problems) == 1 and not self.source:
             return self.problems[0]
         return f"{self.what} {self.source}:\n" + "\n".join(f"  - {p}" for p in self.problems)
+
+
+MAX_LINE = 600  # a problem line quoting a value pasted by mistake (a 1 MB string) must not flood the terminal
+
+
+def elide(line: str) -> str:
+    """The line's start (the field, the value's start) and its end (the fix), the middle left out past MAX_LINE."""
+    if len(line) <= MAX_LINE:
+        return line
+    keep = MAX_LINE // 2
+    return f"{line[:keep]} ...[{len(line) - 2 * keep} characters left out]... {line[-keep:]}"
 
 
 # A validator that already names a sub-field ("instance_types: ...") gets it joined onto the location.

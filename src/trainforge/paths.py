@@ -10,7 +10,10 @@ run's output directory. Every layer that reads or writes these paths asks here, 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from trainforge.errors import TrainforgeError
 
 # Files the runtime writes into its output directory (`RunConfig.output_dir`); the local backend reads them.
 METRICS_FILE = "metrics.jsonl"
@@ -32,17 +35,39 @@ def home() -> Path:
     return Path(os.environ.get("TRAINFORGE_HOME", Path.home() / ".trainforge"))
 
 
+# Every name that becomes a path segment under home() is one of these; anything else ("../x", "a/b", "") could
+# reach outside the directory it names, so it is refused before a path is built.
+NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")  # job and sweep names: the job spec's DNS label
+REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]$")  # an AWS region, e.g. us-east-1
+
+
+def checked_segment(kind: str, value: str, pattern: re.Pattern[str], example: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise TrainforgeError("", f"{kind}: not a valid {kind} (got {value!r}). Fix: use a name like {example!r} "
+                                  f"(lowercase letters, digits and '-')")
+    return value
+
+
+def job_name(name: str) -> str:
+    """A job name given on the command line, checked before any backend uses it in a path or an API URL."""
+    return checked_segment("job name", name, NAME, "my-job")
+
+
 def jobs_dir() -> Path:
     return home() / "jobs"
 
 
 def job_dir(name: str) -> Path:
-    return jobs_dir() / name
+    return jobs_dir() / job_name(name)
 
 
 def refreshed_prices_dir() -> Path:
     return home() / "prices"
 
 
+def refreshed_prices_file(region: str) -> Path:
+    return refreshed_prices_dir() / f"{checked_segment('region', region, REGION, 'us-east-1')}.yaml"
+
+
 def sweep_dir(name: str) -> Path:
-    return home() / "sweeps" / name
+    return home() / "sweeps" / checked_segment("sweep name", name, NAME, "my-sweep")

@@ -43,6 +43,9 @@ class JobState:
     team: str
     state: str = "pending"  # pending | running | restarting | succeeded | failed | cancelled
     supervisor_pid: int | None = None
+    # The supervisor's start time as the kernel records it (/proc/<pid>/stat): a PID alone is reused by the OS after
+    # the process ends, and signalling it then hits an unrelated process.
+    supervisor_started: str | None = None
     attempts: int = 0
     restarts: int = 0
     exit_code: int | None = None
@@ -59,7 +62,17 @@ class JobState:
 
     @classmethod
     def load(cls, name: str) -> JobState:
-        return cls(**json.loads((job_dir(name) / paths.JOB_STATE_FILE).read_text()))
+        path = job_dir(name) / paths.JOB_STATE_FILE
+        try:
+            record = json.loads(path.read_text())
+            state = cls(**record)
+            if state.name != name:
+                raise ValueError(f"it names job {state.name!r}")
+            return state
+        except (ValueError, TypeError) as exc:
+            raise TrainforgeError("", [f"{path}: the job's record is damaged ({exc}). Fix: remove that file; the job's "
+                                       f"checkpoints ({path.parent / paths.JOB_CHECKPOINT_DIR}) stay, and submitting its spec "
+                                       "again resumes from them"], exit_code=1) from None
 
     def save(self) -> None:
         path = job_dir(self.name) / paths.JOB_STATE_FILE
@@ -67,12 +80,19 @@ class JobState:
         tmp.write_text(json.dumps(asdict(self), indent=2))
         os.replace(tmp, path)  # readers never see half a state
 
+    def record_supervisor(self, pid: int) -> None:
+        self.supervisor_pid, self.supervisor_started = pid, process_start(pid)
+
     def supervisor_alive(self) -> bool:
+        """The recorded supervisor is still running: its PID exists and is the same process (same start time)."""
         if self.supervisor_pid is None:
             return False
-        try:
+        started = process_start(self.supervisor_pid)
+        if started is not None:
+            return self.supervisor_started is None or started == self.supervisor_started
+        try:  # no /proc (macOS): the PID is all there is
             os.kill(self.supervisor_pid, 0)
-            return True
+            return not Path("/proc/self").exists()
         except OSError:
             return False
 
@@ -84,11 +104,28 @@ class JobState:
         return self.state
 
 
+def process_start(pid: int) -> str | None:
+    """A live process's start time in clock ticks since boot, None if it is gone, a zombie, or /proc is absent."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": comm may hold spaces and parentheses
+    if fields[0] == "Z":  # ended, not yet reaped: answers kill(pid, 0) but runs nothing
+        return None
+    return fields[19]  # field 22 of stat(5), starttime
+
+
 def all_jobs() -> list[JobState]:
+    return sorted((JobState.load(name) for name in job_names()), key=lambda s: s.created_at)
+
+
+def job_names() -> list[str]:
+    """The jobs recorded here (directories named like a job that hold a state file)."""
     root = paths.jobs_dir()
     if not root.exists():
         return []
-    return sorted((JobState.load(p.name) for p in root.iterdir() if (p / paths.JOB_STATE_FILE).exists()), key=lambda s: s.created_at)
+    return sorted(p.name for p in root.iterdir() if paths.NAME.fullmatch(p.name) and (p / paths.JOB_STATE_FILE).exists())
 
 
 def load_state(name: str) -> JobState:
@@ -110,16 +147,55 @@ def prepare(spec: JobSpec, where: Placement) -> JobState:
         previous = JobState.load(spec.name)
         if previous.effective_state in ACTIVE:
             raise JobAlreadyActive(previous)
+        keep_previous_spec(spec, directory)
         state = previous
         state.state, state.exit_code, state.reason, state.ended_at = "pending", None, "", None
         state.region = where.region or state.region
     else:
         state = JobState(spec.name, spec.team, nodes=where.nodes, instance_type=where.instance_type, capacity=spec.capacity,
                          region=where.region)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / paths.JOB_SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-    state.save()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / paths.JOB_SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        state.save()
+    except OSError as exc:
+        raise TrainforgeError("", [f"cannot write the job's record in {directory}: {exc.strerror}. Fix: set TRAINFORGE_HOME to a "
+                                   f"writable directory (now {paths.home()})"]) from None
     return state
+
+
+def local_worker_limit() -> int:
+    """Every worker of every node is a process here: beyond a few per core they only thrash (and 512 x 64 would fork
+    32768 interpreters)."""
+    return max(8, 2 * (os.cpu_count() or 1))
+
+
+def refuse_more_workers_than_this_machine_runs(spec: JobSpec) -> None:
+    processes = spec.workers.nodes * spec.workers.procs_per_node
+    if processes > local_worker_limit():
+        raise TrainforgeError(f"job spec {spec.name}", [
+            f"workers: {spec.workers.nodes} nodes x {spec.workers.procs_per_node} procs_per_node = {processes} processes, "
+            f"more than this machine runs locally ({local_worker_limit()}: 2 per core, at least 8). Fix: fewer workers for a "
+            "local run, or --backend kubernetes"])
+
+
+def keep_previous_spec(spec: JobSpec, directory: Path) -> None:
+    """A resubmitted name resumes from its checkpoints, so what produced them is never overwritten: a changed entry
+    (another model) is refused; any other change keeps the previous spec as spec.<n>.yaml beside the new one."""
+    path = directory / paths.JOB_SPEC_FILE
+    try:
+        before = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return  # nothing readable to keep
+    after = spec.model_dump(mode="json")
+    if before == after:
+        return
+    if isinstance(before, dict) and before.get("entry") != after["entry"]:
+        raise TrainforgeError(f"job spec {spec.name}", [
+            f"entry: job {spec.name!r} exists here with entry {before.get('entry')} and its checkpoints are of that model; "
+            f"this spec has entry {after['entry']}. Fix: give this spec another name, or remove {directory} to start over"])
+    version = 1 + sum(1 for _ in directory.glob("spec.*.yaml"))
+    os.replace(path, directory / f"spec.{version}.yaml")
 
 
 def worker_command(spec: JobSpec, exit_dir: Path) -> list[str]:
@@ -164,7 +240,7 @@ class Supervisor:
 
     def run(self) -> JobState:
         state = self.state
-        state.supervisor_pid = os.getpid()
+        state.record_supervisor(os.getpid())
         state.started_at = state.started_at or time.time()
         state.save()
         max_restarts = self.spec.limits.max_restarts
@@ -238,7 +314,7 @@ def start_detached(spec: JobSpec, state: JobState) -> int:
     # Reap it when it ends: a long-lived caller (a sweep controller) would otherwise keep it as a zombie, which
     # still answers kill(pid, 0) and so reads as a supervisor alive.
     threading.Thread(target=process.wait, name=f"reap-{spec.name}", daemon=True).start()
-    state.supervisor_pid = process.pid
+    state.record_supervisor(process.pid)
     state.save()
     return process.pid
 
@@ -246,7 +322,7 @@ def start_detached(spec: JobSpec, state: JobState) -> int:
 def cancel(name: str, wait_s: float = 60.0) -> JobState:
     state = JobState.load(name)
     if state.effective_state not in ACTIVE or state.supervisor_pid is None:
-        return state
+        return state  # a PID whose process is gone or was reused is never signalled
     os.kill(state.supervisor_pid, signal.SIGTERM)
     deadline = time.time() + wait_s
     while time.time() < deadline:
@@ -287,6 +363,7 @@ class LocalBackend:
     """The Backend protocol on this machine: a supervisor per job, records under $TRAINFORGE_HOME/jobs."""
 
     def submit(self, spec: JobSpec, admission: Admission, *, detach: bool = False, on_progress: Progress | None = None) -> JobReport:
+        refuse_more_workers_than_this_machine_runs(spec)
         state = prepare(spec, admission.placement)
         if detach:
             pid = start_detached(spec, state)
@@ -337,7 +414,13 @@ class LocalBackend:
         return JobReport(name, state.team, state.state, f"{name}: {state.state}{' (' + state.reason + ')' if state.reason else ''}")
 
     def list(self) -> list[JobReport]:
-        return [self.status(job.name) for job in all_jobs()]
+        reports = []
+        for name in job_names():
+            try:
+                reports.append(self.status(name))
+            except TrainforgeError as damaged:  # shown, not hidden: a damaged record is the user's to clear
+                reports.append(JobReport(name, "?", "damaged", str(damaged)))
+        return sorted(reports, key=lambda r: r.details.get("created_at", float("inf")))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from trainforge import paths
 from trainforge.trainer.cli.common import DEFAULT_STACK, BackendName, Kind, Output, backend, cost_centre, load_platform, load_spec
 
 TEAM_HELP = "kubernetes: the job's team (its namespace)"
@@ -112,7 +113,9 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     if backend_name is BackendName.kubernetes or detach:
         typer.echo(target.submit(spec, decision, detach=True).summary)
         return
+    from trainforge.trainer.backends.local import refuse_more_workers_than_this_machine_runs
     from trainforge.trainer.cli import views
+    refuse_more_workers_than_this_machine_runs(spec)  # before the progress bar: nothing appears to start
     with views.JobProgress(spec) as bar:
         report = target.submit(spec, decision, on_progress=bar.update)
     views.run_summary(spec, report)
@@ -124,7 +127,7 @@ def status(name: str, output: Output = typer.Option(Output.table, "--output", "-
            team: Optional[str] = typer.Option(None, help=TEAM_HELP),
            kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
     """State, attempts, progress and cost of a job."""
-    report = backend(backend_name, team=team, kind=kind, context=context).status(name)
+    report = backend(backend_name, team=team, kind=kind, context=context).status(paths.job_name(name))
     typer.echo(json.dumps(report.details, indent=2, default=str) if output is Output.json else report.summary)
 
 
@@ -147,7 +150,7 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="k
          team: Optional[str] = typer.Option(None, help=TEAM_HELP),
          kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
     """The job's log (all attempts)."""
-    for chunk in backend(backend_name, team=team, kind=kind, context=context).logs(name, follow=follow):
+    for chunk in backend(backend_name, team=team, kind=kind, context=context).logs(paths.job_name(name), follow=follow):
         sys.stdout.write(chunk)
         sys.stdout.flush()
 
@@ -156,7 +159,7 @@ def cancel(name: str, backend_name: BackendName = typer.Option(BackendName.local
            team: Optional[str] = typer.Option(None, help=TEAM_HELP),
            kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
     """SIGTERM the job: workers write a checkpoint and stop; `submit` of the same spec resumes it."""
-    typer.echo(backend(backend_name, team=team, kind=kind, context=context).cancel(name).summary)
+    typer.echo(backend(backend_name, team=team, kind=kind, context=context).cancel(paths.job_name(name)).summary)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from trainforge import paths
 from trainforge.trainer.cli.common import Output
 
 app = typer.Typer(no_args_is_help=True, help="The price table estimates use: show it, refresh it from AWS.")
@@ -40,6 +41,7 @@ def refresh(region: str = typer.Option("us-east-1", help="AWS region to price"),
     from trainforge.pricing import price_table
     from trainforge.trainer import price_refresh
     from trainforge.trainer.cli import views
+    paths.refreshed_prices_file(region)  # the region names a file: refused before AWS is asked if it is not a region
     types = list(dict.fromkeys(instance_type or price_refresh.default_instance_types()))
     before = price_table()
     with Progress(transient=True) as progress:

@@ -4,10 +4,13 @@ Layout of `<dir>/step-00000120/`:
   .metadata, __<rank>_0.distcp   model + optimizer, sharded by DCP (reshardable: N ranks save, M ranks load)
   trainer.pt                     scheduler, sampler position, step, metrics, best value (rank 0)
   rng-rank<r>.pt                 each rank's RNG states (used when the world size is unchanged)
-  COMMITTED                      written last, atomically, by rank 0: a manifest of every file and its size
+  COMMITTED                      written last, atomically, by rank 0: a manifest of every file, its size and SHA-256
 
 A directory without COMMITTED, or whose files no longer match the manifest (truncated, missing), is not a
-checkpoint: discovery skips it with a warning, and rank 0 removes it.
+checkpoint: discovery skips it with a warning, and rank 0 removes it. Before resuming, rank 0 also checks the content of
+the newest one against its checksums (a same-size corruption would otherwise load garbage weights or fail the job) and
+falls back to the one before, saying which; everyone resumes from rank 0's choice. The checksums of an async save are
+computed in the background, after its files are written and before it is committed.
 
 Loading never runs code from the files: tensors and trainer state through `torch.load(weights_only=True)` (data only:
 tensors, numbers, strings, lists, dicts), DCP's `.metadata` through an unpickler that builds only DCP's own metadata
@@ -17,6 +20,7 @@ checkpoint is input, and whoever could write it must not be able to run code in 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -25,7 +29,7 @@ import pickle
 import random
 import shutil
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +67,29 @@ def _manifest_problem(path: Path, manifest: dict[str, Any]) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != size:
             return f"{name} is {f.stat().st_size} bytes, the manifest says {size}"
+    return None
+
+
+def file_digests(path: Path) -> dict[str, str]:
+    """SHA-256 of every file of a checkpoint directory (DCP's .metadata included) but the commit marker."""
+    digests = {}
+    for f in sorted(path.iterdir()):
+        if f.is_file() and f.name not in (COMMIT_MARKER, f".{COMMIT_MARKER}.tmp"):
+            with open(f, "rb") as stream:
+                digests[f.name] = hashlib.file_digest(stream, "sha256").hexdigest()
+    return digests
+
+
+def content_problem(path: Path) -> str | None:
+    """Which file of a committed checkpoint no longer has the content its manifest recorded (None: all do, or the
+    manifest predates checksums)."""
+    recorded = json.loads((path / COMMIT_MARKER).read_text()).get("sha256")
+    if not recorded:
+        return None
+    for name, digest in recorded.items():
+        with open(path / name, "rb") as stream:
+            if hashlib.file_digest(stream, "sha256").hexdigest() != digest:
+                return f"{name} does not match its checksum (same size, other content)"
     return None
 
 
@@ -193,6 +220,7 @@ class CheckpointManager:
         self._pending: _Pending | None = None
         self._staging: Future | None = None
         self._stager = None  # created on the first async save; keeps its staging buffers between saves
+        self._hash_pool: ThreadPoolExecutor | None = None  # rank 0 hashes async saves' files here
         self.last_blocking_s = 0.0
         self.last_commit: Committed | None = None
         self.on_commit: list = []  # callbacks (Committed, seconds from save start or None), on every rank
@@ -200,19 +228,25 @@ class CheckpointManager:
     # ---- discovery ---------------------------------------------------------------------------------------
 
     def latest(self) -> Committed | None:
-        """Newest committed checkpoint; partial or damaged newer ones are reported and removed by rank 0."""
+        """Newest committed checkpoint whose content checks out; partial or damaged newer ones are reported and
+        removed by rank 0, whose choice every rank resumes from."""
         committed, rejected = scan(self.directory)
-        newest = committed[-1].step if committed else -1
-        for path, reason in rejected:
-            if self.rank == 0:
+        if self.rank == 0:
+            while committed and (problem := content_problem(committed[-1].path)):
+                rejected.append((committed.pop().path, f"damaged: {problem}"))
+            newest = committed[-1].step if committed else -1
+            for path, reason in rejected:
                 log.warning("ignoring checkpoint %s: %s%s", path, reason,
                             "; falling back to step %d" % newest if newest >= 0 else "")
-        dist.barrier(group=self.pg)  # everyone has looked before rank 0 removes anything
+        choice = [committed[-1].step if committed else -1]
+        dist.broadcast_object_list(choice, src=0, group=self.pg)  # also: everyone has looked before rank 0 removes
         if self.rank == 0:
             for path, _ in rejected:
                 shutil.rmtree(path, ignore_errors=True)
         dist.barrier(group=self.pg)
-        self.last_commit = committed[-1] if committed else None
+        step = choice[0]
+        self.last_commit = None if step < 0 else next(
+            (c for c in committed if c.step == step), Committed(step, self.directory / step_dir_name(step), None, 0.0))
         return self.last_commit
 
     # ---- save --------------------------------------------------------------------------------------------
@@ -241,9 +275,16 @@ class CheckpointManager:
                 self._staging, future = response.staging_completion, response.upload_completion
             else:
                 future = response
+            if self.rank == 0:  # rank 0's save ends after every rank's writes: then hash them, off the training thread
+                future = self._hasher().submit(lambda written=future: (written.result(), file_digests(path))[1])
             self._pending = _Pending(step, path, metric, future, started)
         self.last_blocking_s = time.perf_counter() - started
         return self.last_blocking_s
+
+    def _hasher(self) -> ThreadPoolExecutor:
+        if self._hash_pool is None:
+            self._hash_pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-digest")
+        return self._hash_pool
 
     def _async_stager(self):
         # The copy to staging buffers runs in the background too: forward and backward of the next step do not
@@ -278,21 +319,26 @@ class CheckpointManager:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        if self._hash_pool is not None:
+            self._hash_pool.shutdown()
+            self._hash_pool = None
 
     def wait(self) -> None:
         self.wait_for_staging()
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
-        pending.future.result()
-        self._commit(pending.step, pending.path, pending.metric, pending.started)
+        digests = pending.future.result()
+        self._commit(pending.step, pending.path, pending.metric, pending.started, digests if self.rank == 0 else None)
 
-    def _commit(self, step: int, path: Path, metric: float | None, started: float | None) -> None:
+    def _commit(self, step: int, path: Path, metric: float | None, started: float | None,
+                digests: dict[str, str] | None = None) -> None:
         # Rank 0's save finishes only after every rank reported its writes (DCP gathers them before writing
         # .metadata), and each rank wrote its rng file before joining the save: everything is on disk.
         if self.rank == 0:
             files = {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file() and p.name != COMMIT_MARKER}
-            manifest = {"step": step, "metric": metric, "world_size": self.world_size, "committed_at": time.time(), "files": files}
+            manifest = {"step": step, "metric": metric, "world_size": self.world_size, "committed_at": time.time(), "files": files,
+                        "sha256": digests if digests is not None else file_digests(path)}
             tmp = path / f".{COMMIT_MARKER}.tmp"
             with open(tmp, "w") as f:
                 json.dump(manifest, f)

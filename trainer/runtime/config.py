@@ -35,7 +35,7 @@ class UserError(TrainforgeError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf or nan is never a setting
 
 
 class CheckpointConfig(_Model):

@@ -37,7 +37,7 @@ SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf or nan is never a setting
 
 
 class FloatParam(_Model):

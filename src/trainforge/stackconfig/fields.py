@@ -11,4 +11,4 @@ TAG_VALUE = r"^[\w .:/=+@-]+$"
 
 class StrictModel(BaseModel):
     # Unknown keys are typos until proven otherwise; frozen because a validated config must stay valid.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf or nan is never a setting

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from trainforge import errors
+from trainforge import errors, yamlfile
 from trainforge.stackconfig.platform import PlatformConfig
 
 CONFIG_KEY = "trainforge:platform"
@@ -69,7 +69,7 @@ def read_stack_file(path: str | Path) -> StackFile:
     if match is None:
         raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}"])
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        document = yamlfile.read(path) or {}
     except FileNotFoundError:
         raise ConfigError(str(path), ["no such stack file. Fix: --stack stacks/Pulumi.<env>.yaml"]) from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:

@@ -1,0 +1,38 @@
+"""Reading a YAML file a person wrote (job spec, sweep spec, stack file) without letting it cost more than it says.
+
+Two ways a small-looking file can stall every command: its size (PyYAML's pure-Python parser reads about 1 MB/s, so a
+50 MB file takes a minute before any field is checked) and aliases (`&a [...]`, `*a` nine times, nested: a
+"billion laughs" document of 1 KB that expands to 10^9 values when the spec is validated or dumped). Our files are
+kilobytes and never need anchors, so both are refused with the fix, before anything is built from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_BYTES = 1 << 20  # 1 MiB: the largest shipped stack file is about 10 KB
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: anchors and aliases are not "
+                                 "accepted here. Fix: write the value out where it is used")
+        return super().compose_node(parent, index)
+
+
+def read(path: Path) -> Any:
+    """The document in `path`. Raises FileNotFoundError, OSError, UnicodeDecodeError or yaml.YAMLError (message says why)."""
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise yaml.YAMLError(f"the file is {size / (1 << 20):.1f} MiB; the limit is {MAX_BYTES >> 20} MiB. Fix: "
+                             "this file holds settings only: keep data and code in files it points to")
+    return loads(path.read_text())
+
+
+def loads(text: str) -> Any:
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader that also refuses aliases
