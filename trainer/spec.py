@@ -234,10 +234,8 @@ def read_yaml(path: str | Path) -> Any:
         return yamlfile.read(path)
     except FileNotFoundError:
         raise SpecError(str(path), ["no such file. Fix: check the path"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), [f"cannot read it: {exc}"]) from None
-    except yaml.YAMLError as exc:
-        raise SpecError(str(path), [f"not valid YAML: {str(exc).splitlines()[0]}"]) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SpecError(str(path), [yamlfile.describe(exc)]) from None
 
 
 def load_spec(path: str | Path) -> JobSpec:

@@ -67,6 +67,36 @@ def location(loc: tuple[Any, ...]) -> str:
     return out
 
 
+# How to write the value, from what pydantic knows of the constraint; used when the caller has no better fix.
+PATTERN_MEANING = {r"^[a-z]([a-z0-9-]*[a-z0-9])?$": "lowercase letters, digits and '-', starting with a letter, e.g. my-job"}
+_BOUNDS = {"greater_than": ("gt", "greater than"), "greater_than_equal": ("ge", "at least"),
+           "less_than": ("lt", "less than"), "less_than_equal": ("le", "at most")}
+_KINDS = {"int_type": "a whole number", "int_parsing": "a whole number", "int_from_float": "a whole number",
+          "float_type": "a number, e.g. 3e-4", "float_parsing": "a number, e.g. 3e-4", "finite_number": "a finite number",
+          "string_type": "text (quote it if it looks like a number)", "dict_type": "a mapping of name: value",
+          "list_type": "a list", "bool_type": "true or false", "bool_parsing": "true or false",
+          "literal_error": "one of the values listed", "enum": "one of the values listed", "missing": "add it",
+          "extra_forbidden": "remove it or correct the spelling", "model_type": "a mapping of its fields",
+          "model_attributes_type": "a mapping of its fields"}
+
+
+def generic_fix(error: Mapping[str, Any]) -> str:
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        return f". Fix: a value {words} {ctx.get(key)}"
+    if kind == "string_too_long":
+        return f". Fix: at most {ctx.get('max_length')} characters"
+    if kind == "string_too_short":
+        return f". Fix: at least {ctx.get('min_length')} characters"
+    if kind == "too_short":
+        return f". Fix: at least {ctx.get('min_length')} entries"
+    if kind == "string_pattern_mismatch":
+        pattern = str(ctx.get("pattern", ""))
+        return f". Fix: {PATTERN_MEANING.get(pattern, 'a value matching ' + pattern)}"
+    return f". Fix: {_KINDS[kind]}" if kind in _KINDS else ""
+
+
 def problems(exc: ValidationError, fixes: Mapping[str, str] | None = None) -> list[str]:
     """One line per problem. `fixes` maps a pydantic error type (missing, extra_forbidden...) to a fix hint."""
     fixes = fixes or {}
@@ -76,7 +106,7 @@ def problems(exc: ValidationError, fixes: Mapping[str, str] | None = None) -> li
         message = str(error["msg"]).removeprefix("Value error, ")
         # Our own validators put the value in the message; pydantic's built-in ones need it shown.
         got = "" if error["type"] in ("missing", "value_error") else f" (got {error.get('input')!r})"
-        fix = fixes.get(error["type"], "")
+        fix = fixes.get(error["type"]) or generic_fix(error)
         for line in message.split("\n"):
             if not where:
                 out.append(f"{line}{got}" if error["type"] != "value_error" else line)

@@ -16,11 +16,15 @@ import yaml
 MAX_BYTES = 1 << 20  # 1 MiB: the largest shipped stack file is about 10 KB
 
 
+class Refused(yaml.YAMLError):
+    """A file refused for its size or its aliases (the message says which and the fix)."""
+
+
 class _NoAliasLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: anchors and aliases are not "
+            raise Refused(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: anchors and aliases are not "
                                  "accepted here. Fix: write the value out where it is used")
         return super().compose_node(parent, index)
 
@@ -29,10 +33,30 @@ def read(path: Path) -> Any:
     """The document in `path`. Raises FileNotFoundError, OSError, UnicodeDecodeError or yaml.YAMLError (message says why)."""
     size = path.stat().st_size
     if size > MAX_BYTES:
-        raise yaml.YAMLError(f"the file is {size / (1 << 20):.1f} MiB; the limit is {MAX_BYTES >> 20} MiB. Fix: "
+        raise Refused(f"the file is {size / (1 << 20):.1f} MiB; the limit is {MAX_BYTES >> 20} MiB. Fix: "
                              "this file holds settings only: keep data and code in files it points to")
     return loads(path.read_text())
 
 
 def loads(text: str) -> Any:
     return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader that also refuses aliases
+
+
+def describe(exc: Exception) -> str:
+    """Why a file could not be read, where, and the fix: one line for a problem list."""
+    if isinstance(exc, Refused):
+        return str(exc)
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return (f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {exc.problem}. Fix: check the indentation "
+                "there (spaces, never tabs), quotes and brackets")
+    if isinstance(exc, yaml.YAMLError):
+        return f"not valid YAML: {str(exc).splitlines()[0]}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not a text file ({exc.reason} at byte {exc.start}). Fix: give the YAML file, saved as UTF-8"
+    if isinstance(exc, IsADirectoryError):
+        return "a directory, not a file. Fix: give the YAML file inside it"
+    if isinstance(exc, OSError):
+        return f"cannot read it: {exc.strerror}. Fix: check the path and its permissions"
+    return f"cannot read it: {exc}"
+

@@ -35,7 +35,16 @@ def _record(name: str) -> dict:
 def _storage(name: str, storage: Optional[str]) -> str:
     """Where the study lives: as given, else as recorded when this machine started the sweep, else the local default."""
     from trainforge import paths
-    return storage or _record(name).get("storage") or f"sqlite:///{(paths.sweep_dir(name) / 'study.db').resolve()}"
+    from trainforge.errors import TrainforgeError
+    found = storage or _record(name).get("storage")
+    if found:
+        return found
+    local = paths.sweep_dir(name) / "study.db"
+    if not local.exists():
+        raise TrainforgeError("", [f"no sweep named {name!r} was started on this machine ({paths.sweep_dir(name)} holds none). "
+                                   "Fix: check the name, `trainforge sweep SPEC.yaml` to start it, or --storage URL for a "
+                                   "sweep started elsewhere"])
+    return f"sqlite:///{local.resolve()}"
 
 
 @app.command()
@@ -77,7 +86,7 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         if storage is None:
             raise TrainforgeError("", [f"team {sweep.base.team!r} has no {contract.SWEEP_STORAGE_SECRET} Secret with its study "
                                        "database. Fix: the platform's `pulumi up` creates it with the team; or pass --storage"])
-    url = storage or _storage(sweep.name, None)
+    url = storage or _record(sweep.name).get("storage") or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
     directory = paths.sweep_dir(sweep.name)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sweep.json").write_text(json.dumps({"storage": url, "backend": backend_name.value, "kind": kind.value,

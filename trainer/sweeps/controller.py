@@ -112,8 +112,13 @@ def load_existing(name: str, storage_url: str) -> optuna.Study:
     try:
         return optuna.load_study(study_name=name, storage=storage_for(storage_url))
     except KeyError:
-        raise SweepError(f"no sweep named {name!r} in {storage_url}. Fix: check the name (`trainforge sweep status` lists "
-                         "what this machine started)") from None
+        raise SweepError(f"no sweep named {name!r} in {storage_url}. Fix: check the name, or --storage for where it was "
+                         "started") from None
+    except Exception as exc:  # the storage itself: SQLAlchemy's errors (bad URL, unreachable server, unreadable file)
+        if type(exc).__module__.split(".")[0] != "sqlalchemy":
+            raise
+        raise SweepError(f"cannot open the study storage {storage_url}: {str(exc).splitlines()[0]}. Fix: check --storage "
+                         "(and that its database answers)") from None
 
 
 @dataclass

@@ -67,13 +67,14 @@ def read_stack_file(path: str | Path) -> StackFile:
     path = Path(path)
     match = STACK_FILE_PATTERN.match(path.name)
     if match is None:
-        raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}"])
+        raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}. Fix: --stack stacks/Pulumi.<env>.yaml "
+                                      "(the environment is read from the name)"])
     try:
         document = yamlfile.read(path) or {}
     except FileNotFoundError:
         raise ConfigError(str(path), ["no such stack file. Fix: --stack stacks/Pulumi.<env>.yaml"]) from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(str(path), [f"cannot read it: {str(exc).splitlines()[0]}"]) from None
+        raise ConfigError(str(path), [yamlfile.describe(exc)]) from None
     if not isinstance(document, dict):
         raise ConfigError(str(path), ["a stack file is a mapping with a config: key. Fix: see stacks/Pulumi.dev.yaml"])
     return StackFile(path, match["env"], document.get("config") or {})
