@@ -68,19 +68,42 @@ def mlflow_server(tmp: Path, port: int | None = None, env: dict[str, str] | None
         yield f"http://127.0.0.1:{port}"
 
 
+def scrape_config(pod_monitor: dict, targets: list[str], target_labels: dict[str, str]) -> dict:
+    """The scrape job the Prometheus operator makes of a PodMonitor's first endpoint, for static `targets` that carry
+    `target_labels` (on the cluster: namespace, pod, container and `job` = <namespace>/<monitor name>, from discovery)."""
+    endpoint, spec = pod_monitor["spec"]["podMetricsEndpoints"][0], pod_monitor["spec"]
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label", "regex": "regex", "replacement": "replacement"}
+    limits = {"sampleLimit": "sample_limit", "labelLimit": "label_limit", "labelNameLengthLimit": "label_name_length_limit",
+              "labelValueLengthLimit": "label_value_length_limit"}
+    return {"job_name": "trainforge", "honor_labels": bool(endpoint.get("honorLabels", False)),
+            "static_configs": [{"targets": targets, "labels": target_labels}],
+            "metric_relabel_configs": [{keys.get(k, k) if k != "action" else "action": (v.lower() if k == "action" else v)
+                                        for k, v in rule.items()} for rule in endpoint.get("metricRelabelings", [])],
+            **{limits[k]: v for k, v in spec.items() if k in limits}}
+
+
+def trainer_scrape(targets: list[str], namespace: str = "team-vision") -> dict:
+    """The program's own trainer PodMonitor as Prometheus runs it, over `targets` in `namespace`."""
+    from trainforge import contract
+    from trainforge.platform.manifests import monitoring
+    monitor = monitoring.trainer_pod_monitor()
+    return scrape_config(monitor, targets, {"namespace": namespace, "pod": "trainer-0",
+                                            "job": f"{contract.NAMESPACE_MONITORING}/{monitoring.TRAINER_PODMONITOR}"})
+
+
 @contextmanager
-def prometheus(tmp: Path, targets: list[str], scrape_interval: str = "1s"):
-    """Debian's prometheus scraping `targets` (host:port); yields its base URL."""
+def prometheus(tmp: Path, targets: list[str], scrape_interval: str = "1s", job: dict | None = None):
+    """Debian's prometheus scraping `targets` (host:port) as the cluster does (the program's trainer PodMonitor), or
+    with the scrape `job` given; yields its base URL."""
+    import json
     binary = shutil.which("prometheus")
     if binary is None:
         import pytest
         pytest.skip("the prometheus server is not installed (Debian package `prometheus`; .ci/run installs it)")
     port = free_port()
     config = tmp / "prometheus.yml"
-    # honor_labels: the runtime's own `job` label (the training job) must win over the scrape job's name,
-    # as it does on the cluster (PodMonitor honorLabels: true).
-    config.write_text(f"global:\n  scrape_interval: {scrape_interval}\nscrape_configs:\n"
-                      f"  - job_name: trainforge\n    honor_labels: true\n    static_configs:\n      - targets: {targets}\n")
+    config.write_text(json.dumps({"global": {"scrape_interval": scrape_interval},  # JSON is YAML
+                                  "scrape_configs": [job or trainer_scrape(targets)]}))
     cmd = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]
     with process(cmd, f"http://127.0.0.1:{port}/-/ready", 60, tmp / "prometheus.log"):
         yield f"http://127.0.0.1:{port}"

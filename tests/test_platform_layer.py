@@ -257,7 +257,8 @@ def test_prometheus_selects_our_monitors_and_rules(stack):
     assert releases(evaluation)["opencost"]["values"]["opencost"]["metrics"]["serviceMonitor"]["additionalLabels"]["release"] == release["name"]
     (monitor,) = [manifest(r) for r in kubernetes_objects(evaluation) if r.type.endswith(":PodMonitor")
                   and manifest(r)["metadata"]["name"] == monitoring.TRAINER_PODMONITOR]
-    assert monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
+    assert monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] is False  # a pod's labels never beat Kubernetes'
+    assert monitor["spec"]["sampleLimit"] and monitor["spec"]["labelLimit"]  # (tests/test_scrape_labels.py: in Prometheus)
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == contract.METRICS_PORT_NAME
 
 

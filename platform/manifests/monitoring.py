@@ -28,16 +28,37 @@ EXTERNAL_METRICS = {
 }
 
 
+# Per-scrape limits on a trainer pod: the runtime exposes about 150 series with 3-6 labels of short values (the
+# test scrapes a real job against them). A pod exposing more fails its scrape (target down, an alert) instead of
+# filling Prometheus, which would stop the budget controller's reads and so every budget hold.
+TRAINER_SCRAPE_LIMITS = {"sampleLimit": 2000, "labelLimit": 12, "labelNameLengthLimit": 64, "labelValueLengthLimit": 256}
+
+
+def trainer_metric_relabelings() -> list[dict[str, Any]]:
+    """What a team cannot forge. Scraped labels never win over the target's (honorLabels false: a clash becomes
+    `exported_<name>`), so `namespace` and `pod` are Kubernetes'; `team` is set from the namespace, over any value the
+    pod sent; the runtime's `job` (the training job's name, which the scrape job's own `job` would shadow) is restored
+    from `exported_job`; any other `exported_*` is dropped."""
+    return [
+        {"action": "replace", "sourceLabels": ["exported_job"], "regex": "(.+)", "targetLabel": "job", "replacement": "$1"},
+        {"action": "replace", "sourceLabels": ["namespace"], "regex": f"{contract.TEAM_NAMESPACE_PREFIX}(.+)",
+         "targetLabel": "team", "replacement": "$1"},
+        {"action": "labeldrop", "regex": "exported_.+"},
+    ]
+
+
 def trainer_pod_monitor() -> dict[str, Any]:
-    """Every trainforge training pod in every namespace, scraped on its `metrics` port. honorLabels: the runtime's own
-    `job`, `team` and `rank` labels win over Prometheus' target labels (`job` would otherwise be overwritten)."""
+    """Every trainforge training pod in every namespace, scraped on its `metrics` port, with the labels a team could
+    forge taken from Kubernetes (trainer_metric_relabelings) and the scrape bounded (TRAINER_SCRAPE_LIMITS)."""
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
         "metadata": {"name": TRAINER_PODMONITOR, "namespace": contract.NAMESPACE_MONITORING, "labels": dict(SELECTED)},
         "spec": {
             "namespaceSelector": {"any": True},
             "selector": {"matchExpressions": [{"key": contract.LABEL_JOB, "operator": "Exists"}]},
-            "podMetricsEndpoints": [{"port": contract.METRICS_PORT_NAME, "honorLabels": True, "interval": "15s"}],
+            "podMetricsEndpoints": [{"port": contract.METRICS_PORT_NAME, "honorLabels": False, "interval": "15s",
+                                     "metricRelabelings": trainer_metric_relabelings()}],
+            **TRAINER_SCRAPE_LIMITS,
         },
     }
 

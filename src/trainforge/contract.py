@@ -134,8 +134,11 @@ def queue_name(team: str) -> str:
     return f"{team}-queue"
 
 
+TEAM_NAMESPACE_PREFIX = "team-"
+
+
 def namespace_name(team: str) -> str:
-    return f"team-{team}"
+    return f"{TEAM_NAMESPACE_PREFIX}{team}"
 
 
 # The service account training pods run as, in each team namespace; its IRSA role is the team's AWS identity.
