@@ -29,7 +29,10 @@ CASES = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="two repeats (CI runs this)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 2
     times: dict[str, list[float]] = {name: [] for name in CASES}
     for _ in range(args.repeats):  # interleaved, so drift hits every case alike
         for name, cmd in CASES.items():

@@ -115,10 +115,13 @@ def checkpoint_blocking(task, env) -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="a tiny model on CPU: checks the script, measures nothing useful")
+    parser.add_argument("--quick", action="store_true", help="--dry-run with few steps (CI runs this; no GPU needed)")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, if not in the table")
     args = parser.parse_args()
+    if args.quick:
+        args.dry_run = True
 
     import torch
 

@@ -26,6 +26,13 @@ from rich.table import Table
 
 console = Console(width=150)
 BIG_MODEL = {"width": 2048, "depth": 5}  # 16.9 M parameters: 202 MB with AdamW's two moments
+THROUGHPUT_STEPS, THROUGHPUT_WARMUP = 150, 20
+
+
+def quick() -> None:
+    """--quick: a small model and few steps, so CI shows the script still runs (its numbers mean little)."""
+    global BIG_MODEL, THROUGHPUT_STEPS, THROUGHPUT_WARMUP
+    BIG_MODEL, THROUGHPUT_STEPS, THROUGHPUT_WARMUP = {"width": 256, "depth": 2}, 40, 10
 
 
 def _state_mb(task) -> float:
@@ -92,7 +99,7 @@ def bench_throughput(repeats: int) -> list[tuple]:
     from trainforge.trainer.runtime.tasks import load_task
 
     env, guard = init_distributed(), PreemptionGuard(30)
-    steps, warmup = 150, 20
+    steps, warmup = THROUGHPUT_STEPS, THROUGHPUT_WARMUP
     rows = []
     for task_name, batch in (("char_lm", 32), ("classifier", 256)):
         task = load_task(task_name)
@@ -245,7 +252,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHES), default=list(BENCHES))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="seconds, not minutes: a small model, one repeat (CI runs this)")
     args = parser.parse_args()
+    if args.quick:
+        quick()
+        args.repeats = 1
     table = Table(title=f"trainforge runtime benchmarks (median of {args.repeats})", title_justify="left")
     for column in ("measurement", "detail", "result", "goal"):
         table.add_column(column)

@@ -34,7 +34,8 @@ def with_teams(config: dict, count: int) -> dict:
     config = copy.deepcopy(config)
     config[CONFIG_KEY]["teams"] = [
         {"name": f"team-{i:03d}", "cost_centre": f"cc-{i:04d}", "monthly_budget_usd": 1000 + i,
-         "gpu_quota": {"gpu-efa": 8, "gpu-spot": 4, "gpu-ondemand": 4}, "members": [f"user{i}@example.com"]}
+         "gpu_quota": {"gpu-efa": 8, "gpu-spot": 4, "gpu-ondemand": 4},
+         "members": [f"arn:aws:iam::444455556666:role/sso-user{i}"]}  # members are IAM roles (stack config refuses e-mails)
         for i in range(count)
     ]
     return config
@@ -63,7 +64,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--teams", type=int, nargs="+", default=[10, 50, 100])
+    parser.add_argument("--quick", action="store_true", help="one repeat, prod + 2 teams (CI runs this)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.teams = 1, [2]
 
     base = read_stack_file(PROD).config
     evaluate(base, "prod")  # warm imports (pulumi_aws alone takes seconds) so they are not charged to the baseline

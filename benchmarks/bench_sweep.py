@@ -33,7 +33,6 @@ MAX_STEPS = 300  # each trial's full length: what pruning saves on a bad one
 def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Path) -> dict:
     """Steps spent (over all trials, pruned ones included) until an evaluation reaches `target`."""
     import optuna
-    import torch.distributed as dist
 
     from trainforge.trainer.runtime.api import train
     from trainforge.trainer.runtime.config import RunConfig
@@ -69,10 +68,7 @@ def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Pa
                                                        "async_save": False},
                                         "sweep": link})
         reporter = TrialReporter(cfg.sweep)
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-            os.environ.pop(key, None)  # a fresh group of one per trial
-        result = train(load_task(cfg.task, **cfg.task_args), cfg, eval_hooks=(reporter,))
-        dist.destroy_process_group()
+        result = train(load_task(cfg.task, **cfg.task_args), cfg, eval_hooks=(reporter,))  # train() leaves no group behind
         reporter.finish(result.exit_code, result.stopped_because, result.last_eval)
         trials += 1
         history = study.trials[trial.number].intermediate_values
@@ -103,7 +99,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--skip-parallel", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="one seed, a low target, no parallel arm (CI runs this)")
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.target, args.skip_parallel = 1, 0.6, True
     import logging
     logging.disable(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:

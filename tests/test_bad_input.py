@@ -98,7 +98,7 @@ BAD_FIELDS = [
     ("hyperparameters.max_stepz", 100, "hyperparameters.max_stepz"), ("hyperparameters.warmup_steps", 10_000, "hyperparameters"),
     ("hyperparameters.min_lr_ratio", 2, "hyperparameters.min_lr_ratio"), ("hyperparameters.weight_decay", float("nan"), "hyperparameters.weight_decay"),
     ("hyperparameters.grad_clip", float("inf"), "hyperparameters.grad_clip"), ("hyperparameters", ["lr", 0.1], "hyperparameters"),
-    ("surprise", True, "surprise"),
+    ("surprise", True, "surprise"), ("entry", {"command": ["python", "train.py"], "args": {"layers": 4}}, "entry.args"),
 ]
 
 

@@ -123,3 +123,19 @@ def test_an_active_job_cannot_be_submitted_twice(tmp_path):
     second = cli(home, "submit", str(path), check=False)
     assert second.returncode == 2 and ("is pending" in second.stderr or "is running" in second.stderr)
     cli(home, "cancel", "twice")
+
+
+def test_a_command_entry_gets_its_hyperparameters_as_json(tmp_path):
+    """A command reads no RunConfig: its hyperparameters reach every rank in $TRAINFORGE_HYPERPARAMETERS."""
+    home = tmp_path / "home"
+    reader = ("import json, os; hp = json.loads(os.environ['TRAINFORGE_HYPERPARAMETERS']); "
+              "open(f\"hp-{os.environ['RANK']}.json\", 'w').write(json.dumps(hp))")
+    spec = {"name": "own-command", "team": "vision", "entry": {"command": [sys.executable, "-c", reader]},
+            "workers": {"nodes": 1, "procs_per_node": 2}, "resources": {"instance_type": "g6.xlarge"},
+            "hyperparameters": {"lr": 0.01, "layers": 4, "schedule": "cosine"}, "limits": {"max_runtime": "10m"}}
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cli(home, "submit", str(path))
+    for rank in (0, 1):
+        seen = json.loads((home / "jobs" / "own-command" / f"hp-{rank}.json").read_text())
+        assert seen == {"lr": 0.01, "layers": 4, "schedule": "cosine"}

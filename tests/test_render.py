@@ -3,6 +3,8 @@ carries what the cluster needs to place, feed, restart and bill it."""
 
 from __future__ import annotations
 
+import json
+
 import copy
 from pathlib import Path
 
@@ -135,7 +137,7 @@ def test_runtime_arguments_carry_identity_paths_and_hyperparameters():
     sets = dict(a.split("=", 1) for a in trainer["args"][1::2])
     assert sets["job_id"] == "quickstart" and sets["team"] == "vision" and sets["task"] == "char_lm"
     assert sets["checkpoint.dir"] == "/fsx/teams/vision/jobs/quickstart/checkpoints"
-    assert sets["max_steps"] == "300" and sets["precision"] == "bf16"
+    assert sets["max_steps"] == "120" and sets["precision"] == "auto"
     assert int(sets["checkpoint.preemption_grace_s"]) < contract.SPOT_TERMINATION_GRACE_S
 
 
@@ -148,3 +150,5 @@ def test_pods_run_the_launcher_so_the_exit_code_reaches_the_restart_rules(kind):
         assert trainer["command"][:3] == ["python", "-m", "trainforge.trainer.launch"]
         if spec.entry.command:
             assert trainer["command"][-len(spec.entry.command) - 2:] == ["--rank", "--", *spec.entry.command]
+            variables = {e["name"]: e.get("value") for e in trainer["env"]}
+            assert json.loads(variables[contract.HYPERPARAMETERS_ENV]) == spec.hyperparameters  # a command reads no RunConfig

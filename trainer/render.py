@@ -7,6 +7,8 @@ Kueue queue and priority labels, cost labels, and the training service account (
 
 from __future__ import annotations
 
+import json
+
 from typing import Any, Literal
 
 from trainforge import contract
@@ -152,6 +154,7 @@ def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
            {"name": "MLFLOW_EXPERIMENT_NAME", "value": contract.team_experiment(spec.team, spec.tracking.experiment)}]
     if spec.checkpoint.s3_uri:
         out.append({"name": "TRAINFORGE_CHECKPOINT_S3_URI", "value": spec.checkpoint.s3_uri})
+    out += [{"name": k, "value": v} for k, v in command_env(spec).items()]
     price = node_price(spec, where)
     if price is not None:
         out.append({"name": contract.NODE_PRICE_ENV, "value": f"{price:.4f}"})
@@ -162,6 +165,13 @@ def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
         out.append({"name": contract.SWEEP_STORAGE_ENV, "valueFrom": {"secretKeyRef": {
             "name": contract.SWEEP_STORAGE_SECRET, "key": contract.SWEEP_STORAGE_KEY}}})
     return out
+
+
+def command_env(spec: JobSpec) -> dict[str, str]:
+    """What an `entry.command` job gets of its spec besides its command: the hyperparameters, as JSON."""
+    if not spec.entry.command:
+        return {}
+    return {contract.HYPERPARAMETERS_ENV: json.dumps(spec.hyperparameters, sort_keys=True)}
 
 
 LAUNCHER = ["python", "-m", "trainforge.trainer.launch"]

@@ -45,6 +45,10 @@ class Entry(_Model):
     def _one_of(self) -> Entry:
         if (self.task is None) == (self.command is None):
             raise ValueError("give exactly one of entry.task or entry.command. Fix: e.g. entry: {task: char_lm}")
+        if self.command is not None and self.args:
+            raise ValueError("args: are a task factory's arguments; a command takes none of them. Fix: put them in "
+                             "entry.command, or in hyperparameters (the command reads them as JSON from $"
+                             f"{contract.HYPERPARAMETERS_ENV})")
         return self
 
 

@@ -134,6 +134,10 @@ def queue_name(team: str) -> str:
     return f"{team}-queue"
 
 
+# An `entry.command` job's hyperparameters, as one JSON object in this variable of every rank (a command reads no
+# RunConfig; `json.loads(os.environ["TRAINFORGE_HYPERPARAMETERS"])` gets them, sweeps' sampled values included).
+HYPERPARAMETERS_ENV = "TRAINFORGE_HYPERPARAMETERS"
+
 TEAM_NAMESPACE_PREFIX = "team-"
 
 

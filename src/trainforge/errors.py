@@ -8,9 +8,10 @@ shared by the stack config, the job spec and the run config, so a reader sees on
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from pydantic import ValidationError
+if TYPE_CHECKING:  # pydantic costs 70 ms to import: `trainforge --help` and the path checks do not need it
+    from pydantic import ValidationError
 
 # Exit codes of the CLI (README): 1 the job or an operation failed, 2 bad input, 3 not admitted.
 EXIT_FAILED = 1

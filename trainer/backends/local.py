@@ -30,7 +30,7 @@ from trainforge.trainer.admission import Admission
 from trainforge.trainer.backends import JobReport, NoSuchJob, Progress
 from trainforge.trainer.launch import user_error_message
 from trainforge.trainer.placement import Placement
-from trainforge.trainer.render import rank_command, runtime_args
+from trainforge.trainer.render import command_env, rank_command, runtime_args
 from trainforge.trainer.spec import JobSpec, parse_spec
 
 ACTIVE = ("pending", "running", "restarting")
@@ -275,7 +275,7 @@ class Supervisor:
         state = self.state
         state.attempts += 1
         exit_dir = self.directory / paths.JOB_EXIT_DIR / f"attempt-{state.attempts}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **command_env(self.spec)}
         self._log(f"--- trainforge: attempt {state.attempts} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         started = time.time()
         with open(self.directory / paths.JOB_LOG_FILE, "a") as log:

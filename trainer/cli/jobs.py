@@ -35,9 +35,28 @@ def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     from trainforge.trainer.render import render as render_spec
     from trainforge.trainer.spec import with_image
     platform = load_platform(stack) if stack is not None else None
-    spec = with_image(load_spec(spec_file), platform)
-    manifest = render_spec(spec, decide(spec, platform), kind.value, cost_centre(spec, platform))
+    original = load_spec(spec_file)
+    spec = with_image(original, platform)
+    placement = decide(spec, platform)
+    manifest = render_spec(spec, placement, kind.value, cost_centre(spec, platform))
+    if platform is None:
+        typer.echo(assumed_without_a_stack(original, spec, placement), err=True)  # stderr: the manifest stays clean YAML
     typer.echo(json.dumps(manifest, indent=2) if output is Output.json else yaml.safe_dump(manifest, sort_keys=False))
+
+
+def assumed_without_a_stack(original, spec, placement) -> str:
+    """What only a stack knows and a preview without one had to assume, said so rather than invented silently."""
+    assumed = []
+    if placement.efa_devices_per_node:
+        assumed.append(f"an EFA node group for {placement.instance_type} ({placement.efa_devices_per_node} EFA devices per node, "
+                       "from the instance catalogue)")
+    elif placement.instance_type:
+        assumed.append(f"node groups offering {placement.instance_type} ({', '.join(f.value for f in placement.flavours)})")
+    if not original.image:
+        assumed.append(f"the public runtime image {spec.image}")
+    assumed.append("no cost centre label, no region for prices")
+    return ("note: rendered without --stack, so this assumed " + "; ".join(assumed) +
+            ". The environment decides these: --stack stacks/Pulumi.<env>.yaml")
 
 
 def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),

@@ -70,18 +70,41 @@ def run_summary(spec, report) -> None:
     table.add_row("wall time", f"{d['run_seconds']:.1f} s over {d['attempts']} attempt(s), {d['restarts']} restart(s)")
     if info.get("step"):
         table.add_row("steps", f"{info['step']} (last loss {info['loss']:.4f}, {info['samples'] / info['step_s']:.0f} samples/s at the end)")
+    if result.get("precision"):
+        table.add_row("precision", f"{result['precision']} ({result.get('precision_reason', '')})")
     if result.get("last_eval"):
         table.add_row("final eval", ", ".join(f"{k} {v:.4f}" for k, v in result["last_eval"].items()))
     table.add_row("checkpoints", f"{', '.join(info['checkpoints']) or 'none'} in {job_dir(spec.name) / JOB_CHECKPOINT_DIR}")
     if os.environ.get("MLFLOW_TRACKING_URI"):
         table.add_row("MLflow", f"{os.environ['MLFLOW_TRACKING_URI']}, experiment {contract.team_experiment(spec.team, spec.tracking.experiment)!r}, "
                       f"tag {contract.TRACKING_JOB_TAG}={spec.name}")
-    if cost["on_demand_usd"] is not None:
-        table.add_row("on AWS", f"{cost['node_hours']:.3f} node-hours of {d['instance_type']}: ${cost['on_demand_usd']:.2f} on-demand, "
-                      f"${cost['spot_usd']:.2f} spot ({cost['priced_in']} prices)")
+    aws = on_aws_line(spec, d.get("instance_type"), d.get("region"))
+    if aws:
+        table.add_row("on AWS", aws)
     if d.get("reason"):
         table.add_row("note", d["reason"])
     Console().print(table)
+
+
+def on_aws_line(spec, instance_type: str | None, region: str | None) -> str | None:
+    """What the job's nodes cost per hour on AWS and what its limits allow: never this machine's wall time priced as GPU
+    time (2 CPU cores emulating a GPU's work say nothing about how long the GPU takes)."""
+    from trainforge.pricing import PriceUnknown, price_table
+    if not instance_type:
+        return None
+    try:
+        table = price_table()
+        where = region or table.regions[0]
+        quote = table.quote(instance_type, where)
+    except PriceUnknown:
+        return None
+    nodes = spec.workers.nodes
+    hourly = (quote.spot if spec.capacity == "spot" else quote.on_demand) * nodes
+    bound = hourly * spec.limits.max_runtime_hours
+    limit = f", max_cost_usd ${spec.limits.max_cost_usd:.2f}" if spec.limits.max_cost_usd else ""
+    return (f"{nodes} x {instance_type}: ${quote.on_demand * nodes:.2f}/h on-demand, ${quote.spot * nodes:.2f}/h spot ({where} prices); "
+            f"at most ${bound:.2f} as submitted ({spec.capacity}) within max_runtime {spec.limits.max_runtime}{limit}. "
+            "This machine's wall time is not an estimate of the time on that instance")
 
 
 def job_row(report) -> dict[str, Any]:

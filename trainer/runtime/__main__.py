@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         if told:
             log.info("sweep trial %d: %s", cfg.sweep.trial_id, told)
     import torch.distributed as dist
-    if result.exit_code == contract.EXIT_OK:
+    if result.exit_code == contract.EXIT_OK and dist.is_initialized():  # train() destroys the group it made
         dist.destroy_process_group()
     return result.exit_code
 

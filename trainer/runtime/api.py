@@ -12,7 +12,7 @@ from pathlib import Path
 from trainforge import contract
 from trainforge.trainer.runtime.config import RunConfig
 from trainforge.trainer.runtime.hooks import EvalHook
-from trainforge.trainer.runtime.loop import RunResult, Trainer, init_distributed
+from trainforge.trainer.runtime.loop import RunResult, Trainer, init_distributed, leave_distributed
 from trainforge.trainer.runtime.preemption import PreemptionGuard
 from trainforge.trainer.runtime.tasks import Task
 
@@ -27,6 +27,7 @@ def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None, eval
     pids = Path(cfg.output_dir, "pids")
     pids.mkdir(parents=True, exist_ok=True)
     (pids / f"rank{os.environ.get('RANK', '0')}.pid").write_text(str(os.getpid()))
+    env, result = None, None
     try:
         env = init_distributed()
         trainer = Trainer(task, cfg, env)
@@ -37,3 +38,5 @@ def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None, eval
         return result
     finally:
         guard.done()
+        if env is not None:  # so train() can be called again in this process
+            leave_distributed(env, clean=result is not None and result.exit_code == contract.EXIT_OK)

@@ -84,7 +84,8 @@ class RunConfig(_Model):
     task_args: dict[str, int | float | str] = Field({}, description="keyword arguments of the task factory, e.g. {width: 2048}")
     strategy: Literal["ddp", "fsdp"] = "ddp"
     compile: bool = Field(False, description="torch.compile the model (per FSDP unit under FSDP); worth it on GPUs, off on CPU")
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # auto: bf16 where the device computes it natively, else fp16 + loss scaling (CUDA) or fp32 (runtime/precision.py)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     seed: int = 0
     deterministic: bool = True
     max_steps: int = Field(200, ge=1)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from trainforge import contract
-from trainforge.trainer.runtime import build, hooks
+from trainforge.trainer.runtime import build, hooks, precision
 from trainforge.trainer.runtime.checkpoint import CheckpointManager
 from trainforge.trainer.runtime.config import RunConfig, UserError
 from trainforge.trainer.runtime.data import ResumableDistributedSampler, micro_batches
@@ -38,6 +38,8 @@ class Distributed:
     device: torch.device
     checkpoint_group: dist.ProcessGroup  # gloo: checkpoint collectives, some from DCP's background thread
     control_group: dist.ProcessGroup  # gloo: the per-step stop agreement, a host-side collective that never waits on the GPU
+    owns_group: bool = True  # init_distributed made the default group (a caller's own group is left to the caller)
+    lone: bool = False  # no torchrun: init_distributed set RANK, WORLD_SIZE... itself
 
     @property
     def is_main(self) -> bool:
@@ -50,9 +52,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+LONE_PROCESS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def init_distributed() -> Distributed:
-    """Join the job's process group; a lone process (no torchrun) forms a group of one, so nothing branches."""
-    if "RANK" not in os.environ:
+    """Join the job's process group; a lone process (no torchrun) forms a group of one, so nothing branches. A default
+    group the caller already made is used as it is."""
+    lone = "RANK" not in os.environ
+    if lone:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
@@ -61,10 +68,26 @@ def init_distributed() -> Distributed:
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
     checkpoint_group = dist.new_group(backend="gloo")
     control_group = dist.new_group(backend="gloo")
-    return Distributed(rank, world, local, device, checkpoint_group, control_group)
+    return Distributed(rank, world, local, device, checkpoint_group, control_group, owns_group, lone)
+
+
+def leave_distributed(env: Distributed, *, clean: bool) -> None:
+    """Undo init_distributed, so the process can train again (a notebook, in-process trials). The group is destroyed
+    when the run ended cleanly or the process is alone; after a failure across ranks a peer may be gone, and
+    destroying would wait on it, so the process's exit does it."""
+    if env.owns_group and dist.is_initialized() and (clean or env.world_size == 1):
+        dist.destroy_process_group()
+    elif not env.owns_group:
+        for group in (env.checkpoint_group, env.control_group):
+            dist.destroy_process_group(group)
+    if env.lone and not dist.is_initialized():
+        for name in LONE_PROCESS_ENV:
+            os.environ.pop(name, None)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -136,6 +159,8 @@ class RunResult:
     last_eval: dict[str, float]
     resumed_from: int | None
     stopped_because: str
+    precision: str = "fp32"  # what the run computed in
+    precision_reason: str = ""
 
 
 def resolve_metric(cfg: RunConfig, task: Task) -> RunConfig:
@@ -151,6 +176,11 @@ def resolve_metric(cfg: RunConfig, task: Task) -> RunConfig:
 
 class Trainer:
     def __init__(self, task: Task, cfg: RunConfig, env: Distributed):
+        probe = precision.agreed_probe(env.device, env.control_group) if cfg.precision in ("auto", "bf16") else None
+        self.precision = precision.resolve(cfg.precision, env.device, probe)
+        cfg = cfg.model_copy(update={"precision": self.precision.chosen})  # what is logged, tracked and run
+        if env.is_main:
+            log.info("precision: %s (%s)", self.precision.chosen, self.precision.reason)
         if cfg.precision == "fp16" and env.device.type != "cuda":
             raise UserError("precision: fp16 needs a CUDA device (its grad scaler exists for GPU underflow). Fix: use bf16 or fp32 on CPU")
         cfg = resolve_metric(cfg, task)
@@ -178,6 +208,9 @@ class Trainer:
         self.s3 = self._durable_tier()
         self.tracker = self._tracker()
 
+    def _precision_record(self) -> tuple[str, str]:
+        return self.precision.chosen, self.precision.reason
+
     def _durable_tier(self):
         cfg, env = self.cfg.checkpoint, self.env
         if cfg.s3_uri is None or env.local_rank != 0:
@@ -197,6 +230,7 @@ class Trainer:
         tags = {**({"mlflow.parentRunId": cfg.sweep.parent_run_id} if cfg.sweep and cfg.sweep.parent_run_id else {}),
                 **({"trainforge.sweep": cfg.sweep.study, "trainforge.trial": str(cfg.sweep.trial_id)} if cfg.sweep else {}),
                 "trainforge.team": cfg.team, "trainforge.world_size": str(env.world_size), "trainforge.task": self.task.name,
+                "trainforge.precision": f"{self.precision.chosen} ({self.precision.reason})",
                 "trainforge.git_commit": git_commit(), "trainforge.data_checksum": data_checksum(self.task),
                 "trainforge.image": os.environ.get("TRAINFORGE_IMAGE", "local")}
         tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, job_id=cfg.job_id, team=cfg.team, run_name=cfg.job_id,
@@ -374,7 +408,7 @@ class Trainer:
             if self.checkpoints.last_commit is None or self.checkpoints.last_commit.step != self.state.step:
                 self.save(blocking=True)
             self._write_final_model()
-            return RunResult(contract.EXIT_OK, self.state.step, self.state.last_eval, resumed_from, stopped)
+            return RunResult(contract.EXIT_OK, self.state.step, self.state.last_eval, resumed_from, stopped, *self._precision_record())
         finally:
             if in_flight is not None:
                 in_flight.work.wait()
@@ -462,7 +496,8 @@ class Trainer:
                         "committed checkpoint" if not recent else "recent checkpoint kept", elapsed)
             (self.output / "preempted.json").write_text(json.dumps({"step": self.state.step, "sigterm_to_commit_s": elapsed,
                                                                     "emergency_checkpoint": not recent}))
-        return RunResult(contract.EXIT_PREEMPTED, self.state.step, self.state.last_eval, resumed_from, "preempted")
+        return RunResult(contract.EXIT_PREEMPTED, self.state.step, self.state.last_eval, resumed_from, "preempted",
+                         *self._precision_record())
 
     def _write_final_model(self) -> None:
         """Full (unsharded) parameters on rank 0, for hand-off and for tests that compare runs bit for bit."""

@@ -1,0 +1,87 @@
+"""Which precision a run computes in, decided by what the device does, not by its name.
+
+`precision: auto` (the default) takes bf16 autocast where the device computes bf16 natively: a CUDA GPU that supports
+it, or a CPU whose bf16 matrix multiply is about as fast as fp32 (AMX, AVX512_BF16). Elsewhere it takes fp16 with loss
+scaling on a CUDA GPU without bf16, and fp32 on a CPU, where PyTorch would emulate bf16 (measured here: the quickstart's
+language model 10x slower, a 256x256 matmul 16-20x). The CPU case is measured with a short bf16-vs-fp32 matmul, so it
+follows the ISA PyTorch and oneDNN really use (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), which the CPU flags do not tell.
+
+An explicit `bf16` is kept, with one warning that names the measured cost. The choice does not change what a
+checkpoint holds (fp32 master weights and optimizer state either way), so a run may resume under another precision.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+log = logging.getLogger("trainforge.runtime")
+
+# bf16 counts as native when its matmul takes at most this many times fp32's (native: 0.3-1.5x; emulated: 16-500x).
+NATIVE_BF16_MAX_SLOWDOWN = 3.0
+PROBE_SIZE, PROBE_REPEATS = 256, 3
+
+
+@dataclass(frozen=True)
+class Precision:
+    requested: str  # as configured: auto, fp32, bf16 or fp16
+    chosen: str  # what the run computes in: fp32, bf16 or fp16
+    reason: str  # one line for the log, the summary and MLflow
+
+
+def _matmul_seconds(dtype: torch.dtype) -> float:
+    a = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
+    b = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
+    a @ b  # the first call pays for kernel selection
+    started = time.perf_counter()
+    for _ in range(PROBE_REPEATS):
+        a @ b
+    return (time.perf_counter() - started) / PROBE_REPEATS
+
+
+@lru_cache(maxsize=1)
+def cpu_bf16_slowdown() -> float:
+    """How many times slower a bf16 matmul is than fp32 on this CPU, as PyTorch runs it now (about 1 when native)."""
+    return _matmul_seconds(torch.bfloat16) / max(_matmul_seconds(torch.float32), 1e-9)
+
+
+def bf16_is_native(device: torch.device) -> tuple[bool, str]:
+    if device.type == "cuda":
+        supported = torch.cuda.is_bf16_supported(including_emulation=False)
+        return supported, f"{torch.cuda.get_device_name(device)} {'computes' if supported else 'does not compute'} bf16"
+    slowdown = cpu_bf16_slowdown()
+    native = slowdown <= NATIVE_BF16_MAX_SLOWDOWN
+    return native, (f"bf16 is {'native' if native else 'emulated'} on this CPU (a bf16 matmul takes {slowdown:.1f}x fp32's, "
+                    f"ISA {torch.backends.cpu.get_cpu_capability()})")
+
+
+def agreed_probe(device: torch.device, group) -> tuple[bool, str]:
+    """Every rank's answer to "is bf16 native here?", combined so all ranks choose alike (native only if native on all)."""
+    import torch.distributed as dist
+    native, why = bf16_is_native(device)
+    flag = torch.tensor([int(native)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)  # a gloo group: the tensor stays on the host
+    if bool(flag.item()) != native:
+        return False, "bf16 is emulated on another rank of this job"
+    return native, why
+
+
+def resolve(requested: str, device: torch.device, probe: tuple[bool, str] | None = None) -> Precision:
+    """The precision to run in. `probe`: (bf16 native?, why) as the ranks agreed; measured here when not given."""
+    if requested in ("fp32", "fp16"):
+        return Precision(requested, requested, "as configured")
+    native, why = probe if probe is not None else bf16_is_native(device)
+    if requested == "bf16":
+        if not native:
+            log.warning("precision: bf16 is emulated here (%s): the run will be several times slower than fp32 "
+                        "(the quickstart's LM: about 10x). Fix: precision: auto picks the fastest this device computes", why)
+        return Precision(requested, "bf16", "as configured" + ("" if native else f"; {why}"))
+    if native:
+        return Precision(requested, "bf16", f"auto: {why}")
+    if device.type == "cuda":
+        return Precision(requested, "fp16", f"auto: {why}; fp16 with loss scaling")
+    return Precision(requested, "fp32", f"auto: {why}")
