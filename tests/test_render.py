@@ -9,6 +9,7 @@ import copy
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from test_spec import SPECS
 
 from trainforge import catalog, contract
@@ -152,3 +153,19 @@ def test_pods_run_the_launcher_so_the_exit_code_reaches_the_restart_rules(kind):
             assert trainer["command"][-len(spec.entry.command) - 2:] == ["--rank", "--", *spec.entry.command]
             variables = {e["name"]: e.get("value") for e in trainer["env"]}
             assert json.loads(variables[contract.HYPERPARAMETERS_ENV]) == spec.hyperparameters  # a command reads no RunConfig
+
+
+def test_render_without_a_stack_says_what_it_assumed_and_keeps_the_manifest_clean():
+    import subprocess
+    import sys
+
+    import yaml
+    cli = [sys.executable, "-m", "trainforge.trainer.cli", "render"]
+    efa = subprocess.run([*cli, "examples/llm-pretrain-efa.yaml"], capture_output=True, text=True, cwd=REPO)
+    assert efa.returncode == 0, efa.stderr
+    assert yaml.safe_load(efa.stdout)["kind"] == "TrainJob"  # stdout is the manifest alone
+    assert "rendered without --stack" in efa.stderr and "EFA node group for p5.48xlarge" in efa.stderr
+    assert "from the instance catalogue" in efa.stderr and "--stack stacks/Pulumi.<env>.yaml" in efa.stderr
+    with_stack = subprocess.run([*cli, "examples/llm-pretrain-efa.yaml", "--stack", "stacks/Pulumi.prod.yaml"],
+                                capture_output=True, text=True, cwd=REPO)
+    assert with_stack.returncode == 0 and "assumed" not in with_stack.stderr
