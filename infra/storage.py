@@ -11,7 +11,8 @@ from trainforge.stackconfig import BucketsConfig, FsxConfig
 from trainforge.infra.tags import named
 
 BUCKET_KINDS = ("datasets", "checkpoints", "artifacts")
-VERSIONED_BUCKETS = frozenset({"checkpoints"})  # an overwritten or deleted checkpoint can be recovered
+# An overwritten or deleted checkpoint, or MLflow artifact (a registered model's files), can be recovered.
+VERSIONED_BUCKETS = frozenset({"checkpoints", "artifacts"})
 LUSTRE_VERSION = "2.15"  # needed for data repository associations on scratch file systems; AWS's recommendation
 LUSTRE_PORTS = ((988, 988), (1018, 1023))  # Lustre's LNet ports, from clients and between file servers
 ALL_S3_EVENTS = ["NEW", "CHANGED", "DELETED"]

@@ -16,6 +16,7 @@ import copy
 import pytest
 import yaml
 from admission_policies import AdmissionPolicies
+from pod_security import restricted_violations
 from conftest import REPO
 from test_platform_layer import kubernetes_objects, manifest, releases
 from test_spec import SPECS
@@ -270,3 +271,40 @@ def test_two_teams_with_one_posix_id_are_refused(monkeypatch):
     monkeypatch.setattr(contract, "TEAM_POSIX_ID_SPAN", 1)  # every name lands on one id: the collision the rule is for
     with pytest.raises(ConfigError, match=r"teams\[1\]\.name: 'language' has the same POSIX id \(1000000\) as team 'vision'.*Fix: rename"):
         parse(_raw("dev"), environment="dev", source="Pulumi.dev.yaml")
+
+
+# ---- pod security ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_rendered_pods_meet_the_restricted_pod_security_standard_their_namespace_enforces(program, path, kind):
+    prog, cfg = program
+    team = cfg.teams[0].name
+    namespace = prog.one("Namespace", contract.namespace_name(team))
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for pod in prog.pods(in_namespace(rendered(cfg, team, path, kind), contract.namespace_name(team))):
+        assert restricted_violations(pod["spec"]) == [], pod["metadata"]["name"]
+        assert pod["spec"]["automountServiceAccountToken"] is False  # no Kubernetes API token in a training pod
+
+
+def test_the_training_service_account_mounts_no_api_token(program):
+    prog, cfg = program
+    for team in cfg.teams:
+        account = prog.one("ServiceAccount", contract.TRAINING_SERVICE_ACCOUNT, contract.namespace_name(team.name))
+        assert account["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("tamper,finding", [
+    (lambda c, s: c.update(securityContext={"privileged": True}), "privileged"),
+    (lambda c, s: c["securityContext"].update(allowPrivilegeEscalation=True), "privilege escalation"),
+    (lambda c, s: c["securityContext"].update(capabilities={"add": ["SYS_ADMIN"]}), "capabilities"),
+    (lambda c, s: s.update(hostNetwork=True), "host namespaces"),
+    (lambda c, s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "hostPath"),
+    (lambda c, s: s["securityContext"].update(runAsUser=0), "non-root user"),
+], ids=["privileged", "escalation", "SYS_ADMIN", "hostNetwork", "hostPath", "root"])
+def test_the_standard_as_checked_here_refuses_what_restricted_refuses(program, tamper, finding):
+    """The checker is not a rubber stamp: each thing `restricted` forbids, put into a rendered pod, is found."""
+    prog, cfg = program
+    pod = copy.deepcopy(_trainjob_pod(prog, cfg))
+    tamper(pod["spec"]["containers"][0], pod["spec"])
+    assert any(finding in v for v in restricted_violations(pod["spec"])), restricted_violations(pod["spec"])

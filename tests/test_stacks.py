@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pulumi
+import pytest
 
 from trainforge import catalog, contract
 from trainforge.contract import Flavour
@@ -179,9 +180,10 @@ def test_every_bucket_is_kms_encrypted_private_and_ownership_enforced(stack):
         assert any("abortIncompleteMultipartUpload" in r for r in lifecycle.inputs["rules"])
 
 
-def test_checkpoint_bucket_is_versioned_and_expires_old_versions(stack):
+@pytest.mark.parametrize("purpose", ["checkpoints", "artifacts"])
+def test_checkpoint_and_artifact_buckets_are_versioned_and_expire_old_versions(stack, purpose):
     evaluation, cfg = stack
-    checkpoints = next(b for b in evaluation.of_type("aws:s3/bucket:Bucket") if b.tags.get("purpose") == "checkpoints")
+    checkpoints = next(b for b in evaluation.of_type("aws:s3/bucket:Bucket") if b.tags.get("purpose") == purpose)
     versioning = [v for v in evaluation.of_type("aws:s3/bucketVersioning:BucketVersioning") if v.inputs["bucket"] == checkpoints.id]
     assert versioning and versioning[0].inputs["versioningConfiguration"]["status"] == "Enabled"
     lifecycle = next(lc for lc in evaluation.of_type("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")

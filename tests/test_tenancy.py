@@ -60,7 +60,7 @@ def test_every_team_has_every_object_valid_and_cost_labelled(stack):
             elif obj["kind"] not in ("Namespace", "ClusterQueue"):
                 assert obj["metadata"]["namespace"] == contract.namespace_name(team.name)
         namespace = one(objects, "Namespace")["metadata"]["labels"]
-        assert namespace["pod-security.kubernetes.io/enforce"] == "baseline"
+        assert namespace["pod-security.kubernetes.io/enforce"] == "restricted"  # every rendered pod meets it: tests/test_isolation.py
 
 
 def test_quotas_equal_the_config(stack):

@@ -234,8 +234,10 @@ def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = N
 def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None = None) -> dict[str, Any]:
     template = {
         "metadata": {"labels": pod_labels(spec, cost_centre)},
-        "spec": {**pod_placement(spec, where), "terminationGracePeriodSeconds": where.termination_grace_s, "containers": [{
+        "spec": {**pod_placement(spec, where), "terminationGracePeriodSeconds": where.termination_grace_s,
+                 "automountServiceAccountToken": False, "containers": [{
             "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec), "args": args(spec, where), "env": env(spec, where),
+            "securityContext": dict(contract.TRAINING_CONTAINER_SECURITY),
             "resources": resources(spec, where), "volumeMounts": volume_mounts(spec),
             "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
         }]},

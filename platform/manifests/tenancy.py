@@ -1,11 +1,12 @@
 """A team as Kubernetes objects: its namespace (cost labels, Pod Security), quota backstop and defaults, Kueue queues,
 access, isolation, identity and the settings the CLI reads. Pure data; platform/components/tenancy.py applies it.
 
-Pod Security: **baseline** is enforced, restricted only warned about. Training pods need a memory-backed /dev/shm
-(an emptyDir, allowed by baseline) and EFA and GPUs arrive through device plugins (no privileged container, no host
-path, no added capability: the EKS AMIs already run containerd with unlimited locked memory). Restricted would also
-demand runAsNonRoot, a seccomp profile and dropping every capability on every container, which researchers' own
-images commonly lack; the warning shows them what is missing without blocking their jobs.
+Pod Security: **restricted** is enforced. Training pods need a memory-backed /dev/shm (an emptyDir) and get EFA and
+GPUs through device plugins (no privileged container, no host path, no added capability: the EKS AMIs already run
+containerd with unlimited locked memory). The rendered pods run as the team's uid, non-root, with the runtime's
+seccomp profile, and every training container drops all capabilities and cannot escalate (the ClusterTrainingRuntime
+and the PyTorchJob template set it, so a researcher's own image needs nothing for it): tests/test_isolation.py checks
+every rendered pod against the standard (tests/pod_security.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _meta(name: str, team: TeamConfig, environment: str, namespaced: bool = True
 
 def namespace(team: TeamConfig, environment: str) -> dict[str, Any]:
     labels = {**cost_labels(team, environment),
-              "pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/warn": "restricted",
+              "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted",
               "pod-security.kubernetes.io/audit": "restricted"}
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": contract.namespace_name(team.name), "labels": labels}}
 
@@ -147,7 +148,8 @@ def network_policies(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, An
 def service_account(cfg: PlatformConfig, team: TeamConfig, role_arn: Any) -> dict[str, Any]:
     meta = _meta(contract.TRAINING_SERVICE_ACCOUNT, team, cfg.environment)
     meta["annotations"] = {contract.IRSA_ROLE_ANNOTATION: role_arn}
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+    # No API token in the pods that use it (IRSA's web identity token is a projected volume of its own).
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
 
 
 def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str) -> dict[str, Any]:

@@ -92,10 +92,13 @@ def cluster_training_runtime(default_image: str, max_restarts: int = 10, *, name
                             "podFailurePolicy": pod_failure_policy(),
                             "template": {"spec": {
                                 "restartPolicy": "Never",  # required by podFailurePolicy
+                                # Nothing in a training pod talks to the Kubernetes API; IRSA's token is its own volume.
+                                "automountServiceAccountToken": False,
                                 "terminationGracePeriodSeconds": contract.TRAINING_RUNTIME_GRACE_S[name],
                                 # The image's working directory (a TrainJob's runtime patch cannot set one in 2.2.1).
                                 "containers": [{"name": contract.TRAINJOB_CONTAINER, "image": default_image,
                                                 "workingDir": contract.IMAGE_WORKDIR,
+                                                "securityContext": dict(contract.TRAINING_CONTAINER_SECURITY),
                                                 # Local rank 0's metrics endpoint, scraped by the trainer PodMonitor.
                                                 "ports": [{"name": contract.METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT}]}],
                             }},

@@ -139,6 +139,9 @@ def queue_name(team: str) -> str:
 HYPERPARAMETERS_ENV = "TRAINFORGE_HYPERPARAMETERS"
 
 TEAM_NAMESPACE_PREFIX = "team-"
+# Every training container: no privilege escalation and no capability (Pod Security `restricted`, enforced in team
+# namespaces). EFA and GPUs come through device plugins, /dev/shm is an emptyDir: none needs a capability.
+TRAINING_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def namespace_name(team: str) -> str:
