@@ -6,10 +6,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import ipaddress
+import json
 from functools import cache
 from typing import Any, Iterable, Mapping
 
 from trainforge import catalog, contract
+from pulumi_policy import EnforcementLevel
+
 from trainforge.policies.registry import Context, resource_rule
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -205,3 +208,63 @@ def efa_templates_complete(props: Mapping[str, Any], ctx: Context) -> Iterable[s
                if t.supports_efa}
     if len(efa) not in layouts.values():
         yield f"{len(efa)} EFA interfaces match no supported instance type's full layout. Fix: every EFA device of the type"
+
+
+SENSITIVE_PORTS = {22: "SSH", 5432: "PostgreSQL", 3389: "RDP"}
+
+
+def _world_open_ports(rules: Any) -> Iterable[tuple[int, str]]:
+    for rule in rules or []:
+        cidrs = set(rule.get("cidrBlocks") or []) | set(rule.get("ipv6CidrBlocks") or [])
+        if rule.get("cidrIpv4"):
+            cidrs.add(rule["cidrIpv4"])
+        if not cidrs & {"0.0.0.0/0", "::/0"}:
+            continue
+        low, high = int(rule.get("fromPort") or 0), int(rule.get("toPort") or 0)
+        everything = str(rule.get("protocol", rule.get("ipProtocol", ""))) == "-1"
+        for port, what in SENSITIVE_PORTS.items():
+            if everything or low <= port <= high:
+                yield port, what
+
+
+@resource_rule("aws", ["aws:ec2/securityGroup:SecurityGroup", "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"],
+               "No security group lets the internet in on SSH, PostgreSQL or RDP.")
+def security_groups_closed_to_the_world(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    rules = props.get("ingress") if "ingress" in props else [props]
+    for port, what in _world_open_ports(rules):
+        yield f"{what} (port {port}) is open to the internet. Fix: allow the security group that needs it, never 0.0.0.0/0"
+
+
+@resource_rule("aws", ["aws:rds/instance:Instance"], "RDS instances keep daily automated backups.")
+def rds_backed_up(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    if int(props.get("backupRetentionPeriod") or 0) < 1:
+        yield "the database keeps no automated backups. Fix: backup_retention_period >= 1"
+
+
+# Advisory: a throwaway dev stack may choose to lose its database on `pulumi destroy`; prod should not.
+@resource_rule("aws", ["aws:rds/instance:Instance"], "RDS instances have deletion protection or a final snapshot.",
+               level=EnforcementLevel.ADVISORY)
+def rds_deletion_protected(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    if props.get("deletionProtection") is not True and props.get("skipFinalSnapshot") is True:
+        yield "deleting the database would lose it. Fix: deletion_protection = True, or skip_final_snapshot = False"
+
+
+@resource_rule("aws", ["aws:s3/bucketVersioning:BucketVersioning"], "Bucket versioning, once configured, stays enabled.")
+def bucket_versioning_enabled(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    status = (props.get("versioningConfiguration") or {}).get("status")
+    if status != "Enabled":
+        yield f"versioning is {status or 'unset'}: an overwritten checkpoint or model could not be recovered. Fix: status = 'Enabled'"
+
+
+@resource_rule("aws", ["aws:kms/key:Key"], "No KMS key policy allows a wildcard principal without a condition.")
+def kms_policies_scoped(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    try:
+        policy = json.loads(props["policy"]) if isinstance(props.get("policy"), str) else props.get("policy") or {}
+    except ValueError:
+        return
+    statements = policy.get("Statement") or []
+    for statement in statements if isinstance(statements, list) else [statements]:
+        principal = statement.get("Principal")
+        wildcard = principal == "*" or (isinstance(principal, Mapping) and "*" in (principal.get("AWS") if isinstance(principal.get("AWS"), list) else [principal.get("AWS")]))
+        if statement.get("Effect") == "Allow" and wildcard and not statement.get("Condition"):
+            yield f"the key policy lets anyone use the key ({statement.get('Action')}). Fix: name the account's principals"

@@ -17,6 +17,10 @@ WORKLOADS = ("kubernetes:core/v1:Pod", "kubernetes:apps/v1:Deployment", "kuberne
              "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime", "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
              "kubernetes:kubeflow.org/v1:PyTorchJob", "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet")
 TEAM_LABEL = contract.LABEL_TEAM
+# What Pod Security `baseline` lets a container add (the file-ownership ones a setup Job needs among them); anything
+# else (SYS_ADMIN, NET_ADMIN, SYS_PTRACE...) reaches past the container.
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                         "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
 COST_LABELS = (f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}", f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}")
 
 
@@ -39,7 +43,8 @@ def pod_specs(node: Any) -> Iterable[Mapping[str, Any]]:
             yield from pod_specs(value)
 
 
-@resource_rule("kubernetes", WORKLOADS, "No privileged containers or host paths outside the system namespaces.", config=("systemNamespaces",))
+@resource_rule("kubernetes", WORKLOADS, "No privileged containers, added capabilities, host namespaces or host paths outside the "
+               "system namespaces.", config=("systemNamespaces",))
 def no_privileged_pods_outside_system_namespaces(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
     namespace = (props.get("metadata") or {}).get("namespace")
     if namespace in ctx.config["systemNamespaces"]:
@@ -49,6 +54,14 @@ def no_privileged_pods_outside_system_namespaces(props: Mapping[str, Any], ctx: 
             if (container.get("securityContext") or {}).get("privileged") is True:
                 yield (f"container {container.get('name')!r} runs privileged in {namespace or 'team namespaces'}: it owns the node. "
                        "Fix: drop privileged (EFA and GPUs come through device plugins), or run it in a system namespace")
+        for field in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(field):
+                yield f"the pod shares the node's {field[4:]} namespace in {namespace or 'team namespaces'}. Fix: remove {field}"
+        for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+            added = set(((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []) - BASELINE_CAPABILITIES
+            if added:
+                yield (f"container {container.get('name')!r} adds capabilities {sorted(added)}. Fix: drop them (devices come "
+                       "through device plugins)")
         for volume in spec.get("volumes", []):
             if volume.get("hostPath"):
                 yield (f"volume {volume.get('name')!r} mounts the host path {volume['hostPath'].get('path')!r}. "
@@ -63,3 +76,80 @@ def team_namespaces_carry_cost_labels(props: Mapping[str, Any], ctx: Context) ->
     missing = [k for k in COST_LABELS if not labels.get(k)]
     if missing:
         yield f"team namespace without {missing}: its pods' cost could not be attributed. Fix: label it from the team's config"
+
+
+def _is_team_namespace(namespace: str | None) -> bool:
+    return bool(namespace) and str(namespace).startswith(contract.TEAM_NAMESPACE_PREFIX)
+
+
+@resource_rule("kubernetes", ["kubernetes:core/v1:Namespace"],
+               "Team namespaces (the team label or the team- prefix) carry the team label and enforce Pod Security restricted.")
+def team_namespaces_enforce_pod_security(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    metadata = props.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    if TEAM_LABEL not in labels and not _is_team_namespace(metadata.get("name")):
+        return
+    if TEAM_LABEL not in labels:
+        yield (f"namespace {metadata.get('name')!r} is named like a team's but has no {TEAM_LABEL} label, so no team rule (cost "
+               "labels, admission policies) reaches it. Fix: create team namespaces through the team's config only")
+    enforced = labels.get("pod-security.kubernetes.io/enforce")
+    if enforced != "restricted":
+        yield (f"team namespace enforces Pod Security {enforced or 'nothing'}: its pods could run as root, privileged or on host "
+               "paths. Fix: pod-security.kubernetes.io/enforce: restricted")
+
+
+# What a team's own Role must never grant: other Secrets, everything, a shell in a pod, or the power to grant itself more.
+DANGEROUS_RESOURCES = {"secrets", "pods/exec", "pods/attach", "pods/portforward", "roles", "rolebindings", "serviceaccounts/token"}
+DANGEROUS_VERBS = {"*", "escalate", "bind", "impersonate"}
+
+
+@resource_rule("kubernetes", ["kubernetes:rbac.authorization.k8s.io/v1:Role"],
+               "Team Roles grant no wildcard, no Secrets beyond named ones, no exec/attach, no RBAC and no escalation.")
+def team_roles_least_privilege(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    if not _is_team_namespace((props.get("metadata") or {}).get("namespace")):
+        return
+    for rule in props.get("rules") or []:
+        resources, verbs = set(rule.get("resources") or []), set(rule.get("verbs") or [])
+        if "*" in resources or "*" in set(rule.get("apiGroups") or []):
+            yield f"a team Role grants every resource ({rule}). Fix: list the resources the team needs"
+        for resource in sorted(resources & DANGEROUS_RESOURCES):
+            if resource == "secrets" and rule.get("resourceNames") and verbs <= {"get"}:
+                continue  # reading named Secrets (the team's own sweep URL, MLflow credentials) is the intended grant
+            yield f"a team Role grants {resource} ({sorted(verbs)}): a member could read others' credentials or act as another. Fix: remove it"
+        for verb in sorted(verbs & DANGEROUS_VERBS):
+            yield f"a team Role grants the verb {verb!r}. Fix: list the verbs the team needs"
+
+
+@resource_rule("kubernetes", ["kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding", "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"],
+               "Nobody is bound to cluster-admin or admin by the program (admins come through EKS access policies).")
+def no_admin_bindings(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    role = (props.get("roleRef") or {}).get("name")
+    if role in ("cluster-admin", "admin"):
+        subjects = [s.get("name") for s in props.get("subjects") or []]
+        yield f"binds {subjects} to {role}. Fix: an EKS access policy for admins, the team Role for members"
+
+
+def _open_peers(peers: Any) -> bool:
+    """A rule's from/to that lets everything in: absent or empty, every namespace, or the whole internet."""
+    if not peers:
+        return True
+    for peer in peers:
+        if peer.get("namespaceSelector") == {} and not peer.get("podSelector"):
+            return True
+        if (peer.get("ipBlock") or {}).get("cidr") in ("0.0.0.0/0", "::/0") and not (peer.get("ipBlock") or {}).get("except"):
+            return True
+    return False
+
+
+@resource_rule("kubernetes", ["kubernetes:networking.k8s.io/v1:NetworkPolicy"],
+               "Team NetworkPolicies open no ingress to every namespace, and no egress to the internet on every port.")
+def team_network_policies_not_open(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    if not _is_team_namespace((props.get("metadata") or {}).get("namespace")):
+        return
+    spec = props.get("spec") or {}
+    for rule in spec.get("ingress") or []:
+        if _open_peers(rule.get("from")):
+            yield "ingress from every namespace (or anywhere): another team's pods could reach this team's. Fix: name the namespaces"
+    for rule in spec.get("egress") or []:
+        if _open_peers(rule.get("to")) and not rule.get("ports"):
+            yield "egress anywhere on every port. Fix: name the destinations, or the ports (e.g. 443)"

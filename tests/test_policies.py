@@ -92,6 +92,42 @@ RESOURCE_CASES = {
         "kubernetes:core/v1:Namespace",
         {"metadata": {"name": "team-a", "labels": {"trainforge.io/team": "a", "trainforge.io/cost-centre": "cc", "trainforge.io/environment": "dev"}}},
         {"metadata": {"name": "team-a", "labels": {"trainforge.io/team": "a"}}}, "label it"),
+    # Security regressions (issue 26, item 9): each one injected into an otherwise compliant object.
+    "team-namespaces-enforce-pod-security": (
+        "kubernetes:core/v1:Namespace",
+        {"metadata": {"name": "team-a", "labels": {"trainforge.io/team": "a", "pod-security.kubernetes.io/enforce": "restricted"}}},
+        {"metadata": {"name": "team-a", "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}, "enforce: restricted"),
+    "team-roles-least-privilege": (
+        "kubernetes:rbac.authorization.k8s.io/v1:Role",
+        {"metadata": {"namespace": "team-a"}, "rules": [
+            {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["trainforge-sweeps"], "verbs": ["get"]}]},
+        {"metadata": {"namespace": "team-a"}, "rules": [{"apiGroups": [""], "resources": ["secrets", "pods/exec"], "verbs": ["get", "create"]},
+                                                        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": ["*"]}]},
+        "Fix: remove it"),
+    "no-admin-bindings": ("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding",
+                          {"roleRef": {"name": "trainforge-a-queue-reader"}, "subjects": [{"name": "trainforge:team:a"}]},
+                          {"roleRef": {"name": "cluster-admin"}, "subjects": [{"name": "trainforge:team:a"}]}, "EKS access policy"),
+    "team-network-policies-not-open": (
+        "kubernetes:networking.k8s.io/v1:NetworkPolicy",
+        {"metadata": {"namespace": "team-a"}, "spec": {"ingress": [{"from": [{"podSelector": {}}]}],
+                                                       "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 443}]}]}},
+        {"metadata": {"namespace": "team-a"}, "spec": {"ingress": [{"from": [{"namespaceSelector": {}}]}], "egress": [{}]}}, "name the"),
+    "security-groups-closed-to-the-world": (
+        "aws:ec2/securityGroup:SecurityGroup",
+        {"ingress": [{"protocol": "tcp", "fromPort": 5432, "toPort": 5432, "securityGroups": ["sg-nodes"]}]},
+        {"ingress": [{"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["0.0.0.0/0"]},
+                     {"protocol": "tcp", "fromPort": 5432, "toPort": 5432, "cidrBlocks": ["0.0.0.0/0"]}]}, "never 0.0.0.0/0"),
+    "rds-backed-up": ("aws:rds/instance:Instance", {"backupRetentionPeriod": 7}, {"backupRetentionPeriod": 0}, "backup_retention_period"),
+    "rds-deletion-protected": ("aws:rds/instance:Instance", {"deletionProtection": True},
+                               {"deletionProtection": False, "skipFinalSnapshot": True}, "deletion_protection"),
+    "bucket-versioning-enabled": ("aws:s3/bucketVersioning:BucketVersioning", {"versioningConfiguration": {"status": "Enabled"}},
+                                  {"versioningConfiguration": {"status": "Suspended"}}, "status = 'Enabled'"),
+    "kms-policies-scoped": ("aws:kms/key:Key",
+                            {"enableKeyRotation": True, "policy": json.dumps({"Statement": [
+                                {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::111122223333:root"}, "Action": "kms:*", "Resource": "*"}]})},
+                            {"enableKeyRotation": True, "policy": json.dumps({"Statement": [
+                                {"Effect": "Allow", "Principal": "*", "Action": "kms:*", "Resource": "*"}]})}, "name the account's principals"),
 }
 CONFIG = {"region-allowed": {"allowedRegions": ["us-east-1", "us-west-2"]}}
 NO_PROVIDER_TAGS = {"cost-tags"}  # the violating case loses what the provider would add
@@ -277,9 +313,19 @@ def test_the_pack_passes_every_resource_of_the_shipped_stacks(analyzer, evaluati
     from pulumi.runtime.proto import analyzer_pb2
     evaluation = evaluations(path)
     per_resource, whole = stack_resources(evaluation)
-    found = []
+    found, advised = [], set()
     for resource_type, name, props, provider in per_resource:
-        found += analyze(analyzer, resource_type, name, props, provider)
+        request = analyzer_pb2.AnalyzeRequest(type=resource_type, properties=_struct(props), name=name,
+                                              urn=f"urn:pulumi:dev::trainforge::{resource_type}::{name}")
+        request.provider.CopyFrom(analyzer_pb2.AnalyzerProviderResource(type="pulumi:providers:aws", properties=_struct(provider),
+                                                                       urn="urn:provider", name="aws"))
+        for d in analyzer.Analyze(request).diagnostics:
+            if d.enforcementLevel == analyzer_pb2.MANDATORY:
+                found.append((d.policyName, d.message))
+            else:
+                advised.add(d.policyName)
+    # The one warning a shipped stack gets: dev's database goes with `pulumi destroy` (prod's is protected).
+    assert advised == ({"rds-deletion-protected"} if path.name == "Pulumi.dev.yaml" else set())
     stack = analyzer_pb2.AnalyzeStackRequest(resources=[
         analyzer_pb2.AnalyzerResource(type=r.resource_type, properties=_struct(r.props), urn=r.urn, name=r.name, dependencies=list(r.dependencies))
         for r in whole])
@@ -290,3 +336,18 @@ def test_the_pack_passes_every_resource_of_the_shipped_stacks(analyzer, evaluati
 
 def test_the_readme_carries_the_generated_rule_table():
     assert rules_table() in (REPO / "README.md").read_text(), "README is stale: paste `python -m trainforge.policies.pack` into it"
+
+
+@pytest.mark.parametrize("tamper,fix", [
+    (lambda spec: spec.update(hostNetwork=True), "remove hostNetwork"),
+    (lambda spec: spec.update(hostPID=True), "remove hostPID"),
+    (lambda spec: spec["containers"][0].update(securityContext={"capabilities": {"add": ["SYS_ADMIN"]}}), "SYS_ADMIN"),
+], ids=["hostNetwork", "hostPID", "SYS_ADMIN"])
+def test_host_namespaces_and_added_capabilities_are_refused_outside_system_namespaces(tamper, fix):
+    spec = {"containers": [{"name": "x", "image": "x"}]}
+    tamper(spec)
+    rule = BY_NAME["no-privileged-pods-outside-system-namespaces"]
+    job = {"metadata": {"namespace": "team-vision"}, "spec": {"template": {"spec": spec}}}
+    assert any(fix in m for m in check_resource(rule, "kubernetes:batch/v1:Job", job))
+    job["metadata"]["namespace"] = "kube-system"
+    assert check_resource(rule, "kubernetes:batch/v1:Job", job) == []
