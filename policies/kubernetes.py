@@ -153,3 +153,46 @@ def team_network_policies_not_open(props: Mapping[str, Any], ctx: Context) -> It
     for rule in spec.get("egress") or []:
         if _open_peers(rule.get("to")) and not rule.get("ports"):
             yield "egress anywhere on every port. Fix: name the destinations, or the ports (e.g. 443)"
+
+
+def _chart(props: Mapping[str, Any]) -> str:
+    return str(props.get("chart") or "").rsplit("/", 1)[-1]
+
+
+@resource_rule("kubernetes", HELM, "Kueue manages every job in team namespaces, queue label or not.")
+def kueue_enforces_queues(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    if _chart(props) != "kueue":
+        return
+    import yaml
+    raw = ((props.get("values") or {}).get("managerConfig") or {}).get("controllerManagerConfigYaml")
+    try:
+        configuration = yaml.safe_load(raw) if isinstance(raw, str) else None
+    except yaml.YAMLError:
+        configuration = None
+    if not isinstance(configuration, Mapping) or configuration.get("manageJobsWithoutQueueName") is not True \
+            or not configuration.get("managedJobsNamespaceSelector"):
+        yield ("Kueue leaves jobs without a queue label alone: such a job runs outside every quota, fair share and budget hold. "
+               "Fix: manageJobsWithoutQueueName: true with managedJobsNamespaceSelector over the team namespaces")
+
+
+def _service_types(values: Any) -> Iterable[str]:
+    """Every `service.type` (or `*.service.type`) a chart's values set, at any depth."""
+    if isinstance(values, Mapping):
+        service = values.get("service")
+        if isinstance(service, Mapping) and service.get("type"):
+            yield str(service["type"])
+        for value in values.values():
+            yield from _service_types(value)
+    elif isinstance(values, list):
+        for value in values:
+            yield from _service_types(value)
+
+
+@resource_rule("kubernetes", [*HELM, "kubernetes:core/v1:Service"],
+               "No platform service (MLflow, Prometheus, Grafana...) is exposed outside the cluster by a LoadBalancer or NodePort.")
+def services_stay_inside_the_cluster(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    types = [str((props.get("spec") or {}).get("type") or "ClusterIP")] if "spec" in props else list(_service_types(props.get("values")))
+    for kind in types:
+        if kind in ("LoadBalancer", "NodePort"):
+            yield (f"a {kind} service makes {_chart(props) or (props.get('metadata') or {}).get('name')!r} reachable from outside "
+                   "the cluster. Fix: ClusterIP; reach it through `kubectl port-forward` or the API server's service proxy")

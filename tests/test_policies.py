@@ -93,6 +93,15 @@ RESOURCE_CASES = {
         {"metadata": {"name": "team-a", "labels": {"trainforge.io/team": "a", "trainforge.io/cost-centre": "cc", "trainforge.io/environment": "dev"}}},
         {"metadata": {"name": "team-a", "labels": {"trainforge.io/team": "a"}}}, "label it"),
     # Security regressions (issue 26, item 9): each one injected into an otherwise compliant object.
+    "kueue-enforces-queues": (
+        "kubernetes:helm.sh/v3:Release",
+        {"chart": "kueue", "version": "0.19.2", "values": {"managerConfig": {"controllerManagerConfigYaml":
+            "manageJobsWithoutQueueName: true\nmanagedJobsNamespaceSelector: {matchExpressions: [{key: trainforge.io/team, operator: Exists}]}\n"}}},
+        {"chart": "kueue", "version": "0.19.2", "values": {"managerConfig": {"controllerManagerConfigYaml": "manageJobsWithoutQueueName: false\n"}}},
+        "manageJobsWithoutQueueName: true"),
+    "services-stay-inside-the-cluster": (
+        "kubernetes:helm.sh/v3:Release", {"chart": "mlflow", "version": "1.11.5", "values": {"service": {"port": 5000}}},
+        {"chart": "mlflow", "version": "1.11.5", "values": {"service": {"port": 5000, "type": "LoadBalancer"}}}, "Fix: ClusterIP"),
     "team-namespaces-enforce-pod-security": (
         "kubernetes:core/v1:Namespace",
         {"metadata": {"name": "team-a", "labels": {"trainforge.io/team": "a", "pod-security.kubernetes.io/enforce": "restricted"}}},
