@@ -196,3 +196,38 @@ def services_stay_inside_the_cluster(props: Mapping[str, Any], ctx: Context) -> 
         if kind in ("LoadBalancer", "NodePort"):
             yield (f"a {kind} service makes {_chart(props) or (props.get('metadata') or {}).get('name')!r} reachable from outside "
                    "the cluster. Fix: ClusterIP; reach it through `kubectl port-forward` or the API server's service proxy")
+
+
+def _team_directory(mount_name: str) -> str | None:
+    """The team whose directory a Lustre fileset mount (`<mountname>/teams/<team>[/...]`) reaches, if any."""
+    parts = str(mount_name).split("/")
+    if contract.FSX_TEAMS_DIR in parts[1:-1]:
+        return parts[parts.index(contract.FSX_TEAMS_DIR, 1) + 1]
+    return None
+
+
+@resource_rule("kubernetes", ["kubernetes:core/v1:PersistentVolume"],
+               "An FSx volume bound into a team namespace mounts that team's own directory, or the datasets read-only; never the "
+               "file system's root or another team's directory.")
+def team_volumes_reach_only_their_team(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    spec = props.get("spec") or {}
+    csi = spec.get("csi") or {}
+    namespace = (spec.get("claimRef") or {}).get("namespace")
+    if csi.get("driver") != "fsx.csi.aws.com" or not _is_team_namespace(namespace):
+        return
+    team = str(namespace).removeprefix(contract.TEAM_NAMESPACE_PREFIX)
+    labelled = ((props.get("metadata") or {}).get("labels") or {}).get(TEAM_LABEL)
+    if labelled and labelled != team:
+        yield f"team {labelled!r}'s volume is bound to {namespace}. Fix: claimRef.namespace {contract.namespace_name(labelled)}"
+    mount_name = str((csi.get("volumeAttributes") or {}).get("mountname") or "")
+    owner = _team_directory(mount_name)
+    read_only = csi.get("readOnly") is True and "ro" in (spec.get("mountOptions") or [])
+    if owner is not None and owner != team:
+        yield (f"{namespace} mounts team {owner!r}'s directory ({mount_name}): it could read and overwrite that team's checkpoints. "
+               f"Fix: mount only {contract.FSX_TEAMS_DIR}/{team}")
+    elif owner is None and "/" not in mount_name.strip("/"):
+        yield (f"{namespace} mounts the file system's root ({mount_name or '?'}): every team's files. "
+               f"Fix: mount only {contract.FSX_TEAMS_DIR}/{team}")
+    elif owner is None and not read_only:
+        yield (f"{namespace} mounts {mount_name} read-write outside its own directory: it could change the shared datasets. "
+               "Fix: readOnly: true and the ro mount option, or its own directory")

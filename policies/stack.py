@@ -123,3 +123,89 @@ def buckets_fully_guarded(resources: list[StackResource], ctx: Context) -> Viola
         for missing in sorted(set(BUCKET_GUARDS) - guards):
             yield (f"bucket {bucket.name} has no {BUCKET_GUARDS[missing]}: the per-resource rules cannot see what is absent. "
                    f"Fix: create it for this bucket (infra/storage.py Buckets does)"), bucket.urn
+
+
+# What a team's IRSA role may do: read the datasets, read and write its own prefix, use the data key. Anything else
+# (another team's prefix, a wildcard, IAM, a managed policy) widens one team into the others'.
+TEAM_OBJECT_ACTIONS = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+TEAM_BUCKET_ACTIONS = {"s3:ListBucket", "s3:ListBucketMultipartUploads"}
+TEAM_KEY_ACTIONS = {"kms:Decrypt", "kms:GenerateDataKey"}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [] if value is None else [value]
+
+
+def _policy_document(raw: Any) -> dict[str, Any]:
+    import json
+    try:
+        document = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def _team_statement_problems(statement: dict[str, Any], team: str, datasets_arns: set[str]) -> Iterable[str]:
+    if statement.get("Effect") != "Allow":
+        return
+    prefix = contract.team_s3_prefix(team)
+    actions, resources = {str(a) for a in _as_list(statement.get("Action"))}, [str(r) for r in _as_list(statement.get("Resource"))]
+    if statement.get("NotAction") or statement.get("NotResource"):
+        yield "allows by NotAction/NotResource (everything but a list). Fix: list the actions and resources"
+    for action in sorted(actions - TEAM_OBJECT_ACTIONS - TEAM_BUCKET_ACTIONS - TEAM_KEY_ACTIONS):
+        yield f"allows {action!r}, beyond the storage and data-key actions a team's jobs need. Fix: remove it"
+    for resource in resources:
+        if resource == "*" or resource.endswith(":*"):
+            yield f"allows {sorted(actions)} on {resource!r}. Fix: name the team's buckets and prefix"
+            continue
+        bucket, _, key = resource.partition("/")
+        object_actions = actions & TEAM_OBJECT_ACTIONS
+        if key and object_actions and bucket in datasets_arns:
+            if object_actions - {"s3:GetObject"}:
+                yield f"allows {sorted(object_actions - {'s3:GetObject'})} on the datasets ({resource}). Fix: datasets are read-only"
+        elif key and object_actions and not key.startswith(prefix):
+            yield f"allows {sorted(object_actions)} on {resource}, outside {prefix}. Fix: {bucket}/{prefix}*"
+        if not key and actions & TEAM_BUCKET_ACTIONS and bucket not in datasets_arns:
+            prefixes = _as_list(((statement.get("Condition") or {}).get("StringLike") or {}).get("s3:prefix"))
+            if not prefixes or any(not str(p).startswith(prefix) for p in prefixes):
+                yield f"lists {bucket} beyond {prefix} (s3:prefix {prefixes or 'unset'}). Fix: a StringLike s3:prefix of {prefix}*"
+
+
+def _trusted_subjects(assume_role_policy: Any) -> list[str]:
+    subjects = []
+    for statement in _as_list(_policy_document(assume_role_policy).get("Statement")):
+        for test in ("StringEquals", "StringLike"):
+            subjects += [str(s) for k, v in ((statement.get("Condition") or {}).get(test) or {}).items() if k.endswith(":sub")
+                         for s in _as_list(v)]
+        if not (statement.get("Condition") or {}):
+            subjects.append("*")
+    return subjects
+
+
+@stack_rule("A team's IAM role is assumed only by its namespace's training ServiceAccount and reaches only the datasets "
+            "(read), its own S3 prefix and the data key.")
+def team_roles_confined(resources: list[StackResource], ctx: Context) -> Violations:
+    datasets = {str(b.props.get("arn")) for b in of_type(resources, "aws:s3/bucket:Bucket")
+                if (b.props.get("tags") or {}).get("purpose") == "datasets"}
+    for role in of_type(resources, "aws:iam/role:Role"):
+        team = (role.props.get("tags") or {}).get(contract.TAG_TEAM)
+        if not team:
+            continue
+        own = f"system:serviceaccount:{contract.namespace_name(team)}:{contract.TRAINING_SERVICE_ACCOUNT}"
+        for subject in _trusted_subjects(role.props.get("assumeRolePolicy")):
+            if subject != own:
+                yield (f"team {team!r}'s role can be assumed by {subject!r}. Fix: trust only {own}"), role.urn
+        names = {role.props.get("name"), role.props.get("id"), role.name}
+
+        def attached(resource: StackResource) -> bool:
+            return resource.props.get("role") in names or role.urn in resource.dependencies
+
+        for attachment in of_type(resources, "aws:iam/rolePolicyAttachment:RolePolicyAttachment"):
+            if attached(attachment):
+                yield (f"team {team!r}'s role has the managed policy {attachment.props.get('policyArn')} attached. "
+                       "Fix: detach it; a team's permissions are its inline storage policy (infra/teams.py)"), attachment.urn
+        for policy in of_type(resources, "aws:iam/rolePolicy:RolePolicy"):
+            if attached(policy):
+                for statement in _as_list(_policy_document(policy.props.get("policy")).get("Statement")):
+                    for problem in _team_statement_problems(statement, team, datasets):
+                        yield f"team {team!r}'s policy {policy.name} {problem}", policy.urn

@@ -47,6 +47,15 @@ EFA_INTERFACES = [{"networkCardIndex": s.network_card_index, "deviceIndex": s.de
                   for s in catalog.efa_interface_layout(p5)]
 POD = {"containers": [{"name": "node", "image": "x"}]}
 
+def team_pv(team, *, claimed_by, read_only=False):
+    """The program's own team volume (platform/manifests/storage.py), its claim moved to `claimed_by`'s namespace."""
+    from trainforge.platform.manifests.storage import team_volume
+    pv = team_volume(team, file_system_id="fs-1", dns_name="fs-1.fsx", mount_name="abcd", capacity_gib=1200, read_only=read_only,
+                     datasets_path="/datasets")
+    pv["spec"]["claimRef"]["namespace"] = contract.namespace_name(claimed_by)
+    return pv
+
+
 # rule -> (resource type, compliant props, violating props, the fix the message must name)
 RESOURCE_CASES = {
     "cost-tags": ("aws:ec2/natGateway:NatGateway", {"tags": {"Name": "nat"}}, {"tags": {"Name": "nat"}}, "Fix: tag it"),
@@ -137,6 +146,8 @@ RESOURCE_CASES = {
                                 {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::111122223333:root"}, "Action": "kms:*", "Resource": "*"}]})},
                             {"enableKeyRotation": True, "policy": json.dumps({"Statement": [
                                 {"Effect": "Allow", "Principal": "*", "Action": "kms:*", "Resource": "*"}]})}, "name the account's principals"),
+    "team-volumes-reach-only-their-team": ("kubernetes:core/v1:PersistentVolume", team_pv("a", claimed_by="a"), team_pv("b", claimed_by="a"),
+                                           "mount only teams/a"),
 }
 CONFIG = {"region-allowed": {"allowedRegions": ["us-east-1", "us-west-2"]}}
 NO_PROVIDER_TAGS = {"cost-tags"}  # the violating case loses what the provider would add
@@ -183,6 +194,29 @@ def bucket_stack(*guards):
     return [sr("aws:s3/bucket:Bucket", "data", {}), *(sr(t, f"g{i}", {}, deps=("data",)) for i, t in enumerate(guards))]
 
 
+BUCKET_ARNS = {kind: f"arn:aws:s3:::dev-{kind}" for kind in ("datasets", "checkpoints", "artifacts")}
+
+
+def team_role_stack(*, widen=None, attach=None, trust="team-vision"):
+    """The program's own team role and storage policy (infra/teams.py), with one regression injected."""
+    from trainforge.infra.teams import team_policy
+    document = json.loads(team_policy(BUCKET_ARNS, "arn:aws:kms:key/data", "vision"))
+    if widen:
+        widen(document["Statement"])
+    trust_policy = {"Statement": [{"Effect": "Allow", "Action": "sts:AssumeRoleWithWebIdentity", "Condition": {"StringEquals": {
+        "oidc/id/X:sub": f"system:serviceaccount:{trust}:{contract.TRAINING_SERVICE_ACCOUNT}", "oidc/id/X:aud": "sts.amazonaws.com"}}}]}
+    objects = [*(sr("aws:s3/bucket:Bucket", kind, {"arn": arn, "tags": {"purpose": kind}}) for kind, arn in BUCKET_ARNS.items()),
+               sr("aws:iam/role:Role", "vision", {"name": "vision-1a2b", "tags": {"team": "vision"}, "assumeRolePolicy": json.dumps(trust_policy)}),
+               sr("aws:iam/rolePolicy:RolePolicy", "vision-storage", {"role": "vision-1a2b", "policy": json.dumps(document)}, deps=("vision",))]
+    if attach:
+        objects.append(sr("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "admin", {"role": "vision-1a2b", "policyArn": attach}))
+    return objects
+
+
+def _read_write_everywhere(statements):
+    next(s for s in statements if s.get("Sid") == "ReadWriteOwnPrefix")["Resource"] = [f"{arn}/*" for arn in BUCKET_ARNS.values()]
+
+
 # stack rule -> (compliant resources, violating resources, what the message must say)
 STACK_CASES = {
     "buckets-fully-guarded": (bucket_stack(*BUCKET_GUARDS), bucket_stack(*list(BUCKET_GUARDS)[:2]), "denies plain HTTP"),
@@ -190,6 +224,7 @@ STACK_CASES = {
     "resource-flavours-match-node-groups": (flavour_stack({contract.LABEL_FLAVOUR: "gpu-spot"}),
                                             flavour_stack({contract.LABEL_FLAVOUR: "gpu-spot", "extra": "x"}), "flavour_traits"),
     "teams-have-their-tenancy": (tenancy_stack(with_quota=True), tenancy_stack(with_quota=False), "requests.nvidia.com/gpu"),
+    "team-roles-confined": (team_role_stack(), team_role_stack(widen=_read_write_everywhere), "Fix: arn:aws:s3:::dev-checkpoints/teams/vision/*"),
 }
 
 
@@ -360,3 +395,39 @@ def test_host_namespaces_and_added_capabilities_are_refused_outside_system_names
     assert any(fix in m for m in check_resource(rule, "kubernetes:batch/v1:Job", job))
     job["metadata"]["namespace"] = "kube-system"
     assert check_resource(rule, "kubernetes:batch/v1:Job", job) == []
+
+
+def _add(statement):
+    return lambda statements: statements.append(statement)
+
+
+@pytest.mark.parametrize("injected, says", [
+    (dict(widen=_add({"Effect": "Allow", "Action": "s3:*", "Resource": "*"})), "on '*'"),
+    (dict(widen=_add({"Effect": "Allow", "Action": ["iam:PassRole"], "Resource": "arn:aws:iam::1:role/x"})), "'iam:PassRole'"),
+    (dict(widen=_add({"Effect": "Allow", "Action": ["s3:PutObject"], "Resource": ["arn:aws:s3:::dev-datasets/*"]})), "datasets are read-only"),
+    (dict(widen=_add({"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": ["arn:aws:s3:::dev-checkpoints"]})), "s3:prefix"),
+    (dict(widen=_add({"Effect": "Allow", "NotAction": ["iam:*"], "Resource": ["arn:aws:s3:::dev-artifacts/teams/vision/*"]})), "NotAction"),
+    (dict(attach="arn:aws:iam::aws:policy/AdministratorAccess"), "AdministratorAccess"),
+    (dict(trust="team-language"), "trust only system:serviceaccount:team-vision:"),
+])
+def test_each_way_of_widening_a_team_role_is_caught(injected, says):
+    found = check_stack(BY_NAME["team-roles-confined"], team_role_stack(**injected))
+    assert any(says in message for message, _ in found), found
+
+
+@pytest.mark.parametrize("volume, says", [
+    (lambda: team_pv("a", claimed_by="a", read_only=True), None),  # the datasets, read-only: compliant
+    (lambda: {**team_pv("a", claimed_by="b"), "metadata": {"name": "x", "labels": {}}}, "team 'a''s directory"),
+    (lambda: team_pv("b", claimed_by="b") | {"metadata": {"name": "x", "labels": {"trainforge.io/team": "a"}}}, "claimRef.namespace team-a"),
+    (lambda: _with_mount(team_pv("a", claimed_by="a"), "abcd"), "the file system's root"),
+    (lambda: _with_mount(team_pv("a", claimed_by="a", read_only=True), "abcd"), "the file system's root"),
+    (lambda: _with_mount(team_pv("a", claimed_by="a"), "abcd/datasets"), "readOnly: true"),
+])
+def test_each_way_of_giving_a_team_another_volume_is_caught(volume, says):
+    found = check_resource(BY_NAME["team-volumes-reach-only-their-team"], "kubernetes:core/v1:PersistentVolume", volume())
+    assert (found == []) if says is None else any(says in m for m in found), found
+
+
+def _with_mount(pv, mount_name):
+    pv["spec"]["csi"]["volumeAttributes"]["mountname"] = mount_name
+    return pv
