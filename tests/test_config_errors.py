@@ -97,6 +97,23 @@ def test_efa_group_on_spot_is_refused():
     assert "node_groups[1].capacity: an EFA group runs tightly coupled jobs" in rejected(raw)
 
 
+@pytest.mark.parametrize("group_name, change, message", [
+    ("p5-efa", {"team_jobs": True}, "team_jobs: GPU groups always run teams' jobs"),
+    ("cpu", {"capacity": "spot"}, "team_jobs: teams' CPU jobs run on on-demand nodes"),
+    ("cpu", {"instance_types": ["t3.2xlarge"]}, "not in the CPU catalogue"),
+])
+def test_a_team_jobs_group_must_be_a_sized_on_demand_cpu_group(group_name, change, message):
+    raw = prod()
+    group(raw, group_name).update(change)
+    assert message in rejected(raw)
+
+
+def test_the_cpu_group_of_a_shipped_stack_is_the_cpu_flavour_and_the_system_one_is_not():
+    from trainforge.contract import Flavour
+    cfg = load_stack_file(STACKS / "Pulumi.prod.yaml")
+    assert {g.name: g.flavour for g in cfg.node_groups if not g.has_gpus} == {"system": Flavour.SYSTEM, "cpu": Flavour.CPU}
+
+
 @pytest.mark.parametrize("deployment, capacity, suggestion", [
     ("PERSISTENT_2", 3000, "2400 or 4800"),
     ("SCRATCH_2", 1000, "1200 or 2400"),

@@ -143,6 +143,9 @@ def test_rendered_pods_are_admitted_in_their_own_namespace_and_no_other(program,
     prog, cfg = program
     if len(cfg.teams) < 2:
         pytest.skip("one team")
+    spec = load_spec(path)
+    if not decide(spec.model_copy(update={"team": cfg.teams[0].name}), cfg).flavours:
+        pytest.skip(f"{path.name} fits no node group of this stack: `check` refuses it before anything is rendered")
     for team, other in zip(cfg.teams, cfg.teams[1:] + cfg.teams[:1]):
         job = in_namespace(rendered(cfg, team.name, path, kind), contract.namespace_name(team.name))
         assert prog.denials(job, TRAINJOBS if kind == "trainjob" else PYTORCHJOBS) == []
@@ -172,6 +175,17 @@ TAMPERING = {
     "NFS": lambda pod: pod["spec"]["volumes"].append({"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}),
     "another claim": lambda pod: pod["spec"]["volumes"].append({"name": "o", "persistentVolumeClaim": {"claimName": "someone-elses"}}),
     "an ephemeral claim": lambda pod: pod["spec"]["volumes"].append({"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}),
+    # Placement: a team's pod lands only on tenant nodes (issue 26, item 5).
+    "the system nodes": lambda pod: pod["spec"]["nodeSelector"].update({contract.LABEL_FLAVOUR: contract.Flavour.SYSTEM.value}),
+    "no flavour at all": lambda pod: pod["spec"]["nodeSelector"].pop(contract.LABEL_FLAVOUR),
+    "a node by name": lambda pod: pod["spec"].update(nodeName="ip-10-0-1-23.ec2.internal"),
+    "an affinity term that reaches the system nodes": lambda pod: (pod["spec"]["nodeSelector"].pop(contract.LABEL_FLAVOUR), pod["spec"].update(
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": contract.LABEL_FLAVOUR, "operator": "In", "values": ["cpu"]}]},
+            {"matchExpressions": [{"key": contract.LABEL_NODE_GROUP, "operator": "In", "values": ["system"]}]}]}}})),
+    "an affinity that names the system flavour": lambda pod: (pod["spec"]["nodeSelector"].pop(contract.LABEL_FLAVOUR), pod["spec"].update(
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": contract.LABEL_FLAVOUR, "operator": "In", "values": ["cpu", "system"]}]}]}}})),
 }
 
 
@@ -308,3 +322,71 @@ def test_the_standard_as_checked_here_refuses_what_restricted_refuses(program, t
     pod = copy.deepcopy(_trainjob_pod(prog, cfg))
     tamper(pod["spec"]["containers"][0], pod["spec"])
     assert any(finding in v for v in restricted_violations(pod["spec"])), restricted_violations(pod["spec"])
+
+
+# ---- placement: tenants never on the platform's nodes ---------------------------------------------------------------
+
+def _system_and_tenant_templates(cfg):
+    from trainforge import nodes
+    templates = {g.name: (g.flavour, nodes.template(g)) for g in cfg.node_groups}
+    system = [t for f, t in templates.values() if f is contract.Flavour.SYSTEM]
+    assert system, "every stack has system nodes"
+    return system, [t for f, t in templates.values() if f is not contract.Flavour.SYSTEM]
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_no_admitted_team_pod_can_be_scheduled_onto_a_system_node(program, path, kind):
+    """The scheduler's own test (node selector, affinity, taints, the autoscaler's template of each group) says no
+    pod of any rendered job fits a system node, and each fits some tenant group."""
+    from trainforge import nodes
+    prog, cfg = program
+    spec = load_spec(path).model_copy(update={"team": cfg.teams[0].name})
+    if not decide(spec, cfg).flavours:
+        pytest.skip(f"{path.name} fits no node group of this stack: `check` refuses it before anything is rendered")
+    system, tenant = _system_and_tenant_templates(cfg)
+    job = in_namespace(rendered(cfg, spec.team, path, kind), contract.namespace_name(spec.team))
+    for pod in prog.pods(job):
+        assert prog.denials(pod, PODS) == []
+        requests = nodes.requests_of(pod["spec"]["containers"][0].get("resources", {}).get("requests", {}))
+        shape = nodes.PodShape.of_pod_spec(pod["spec"], requests)
+        for node in system:
+            assert nodes.fit_problems(shape, node), f"{pod['metadata']['name']} could land on {node.group}"
+        assert nodes.scale_up_candidates(shape, tenant), f"{pod['metadata']['name']} fits no tenant group"
+
+
+def cpu_only(cfg):
+    """The quickstart asking for no GPU: 4 CPUs and 8 GiB per worker."""
+    from trainforge.trainer.spec import Resources
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    return spec.model_copy(update={"team": cfg.teams[0].name, "resources": Resources(cpu="4", memory="8Gi")})
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+def test_a_cpu_only_job_goes_to_the_cpu_group_and_never_the_system_one(program, kind):
+    from trainforge import nodes
+    prog, cfg = program
+    spec = cpu_only(cfg)
+    assert spec.resources.gpus() == 0
+    where = decide(spec, cfg)
+    assert where.flavours == (contract.Flavour.CPU,)
+    system, tenant = _system_and_tenant_templates(cfg)
+    for pod in prog.pods(in_namespace(render(spec, where, kind), contract.namespace_name(spec.team))):
+        assert prog.denials(pod, PODS) == []
+        shape = nodes.PodShape.of_pod_spec(pod["spec"], nodes.requests_of(pod["spec"]["containers"][0]["resources"]["requests"]))
+        assert all(nodes.fit_problems(shape, node) for node in system)
+        assert {t.group for t in nodes.scale_up_candidates(shape, tenant)} == {g.name for g in cfg.node_groups if g.flavour is contract.Flavour.CPU}
+    queue = next(o for o in prog.objects if o["kind"] == "ClusterQueue" and o["metadata"]["name"] == contract.cluster_queue_name(spec.team))
+    assert [f["name"] for f in queue["spec"]["resourceGroups"][0]["flavors"]][0] == contract.Flavour.CPU.value
+    assert all(f["name"] != contract.Flavour.SYSTEM.value for f in queue["spec"]["resourceGroups"][0]["flavors"])
+    assert all(o["metadata"]["name"] != contract.Flavour.SYSTEM.value for o in prog.objects if o["kind"] == "ResourceFlavor")
+
+
+def test_a_stack_without_a_cpu_group_refuses_cpu_jobs_with_the_fix(program):
+    from trainforge.trainer.placement import group_problems
+    prog, cfg = program
+    without = cfg.model_copy(update={"node_groups": [g for g in cfg.node_groups if g.flavour is not contract.Flavour.CPU]})
+    spec = cpu_only(cfg)
+    (problem,) = group_problems(spec, without, contract.Flavour.CPU)
+    assert "team_jobs: true" in problem
+    assert group_problems(spec, cfg, contract.Flavour.SYSTEM) == ["the system nodes run only the platform's services, never a team's job"]

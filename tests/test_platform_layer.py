@@ -233,9 +233,12 @@ def test_every_resource_flavour_matches_the_nodes_of_its_groups(stack):
     evaluation, cfg = stack
     flavours = {manifest(r)["metadata"]["name"]: manifest(r)["spec"] for r in kubernetes_objects(evaluation) if r.type.endswith(":ResourceFlavor")}
     effects = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
-    assert set(flavours) == {g.flavour.value for g in cfg.node_groups}
+    # The system nodes are no flavour: no team is ever admitted there.
+    assert set(flavours) == {g.flavour.value for g in cfg.node_groups} - {contract.Flavour.SYSTEM.value}
     for group in evaluation.of_type("aws:eks/nodeGroup:NodeGroup"):
         labels = group.inputs["labels"]
+        if labels[contract.LABEL_FLAVOUR] == contract.Flavour.SYSTEM.value:
+            continue
         flavour = flavours[labels[contract.LABEL_FLAVOUR]]
         assert all(labels.get(k) == v for k, v in flavour["nodeLabels"].items())
         node_taints = sorted((t["key"], t["value"], effects[t["effect"]]) for t in group.inputs.get("taints") or [])

@@ -70,11 +70,13 @@ def test_quotas_equal_the_config(stack):
         queue = one(objects, "ClusterQueue")["spec"]
         assert queue["cohortName"] == contract.KUEUE_COHORT
         nominal = {f["name"]: next(r for r in f["resources"] if r["name"] == contract.RESOURCE_GPU) for f in queue["resourceGroups"][0]["flavors"]}
-        assert {name: gpu["nominalQuota"] for name, gpu in nominal.items() if name != Flavour.SYSTEM.value} == \
-            {f.value: n for f, n in team.gpu_quota.items() if n > 0}
+        assert Flavour.SYSTEM.value not in nominal, "no team is ever admitted onto the system nodes"
+        assert nominal.pop(Flavour.CPU.value)["nominalQuota"] == 0, "CPU-only jobs: the cpu flavour, no GPUs"
+        cpu_entry = next(f for f in queue["resourceGroups"][0]["flavors"] if f["name"] == Flavour.CPU.value)
+        assert next(r for r in cpu_entry["resources"] if r["name"] == "cpu")["nominalQuota"] == team.cpu_quota
+        assert {name: gpu["nominalQuota"] for name, gpu in nominal.items()} == {f.value: n for f, n in team.gpu_quota.items() if n > 0}
         for flavour, gpu in nominal.items():
-            if flavour != Flavour.SYSTEM.value:
-                assert gpu["borrowingLimit"] == team.borrowing_limit.get(Flavour(flavour), 0)
+            assert gpu["borrowingLimit"] == team.borrowing_limit.get(Flavour(flavour), 0)
         assert queue["preemption"]["reclaimWithinCohort"] == "Any"
         hard = one(objects, "ResourceQuota")["spec"]["hard"]
         assert int(hard[f"requests.{contract.RESOURCE_GPU}"]) == sum(team.reachable_gpus(f) for f in contract.GPU_FLAVOURS)
@@ -223,7 +225,8 @@ def test_onboarding_a_team_adds_exactly_that_teams_objects(tmp_path):
     ({"members": ["alice@example.com"]}, "e-mail addresses; EKS grants access to IAM principals"),
     ({"members": ["arn:aws:iam::111122223333:role/a", "arn:aws:iam::111122223333:role/a"]}, "lists a principal twice"),
     ({"lending_limit": {"gpu-spot": 99}}, "lending_limit"),
-    ({"borrowing_limit": {"system": 2}}, "'system' nodes have no GPUs"),
+    ({"borrowing_limit": {"system": 2}}, "['system'] nodes have no GPUs"),
+    ({"gpu_quota": {"cpu": 2}}, "['cpu'] nodes have no GPUs"),
 ])
 def test_bad_team_settings_are_rejected_with_the_fix(change, message):
     raw = copy.deepcopy(read_stack_file(REPO / "stacks" / "Pulumi.dev.yaml").config[CONFIG_KEY])

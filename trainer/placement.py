@@ -93,7 +93,7 @@ class Placement:
 def preferred_flavours(spec: JobSpec, platform: PlatformConfig | None) -> list[Flavour]:
     """The flavours the job may use, in order of preference, before asking which ones the stack offers."""
     if spec.resources.gpus() == 0:
-        return [Flavour.SYSTEM]
+        return [Flavour.CPU]
     if spec.capacity == "spot":
         return [Flavour.GPU_SPOT]
     if spec.capacity == "spot-fallback":
@@ -130,10 +130,13 @@ def templates(platform: PlatformConfig, flavour: Flavour) -> list[nodes.NodeTemp
 
 
 def group_problems(spec: JobSpec, platform: PlatformConfig, flavour: Flavour) -> list[str]:
-    """Why no `flavour` node group would take a pod of the job (empty: one would). System jobs need no template."""
+    """Why no `flavour` node group would take a pod of the job (empty: one would)."""
     if flavour is Flavour.SYSTEM:
-        return [] if any(g.flavour is flavour for g in platform.node_groups) else ["no system node group"]
+        return ["the system nodes run only the platform's services, never a team's job"]
     found = templates(platform, flavour)
+    if not found and flavour is Flavour.CPU:
+        return ["the stack has no node group for teams' CPU jobs (the system nodes run only the platform). "
+                "Fix: ask the platform team for a CPU group with team_jobs: true, or request a GPU"]
     if not found:
         return [f"the stack has no {flavour.value} node group"]
     pod = pod_shape(spec, _single(spec, flavour, platform))

@@ -7,7 +7,12 @@ create (TrainJobs, PyTorchJobs) and for the pods the operators create from them:
   defines.
 - `trainforge-team-pods`: a pod runs as its team's POSIX identity (the owner of its FSx directory) and never as root,
   mounts only its namespace's FSx claims and the kinds of volume a job needs (no CSI inline, hostPath, NFS, other
-  claims). (Keeping CPU-only team pods off the system nodes needs a tenant CPU node group first: not yet.)
+  claims), and can land only on tenant nodes: its nodeSelector names a tenant flavour (`cpu` or a GPU flavour; Kueue
+  writes the admitted flavour's labels there), or every term of its required node affinity confines it to tenant
+  flavours; it never names a node (`spec.nodeName` skips the scheduler). The system nodes run MLflow with the
+  database's credentials, the budget controller (which may patch every ClusterQueue), Kueue and Prometheus: a team's
+  pod there could read their memory through the node or starve them. The system nodes need no taint for this, so the
+  charts and EKS add-ons need no toleration.
 
 The team's facts come from its settings ConfigMap (`paramRef` without a namespace: the admitted object's own
 namespace), which members can read but not write. No ConfigMap, no admission (`parameterNotFoundAction: Deny`).
@@ -73,6 +78,17 @@ def _identity(field: str, param: str) -> str:
                                f"c.securityContext.{field} == int(params.data.{param})"))
 
 
+def tenant_placement() -> str:
+    """CEL: the pod can be scheduled only onto nodes of a tenant flavour, whatever else it says."""
+    key, tenant = contract.LABEL_FLAVOUR, _quoted([f.value for f in contract.TENANT_FLAVOURS])
+    selector = f"has(object.spec.nodeSelector) && '{key}' in object.spec.nodeSelector && object.spec.nodeSelector['{key}'] in {tenant}"
+    required = "object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    affinity = (f"has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && has({required}) && "
+                f"{required}.nodeSelectorTerms.size() > 0 && {required}.nodeSelectorTerms.all(t, has(t.matchExpressions) && "
+                f"t.matchExpressions.exists(e, e.key == '{key}' && e.operator == 'In' && e.values.all(v, v in {tenant})))")
+    return f"!has(object.spec.nodeName) && (({selector}) || ({affinity}))"
+
+
 def pod_validations() -> list[dict[str, str]]:
     pod = "object.spec.securityContext"
     volume_ok = " || ".join([f"has(v.{kind})" for kind in ALLOWED_VOLUME_KINDS]
@@ -91,6 +107,10 @@ def pod_validations() -> list[dict[str, str]]:
         {"expression": f"!has(object.spec.volumes) || object.spec.volumes.all(v, {volume_ok})",
          "message": f"a team's pod may mount only its namespace's FSx claims ({', '.join(ALLOWED_CLAIMS)}) and "
                     f"{', '.join(ALLOWED_VOLUME_KINDS)} volumes"},
+        {"expression": tenant_placement(),
+         "message": f"a team's pod runs only on tenant nodes ({', '.join(f.value for f in contract.TENANT_FLAVOURS)}), never on the "
+                    f"system nodes that run the platform, and names no node. Fix: submit with `trainforge submit` (Kueue sets "
+                    f"the {contract.LABEL_FLAVOUR} nodeSelector); a CPU-only job needs the stack's team_jobs CPU group"},
     ]
 
 

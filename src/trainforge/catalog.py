@@ -21,7 +21,7 @@ class InstanceType:
     gpus: int
     gpu_model: str
     efa_interfaces: int = 0
-    vcpus: int = 0  # 0: a CPU type outside the table (its size is not needed: no GPU quota or node template rests on it)
+    vcpus: int = 0  # 0: a CPU type outside the table (fine for the system group; a team_jobs group needs a sized type)
     memory_gib: int = 0
     # Types on which an interface may be `efa-only` (no ENA device). Older Nitro generations take only
     # `efa` (EFA with ENA) interfaces, one per network card.
@@ -61,7 +61,17 @@ def _rows() -> list[InstanceType]:
     return [InstanceType(**{**r.__dict__, "local_nvme": True}) for r in rows]
 
 
+def _cpu_rows() -> list[InstanceType]:
+    """General-purpose, compute and memory x86 types a team_jobs group may use, sized so that the autoscaler's template
+    and `check` can tell whether a CPU-only pod fits: m 4 GiB per vCPU, c 2, r 8; no instance store."""
+    ladder = {"large": 2, "xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32, "12xlarge": 48, "16xlarge": 64, "24xlarge": 96}
+    families = {"m6i": 4, "m7i": 4, "m6a": 4, "m7a": 4, "c6i": 2, "c7i": 2, "c6a": 2, "c7a": 2, "r6i": 8, "r7i": 8, "r6a": 8, "r7a": 8}
+    return [InstanceType(f"{family}.{size}", 0, "", vcpus=vcpus, memory_gib=vcpus * gib)
+            for family, gib in families.items() for size, vcpus in ladder.items()]
+
+
 CATALOG: dict[str, InstanceType] = {row.name: row for row in _rows()}
+CPU_CATALOG: dict[str, InstanceType] = {row.name: row for row in _cpu_rows()}
 GPU_FAMILIES: frozenset[str] = frozenset(row.family for row in CATALOG.values())
 # Accelerated families the platform does not carry (old generations, non-NVIDIA GPUs): named so that they
 # are rejected instead of being mistaken for CPU types.
@@ -91,7 +101,7 @@ def lookup(name: str) -> InstanceType:
         raise UnknownInstanceType(f"{name!r} is not in the GPU catalogue; known {family} types: {', '.join(known)}")
     if family in UNSUPPORTED_GPU_FAMILIES:
         raise UnknownInstanceType(f"{name!r} belongs to {family}, a GPU family trainforge does not support; use one of: {', '.join(sorted(GPU_FAMILIES))}")
-    return InstanceType(name, gpus=0, gpu_model="")
+    return CPU_CATALOG.get(name) or InstanceType(name, gpus=0, gpu_model="")
 
 
 @dataclass(frozen=True)

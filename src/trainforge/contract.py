@@ -17,19 +17,24 @@ LABEL_DOMAIN = "trainforge.io"
 
 
 class Flavour(str, Enum):
-    """A kind of node a job can ask for. The AWS layer derives a node group's flavour from its config."""
+    """A kind of node. The AWS layer derives a node group's flavour from its config. `system` nodes run the platform
+    (MLflow with the database's credentials, the budget controller, Kueue, Prometheus) and never a team's pod; teams'
+    CPU-only jobs run on `cpu` nodes, their GPU jobs on the GPU flavours."""
 
     SYSTEM = "system"
+    CPU = "cpu"
     GPU_SPOT = "gpu-spot"
     GPU_ONDEMAND = "gpu-ondemand"
     GPU_EFA = "gpu-efa"
 
     @property
     def has_gpus(self) -> bool:
-        return self is not Flavour.SYSTEM
+        return self not in (Flavour.SYSTEM, Flavour.CPU)
 
 
 GPU_FLAVOURS: tuple[Flavour, ...] = (Flavour.GPU_SPOT, Flavour.GPU_ONDEMAND, Flavour.GPU_EFA)
+# Where a team's pods may run: admission refuses a team pod that could land anywhere else (platform/manifests/guardrails.py).
+TENANT_FLAVOURS: tuple[Flavour, ...] = (Flavour.CPU, *GPU_FLAVOURS)
 
 # Node labels
 LABEL_FLAVOUR = f"{LABEL_DOMAIN}/node-flavour"

@@ -75,6 +75,8 @@ def team_quotas(cfg: PlatformConfig, team: TeamConfig) -> list[FlavourQuota]:
     out = []
     for flavour in dict.fromkeys(g.flavour for g in cfg.node_groups):
         if flavour is Flavour.SYSTEM:
+            continue  # the platform's own nodes: no team is ever admitted there
+        if flavour is Flavour.CPU:
             nominal = {"cpu": quantity("cpu", team.cpu_quota), "memory": quantity("memory", team.memory_quota),
                        contract.RESOURCE_GPU: 0, contract.RESOURCE_EFA: 0}
             out.append(FlavourQuota(flavour, nominal))
@@ -100,7 +102,7 @@ def cluster_queue(cfg: PlatformConfig, team: TeamConfig, labels: dict[str, str] 
         resources = []
         for resource in COVERED:
             entry: dict[str, Any] = {"name": resource, "nominalQuota": _text(resource, quota.nominal[resource])}
-            if quota.flavour is not Flavour.SYSTEM:
+            if quota.flavour.has_gpus:
                 entry["borrowingLimit"] = _text(resource, quota.borrowing[resource])
                 if quota.lending.get(resource) is not None:
                     entry["lendingLimit"] = _text(resource, quota.lending[resource])
@@ -131,7 +133,7 @@ def resource_flavor(flavour: Flavour) -> dict[str, Any]:
 
 
 def resource_flavors(cfg: PlatformConfig) -> list[dict[str, Any]]:
-    return [resource_flavor(f) for f in dict.fromkeys(g.flavour for g in cfg.node_groups)]
+    return [resource_flavor(f) for f in dict.fromkeys(g.flavour for g in cfg.node_groups) if f is not Flavour.SYSTEM]
 
 
 def stack_queues(cfg: PlatformConfig) -> list[dict[str, Any]]:

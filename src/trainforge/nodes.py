@@ -113,7 +113,8 @@ GPU_NODE_DAEMONSETS = {r: EKS_ADDON_DAEMONSETS[r] + PLATFORM_DAEMONSETS[r] for r
 
 
 def usable(instance: catalog.InstanceType) -> dict[str, int]:
-    """What a training pod can have on a GPU node: allocatable less the DaemonSets every GPU node runs."""
+    """What a training pod can have on a node: allocatable less the DaemonSets every GPU node runs (a CPU node runs
+    fewer: a floor there)."""
     out = allocatable(instance)
     for resource, amount in GPU_NODE_DAEMONSETS.items():
         out[resource] -= amount
@@ -173,7 +174,7 @@ def template_from(group: str, first_type: str, tags: dict[str, str]) -> NodeTemp
     generic = {INSTANCE_TYPE_LABEL: first_type, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     labels = {**generic, **{k.removeprefix(TEMPLATE_LABEL): v for k, v in tags.items() if k.startswith(TEMPLATE_LABEL)}}
     taints = tuple(Taint(k.removeprefix(TEMPLATE_TAINT), *v.rsplit(":", 1)) for k, v in sorted(tags.items()) if k.startswith(TEMPLATE_TAINT))
-    resources = usable(instance) if instance.gpus else {}
+    resources = usable(instance) if instance.vcpus else {}
     resources |= {k.removeprefix(TEMPLATE_RESOURCE): int(v) for k, v in tags.items() if k.startswith(TEMPLATE_RESOURCE)}
     return NodeTemplate(group, first_type, labels, taints, resources)
 

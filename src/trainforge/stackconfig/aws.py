@@ -158,6 +158,8 @@ class NodeGroupConfig(_Model):
     availability_zone: str | None = Field(None, description="required for EFA groups: the placement group's AZ")
     capacity_reservation: CapacityReservationConfig | None = Field(
         None, description="launch into reserved capacity: unreserved p5 capacity in one placement group is rarely there")
+    team_jobs: bool = Field(False, description="a CPU group for teams' CPU-only jobs (the cpu flavour); CPU groups without it "
+                                                "run only the platform's services, never a team's pod")
     root_iops: int | None = Field(None, ge=GP3_BASELINE_IOPS, le=GP3_MAX_IOPS, description=f"gp3 IOPS; default {LARGE_ROOT_IOPS} from {LARGE_ROOT_GIB} GiB")
     root_throughput_mibps: int | None = Field(None, ge=GP3_BASELINE_MIBPS, le=GP3_MAX_MIBPS,
                                               description=f"gp3 throughput; default {LARGE_ROOT_MIBPS} from {LARGE_ROOT_GIB} GiB")
@@ -191,10 +193,24 @@ class NodeGroupConfig(_Model):
             raise ValueError(f"desired_size ({desired}) is outside [min_size {self.min_size}, max_size {self.max_size}]. Fix: pick a size in that range")
         if self.efa:
             self._check_efa()
+        if self.team_jobs:
+            self._check_team_jobs()
         if self.capacity_reservation is not None:
             self._check_reservation()
         self._check_root_performance()
         return self
+
+    def _check_team_jobs(self) -> None:
+        if self.has_gpus:
+            raise ValueError("team_jobs: GPU groups always run teams' jobs; team_jobs marks a CPU group for CPU-only jobs. "
+                             "Fix: drop team_jobs from this group")
+        if self.capacity != "on-demand":
+            raise ValueError("team_jobs: teams' CPU jobs run on on-demand nodes (no spot grace period for them). "
+                             "Fix: capacity: on-demand")
+        unsized = [i.name for i in self.instances if not i.vcpus]
+        if unsized:
+            raise ValueError(f"team_jobs: {unsized} are not in the CPU catalogue, so whether a job's pod fits a node cannot be "
+                             f"told. Fix: one of the m/c/r 6i/7i/6a/7a types, e.g. m7i.2xlarge")
 
     def _check_reservation(self) -> None:
         kind = self.capacity_reservation.kind
@@ -263,7 +279,7 @@ class NodeGroupConfig(_Model):
     @property
     def flavour(self) -> Flavour:
         if not self.has_gpus:
-            return Flavour.SYSTEM
+            return Flavour.CPU if self.team_jobs else Flavour.SYSTEM
         if self.efa:
             return Flavour.GPU_EFA
         return Flavour.GPU_SPOT if self.capacity == "spot" else Flavour.GPU_ONDEMAND

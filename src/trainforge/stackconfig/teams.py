@@ -13,8 +13,9 @@ from trainforge.stackconfig.fields import DNS_LABEL, IAM_PRINCIPAL_ARN, TAG_VALU
 
 
 def _gpu_counts(quota: dict[Flavour, int], what: str) -> dict[Flavour, int]:
-    if Flavour.SYSTEM in quota:
-        raise ValueError(f"'system' nodes have no GPUs. Fix: use one of {[f.value for f in GPU_FLAVOURS]}")
+    without = sorted(f.value for f in quota if not f.has_gpus)
+    if without:
+        raise ValueError(f"{without} nodes have no GPUs (CPU work is bounded by cpu_quota). Fix: use one of {[f.value for f in GPU_FLAVOURS]}")
     negative = {f.value: n for f, n in quota.items() if n < 0}
     if negative:
         raise ValueError(f"{negative}: {what} is a GPU count, 0 or more. Fix: use 0 to give no GPUs of a flavour")
