@@ -7,12 +7,15 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_random as random
 
+from trainforge import contract
 from trainforge.infra.tags import named
 from trainforge.stackconfig import MlflowConfig
 
 ENGINE_VERSION = "16"  # major version; RDS applies minor upgrades in the maintenance window
-PORT = 5432
-DATABASE = "mlflow"
+PORT = contract.POSTGRES_PORT
+DATABASE = contract.MLFLOW_DATABASE
+# The master user: named `mlflow` by history (renaming it would replace the instance). Since issue 26 it runs only the
+# bootstrap Jobs; MLflow itself signs in as `mlflow_server` (platform/manifests/tracking.py).
 USERNAME = "mlflow"
 
 

@@ -181,3 +181,66 @@ def ec2_product(instance_type: str, region: str, usd_per_hour: float, **attribut
             "sku": sku, "effectiveDate": "2026-11-01T00:00:00Z", "offerTermCode": "JRTCKXETXF", "termAttributes": {}}}},
         "version": "20261101000000", "publicationDate": "2026-11-01T00:00:00Z",
     }
+
+
+def postgres_binaries() -> Path | None:
+    """The directory of Debian's PostgreSQL server programs (they are not on PATH: /usr/lib/postgresql/<major>/bin)."""
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    return versions[-1].parent if versions else None
+
+
+@contextmanager
+def postgres_server(tmp: Path, superuser_password: str = "superuser"):
+    """A real PostgreSQL on 127.0.0.1 (password authentication over TCP, as RDS), run as the `postgres` system user
+    when the tests run as root (the server refuses root). Yields (port, superuser, password); ready when the superuser
+    can connect."""
+    import psycopg2
+
+    import tempfile
+
+    binaries = postgres_binaries()
+    # Its own directory outside pytest's (root's 0700 tree, which the `postgres` user cannot enter), removed after.
+    home = Path(tempfile.mkdtemp(prefix="trainforge-pg-"))
+    data, sockets, password_file = home / "data", home / "sockets", home / "superuser.password"
+    sockets.mkdir()
+    password_file.write_text(superuser_password + "\n")
+    run_as: list[str] = []
+    if os.geteuid() == 0:
+        run_as = ["runuser", "-u", "postgres", "--"]
+        for path in (home, sockets, password_file):
+            shutil.chown(path, "postgres")
+    made = subprocess.run([*run_as, str(binaries / "initdb"), "-D", str(data), "-U", "superuser", "--pwfile", str(password_file),
+                           "--auth-host=scram-sha-256", "--auth-local=scram-sha-256", "-E", "UTF8", "--no-instructions"],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        shutil.rmtree(home, ignore_errors=True)
+        raise RuntimeError(f"initdb failed: {made.stderr[-2000:]}")
+    port = free_port()
+    log = open(tmp / "postgres.log", "w")
+    proc = subprocess.Popen([*run_as, str(binaries / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
+                             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline, last = time.time() + 60, None
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"postgres exited: {(tmp / 'postgres.log').read_text()[-2000:]}")
+            try:
+                psycopg2.connect(host="127.0.0.1", port=port, user="superuser", password=superuser_password, dbname="postgres").close()
+                break
+            except psycopg2.OperationalError as exc:  # not accepting connections yet
+                last = exc
+                if time.time() > deadline:
+                    raise TimeoutError(f"postgres did not accept connections in 60 s: {last}") from None
+                time.sleep(0.1)
+        yield port, "superuser", superuser_password
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        shutil.rmtree(home, ignore_errors=True)

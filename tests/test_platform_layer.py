@@ -316,8 +316,19 @@ def test_the_mlflow_database_is_encrypted_private_reachable_only_from_nodes_with
     for other in evaluation.of_type("kubernetes:core/v1:Secret"):  # the teams' sweep database credentials too
         values = other.inputs.get("data") or other.inputs.get("stringData")
         assert is_secret(values) or all(is_secret(v) for v in values.values()), other.name
+    # MLflow signs in as its own role; the master user's Secret reaches only the bootstrap Jobs (tests/test_databases.py).
+    from trainforge.platform.manifests import tracking
     mlflow = releases(evaluation)["mlflow"]["values"]
-    assert mlflow["backendStore"]["existingDatabaseSecret"]["name"] == manifest(secret)["metadata"]["name"]
+    assert mlflow["backendStore"]["existingDatabaseSecret"]["name"] == mlflow["auth"]["postgres"]["existingSecret"]["name"] == tracking.SERVER_SECRET
+    (server,) = [r for r in evaluation.of_type("kubernetes:core/v1:Secret") if r.inputs["metadata"]["name"] == tracking.SERVER_SECRET]
+    assert manifest(server)["stringData"]["username"] == tracking.SERVER_ROLE
+    master = manifest(secret)["metadata"]["name"]
+    users = [manifest(r) for r in evaluation.of_type("kubernetes:batch/v1:Job")
+             if master in json.dumps(r.inputs.get("spec", {}))]
+    assert users and all(j["metadata"]["namespace"] == contract.NAMESPACE_MLFLOW and
+                         j["spec"]["template"]["spec"]["containers"][0]["image"] == "public.ecr.aws/docker/library/postgres:16-alpine"
+                         for j in users), "only the psql bootstrap Jobs hold the master user's credentials"
+    assert master not in json.dumps(mlflow)
     assert "password" not in json.dumps(mlflow["backendStore"]["postgres"]), "the chart gets the password only from the Secret"
     assert mlflow["artifactRoot"]["proxiedArtifactStorage"] is True
 

@@ -150,7 +150,8 @@ class Guardrails(pulumi.ComponentResource):
 
 
 class TrackingServer(pulumi.ComponentResource):
-    """MLflow on the stack's RDS PostgreSQL; the database password reaches the chart only as a Kubernetes Secret."""
+    """MLflow on the stack's RDS PostgreSQL as its own role (the master user's credentials reach only the bootstrap
+    Jobs); every password reaches the chart only as a Kubernetes Secret."""
 
     def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], aws: AwsLayer, monitoring_release: pulumi.Resource,
                  opts: pulumi.ResourceOptions):
@@ -164,13 +165,15 @@ class TrackingServer(pulumi.ComponentResource):
         flask_key = random.RandomPassword(f"{name}-flask", length=48, special=False, opts=child)
         admin = apply(tracking.admin_secret(pulumi.Output.secret(admin_password.result)), parent=self, depends_on=[ns])
         defaults = apply(tracking.container_defaults(), parent=self, depends_on=[ns])
-        auth_database = [apply(o, parent=self, depends_on=[ns, secret, *aws.system_ready])
-                         for o in tracking.auth_database_objects(host=aws.database.instance.address, master_secret=DATABASE_SECRET)]
-        chart_values = values.mlflow(cfg, database_host=aws.database.instance.address, database_secret=DATABASE_SECRET,
+        server_password = random.RandomPassword(f"{name}-server-db", length=40, special=False, opts=child)
+        server = apply(tracking.server_secret(pulumi.Output.secret(server_password.result)), parent=self, depends_on=[ns])
+        databases = [apply(o, parent=self, depends_on=[ns, secret, server, *aws.system_ready])
+                     for o in tracking.database_objects(host=aws.database.instance.address, master_secret=DATABASE_SECRET)]
+        chart_values = values.mlflow(cfg, database_host=aws.database.instance.address, database_secret=tracking.SERVER_SECRET,
                                      artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn,
                                      flask_secret_key=pulumi.Output.secret(flask_key.result))
         self.release = helm_release(charts["mlflow"], chart_values, parent=self,
-                                    depends_on=[ns, secret, admin, defaults, *auth_database, *aws.system_ready, monitoring_release])
+                                    depends_on=[ns, server, admin, defaults, *databases, *aws.system_ready, monitoring_release])
         self.register_outputs({"tracking_uri": contract.MLFLOW_TRACKING_URI})
 
 
@@ -190,7 +193,7 @@ class CostControl(pulumi.ComponentResource):
         self.register_outputs({"opencost": contract.OPENCOST_URL, "budget_controller": contract.BUDGET_CONTROLLER})
 
 
-DATABASE_SECRET = "mlflow-database"
+DATABASE_SECRET = "mlflow-database"  # the RDS master user's credentials: bootstrap Jobs only (tracking.database_sql, sweeps)
 
 
 def database_secret(aws: AwsLayer) -> dict[str, Any]:

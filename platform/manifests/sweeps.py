@@ -62,7 +62,8 @@ def database_job(cfg: PlatformConfig, team: TeamConfig, *, host: Any, master_sec
 def psql_job(name: str, labels: dict[str, str], *, host: Any, master_secret: str, config_map: str, script: str,
              env: list[dict[str, Any]] = (), variables: str = "") -> dict[str, Any]:
     """A Job in the MLflow namespace running one SQL script from a ConfigMap as the master user (bootstrap only)."""
-    master = [{"name": "PGHOST", "value": host}, {"name": "PGPORT", "value": str(contract.POSTGRES_PORT)}, {"name": "PGDATABASE", "value": "mlflow"},
+    # The maintenance database, which the master user owns: MLflow's own is its role's, and closed to others.
+    master = [{"name": "PGHOST", "value": host}, {"name": "PGPORT", "value": str(contract.POSTGRES_PORT)}, {"name": "PGDATABASE", "value": "postgres"},
               {"name": "PGSSLMODE", "value": "require"},
               {"name": "PGUSER", "valueFrom": {"secretKeyRef": {"name": master_secret, "key": "username"}}},
               {"name": "PGPASSWORD", "valueFrom": {"secretKeyRef": {"name": master_secret, "key": "password"}}}]
@@ -76,7 +77,7 @@ def psql_job(name: str, labels: dict[str, str], *, host: Any, master_secret: str
             "metadata": {"name": name, "namespace": contract.NAMESPACE_MLFLOW, "labels": labels},
             "spec": {"backoffLimit": 6, "ttlSecondsAfterFinished": 86400,
                      "template": {"metadata": {"labels": labels},
-                                  "spec": {"restartPolicy": "OnFailure", "nodeSelector": {contract.LABEL_FLAVOUR: "system"},
+                                  "spec": {"restartPolicy": "OnFailure", "nodeSelector": dict(contract.flavour_traits(contract.Flavour.SYSTEM).labels),
                                            "containers": [container],
                                            "volumes": [{"name": "sql", "configMap": {"name": config_map}}]}}}}
 

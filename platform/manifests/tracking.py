@@ -1,5 +1,12 @@
 """MLflow with authentication: every team signs in as its own user and sees only what it created.
 
+MLflow signs in to PostgreSQL as its own role (`mlflow_server`), never as the RDS master user: the master user belongs
+to every team's sweep role (it created them), so a server running as master could read every team's studies. A Job
+run as master (bootstrap only, `database_sql`) creates the role, hands it the tracking and auth databases and what is
+in them (tables an earlier release created as master included), and closes `mlflow`, `mlflow_auth` and `postgres` to
+PUBLIC, so a team's sweep role can connect to none of them (tests/test_databases.py runs the script on a real
+PostgreSQL).
+
 The chart runs MLflow's basic-auth app (`auth.enabled`) with `defaultPermission: NO_PERMISSIONS`: an experiment (and
 a registered model) belongs to the user who created it — MANAGE for its creator, nothing for anyone else — and an
 anonymous request gets 401. Its users live in their own database (`mlflow_auth` on the stack's PostgreSQL, created
@@ -22,31 +29,75 @@ from trainforge.platform.manifests import sweeps, tenancy
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 AUTH_DATABASE = "mlflow_auth"
+SERVER_ROLE = "mlflow_server"  # MLflow's own PostgreSQL role (the RDS master user is for bootstrap Jobs only)
+SERVER_SECRET = "mlflow-server-database"  # its credentials, for the chart (tracking store, auth database, migrations)
 ADMIN_SECRET = "mlflow-admin"
 ADMIN_USERNAME = "admin"
-AUTH_SQL_CONFIG_MAP = "mlflow-auth-database"
+DATABASE_SQL_CONFIG_MAP = "mlflow-databases"
+PASSWORD_ENV = "MLFLOW_SERVER_PASSWORD"
 DEFAULT_PERMISSION = "NO_PERMISSIONS"
 USER_ENV = contract.MLFLOW_USER_ENV
+# Closed to PUBLIC: MLflow's two databases, and the RDS maintenance database (nobody but the master user needs it).
+CLOSED_DATABASES = (contract.MLFLOW_DATABASE, AUTH_DATABASE, "postgres")
 
 
-def auth_database_sql() -> str:
-    """Idempotent: the auth app's database created once, and no one but its owner (the master user) may connect."""
+def _reown(database: str) -> list[str]:
+    """In `database`: everything in `public` the master user created (an earlier release ran MLflow as master) becomes
+    the server role's. Not REASSIGN OWNED: that would also hand over every database the master user owns."""
+    role = SERVER_ROLE
+    owned = ("FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+             "WHERE n.nspname = 'public' AND c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user)")
+    return [
+        f"\\connect {database}",
+        "DO $$DECLARE r record; BEGIN",
+        # Tables and views (a table's own sequences follow it); then sequences no table owns; then enum types.
+        f"  FOR r IN SELECT c.oid::regclass AS name {owned} AND c.relkind IN ('r', 'p', 'v', 'm', 'f') LOOP",
+        f"    EXECUTE format('ALTER TABLE %s OWNER TO {role}', r.name); END LOOP;",
+        f"  FOR r IN SELECT c.oid::regclass AS name {owned} AND c.relkind = 'S' AND NOT EXISTS (SELECT FROM pg_depend d "
+        "WHERE d.objid = c.oid AND d.deptype IN ('a', 'i')) LOOP",
+        f"    EXECUTE format('ALTER SEQUENCE %s OWNER TO {role}', r.name); END LOOP;",
+        "  FOR r IN SELECT t.oid::regtype AS name FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+        "WHERE n.nspname = 'public' AND t.typtype = 'e' AND t.typowner = (SELECT oid FROM pg_roles WHERE rolname = current_user) LOOP",
+        f"    EXECUTE format('ALTER TYPE %s OWNER TO {role}', r.name); END LOOP;",
+        "END$$;",
+    ]
+
+
+def database_sql() -> str:
+    """Idempotent, run as the master user: MLflow's role (its password (re)set from the Secret), its two databases
+    and what is in them, and nobody else connecting to those or to `postgres`."""
+    role, tracking_db = SERVER_ROLE, contract.MLFLOW_DATABASE
     return "\n".join([
-        f"SELECT 'CREATE DATABASE {AUTH_DATABASE}' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{AUTH_DATABASE}')\\gexec",
-        f"REVOKE ALL ON DATABASE {AUTH_DATABASE} FROM PUBLIC;",
+        f"SELECT 'CREATE ROLE {role} LOGIN' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}')\\gexec",
+        f"ALTER ROLE {role} PASSWORD :'password';",
+        f"GRANT {role} TO CURRENT_USER;",  # RDS: the master user may hand a database to a role it belongs to
+        f"SELECT 'CREATE DATABASE {AUTH_DATABASE} OWNER {role}' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{AUTH_DATABASE}')\\gexec",
+        f"ALTER DATABASE {tracking_db} OWNER TO {role};",
+        f"ALTER DATABASE {AUTH_DATABASE} OWNER TO {role};",
+        *(f"REVOKE ALL ON DATABASE {database} FROM PUBLIC;" for database in CLOSED_DATABASES),
+        *_reown(tracking_db),
+        *_reown(AUTH_DATABASE),
     ]) + "\n"
 
 
-def auth_database_objects(*, host: Any, master_secret: str) -> list[dict[str, Any]]:
-    """The SQL and the Job that runs it (named by the SQL's hash), in the MLflow namespace."""
-    sql = auth_database_sql()
-    labels = {"app.kubernetes.io/name": "mlflow-auth-database", "app.kubernetes.io/part-of": "trainforge"}
+def server_secret(password: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": SERVER_SECRET, "namespace": contract.NAMESPACE_MLFLOW},
+            "stringData": {"username": SERVER_ROLE, "password": password}}
+
+
+def database_objects(*, host: Any, master_secret: str) -> list[dict[str, Any]]:
+    """The SQL and the Job that runs it as the master user (named by the SQL's hash), in the MLflow namespace."""
+    sql = database_sql()
+    labels = {"app.kubernetes.io/name": DATABASE_SQL_CONFIG_MAP, "app.kubernetes.io/part-of": "trainforge"}
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                  "metadata": {"name": AUTH_SQL_CONFIG_MAP, "namespace": contract.NAMESPACE_MLFLOW, "labels": labels},
-                  "data": {"auth.sql": sql}}
+                  "metadata": {"name": DATABASE_SQL_CONFIG_MAP, "namespace": contract.NAMESPACE_MLFLOW, "labels": labels},
+                  "data": {"databases.sql": sql}}
     digest = hashlib.sha256(sql.encode()).hexdigest()[:8]
-    job = sweeps.psql_job(f"{AUTH_SQL_CONFIG_MAP}-{digest}", labels, host=host, master_secret=master_secret,
-                          config_map=AUTH_SQL_CONFIG_MAP, script="auth.sql")
+    password = {"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": SERVER_SECRET, "key": "password"}}}
+    job = sweeps.psql_job(f"{DATABASE_SQL_CONFIG_MAP}-{digest}", labels, host=host, master_secret=master_secret,
+                          config_map=DATABASE_SQL_CONFIG_MAP, script="databases.sql", env=[password],
+                          variables=f'-v password="${PASSWORD_ENV}"')
     return [config_map, job]
 
 
@@ -64,8 +115,9 @@ def admin_secret(password: Any) -> dict[str, Any]:
             "stringData": {"username": ADMIN_USERNAME, "password": password}}
 
 
-def chart_auth(*, database_host: Any, database_secret: str) -> dict[str, Any]:
-    """The chart's `auth` values: basic-auth, nobody sees what they did not create, users in their own database."""
+def chart_auth(*, database_host: Any, database_secret: str = SERVER_SECRET) -> dict[str, Any]:
+    """The chart's `auth` values: basic-auth, nobody sees what they did not create, users in their own database, reached
+    as MLflow's own role."""
     return {"enabled": True, "appName": "basic-auth", "defaultPermission": DEFAULT_PERMISSION,
             "existingAdminSecret": {"name": ADMIN_SECRET, "usernameKey": "username", "passwordKey": "password"},
             "postgres": {"enabled": True, "host": database_host, "port": contract.POSTGRES_PORT, "database": AUTH_DATABASE,

@@ -200,7 +200,7 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
         "serviceAccount": {"create": True, "name": "mlflow", "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}},
         "backendStore": {
             "databaseMigration": True,
-            "postgres": {"enabled": True, "host": database_host, "port": 5432, "database": "mlflow"},
+            "postgres": {"enabled": True, "host": database_host, "port": contract.POSTGRES_PORT, "database": contract.MLFLOW_DATABASE},
             "existingDatabaseSecret": {"name": database_secret, "usernameKey": "username", "passwordKey": "password"},
         },
         "artifactRoot": {"proxiedArtifactStorage": True, "s3": {"enabled": True, "bucket": artifacts_bucket, "path": "mlflow"}},

@@ -355,6 +355,7 @@ SWEEP_STORAGE_KEY = "storage"
 SWEEP_STORAGE_ENV = "TRAINFORGE_SWEEP_STORAGE"
 SWEEP_STORAGE_FROM_ENV = f"env:{SWEEP_STORAGE_ENV}"  # what a trial's run config says instead of a URL
 POSTGRES_PORT = 5432
+MLFLOW_DATABASE = "mlflow"  # the RDS instance's initial database: MLflow's tracking store
 
 
 def sweep_database(team: str) -> tuple[str, str]:
