@@ -377,7 +377,7 @@ def test_a_cpu_only_job_goes_to_the_cpu_group_and_never_the_system_one(program, 
         assert all(nodes.fit_problems(shape, node) for node in system)
         assert {t.group for t in nodes.scale_up_candidates(shape, tenant)} == {g.name for g in cfg.node_groups if g.flavour is contract.Flavour.CPU}
     queue = next(o for o in prog.objects if o["kind"] == "ClusterQueue" and o["metadata"]["name"] == contract.cluster_queue_name(spec.team))
-    assert [f["name"] for f in queue["spec"]["resourceGroups"][0]["flavors"]][0] == contract.Flavour.CPU.value
+    assert contract.Flavour.CPU.value in [f["name"] for f in queue["spec"]["resourceGroups"][0]["flavors"]]
     assert all(f["name"] != contract.Flavour.SYSTEM.value for f in queue["spec"]["resourceGroups"][0]["flavors"])
     assert all(o["metadata"]["name"] != contract.Flavour.SYSTEM.value for o in prog.objects if o["kind"] == "ResourceFlavor")
 
@@ -390,3 +390,23 @@ def test_a_stack_without_a_cpu_group_refuses_cpu_jobs_with_the_fix(program):
     (problem,) = group_problems(spec, without, contract.Flavour.CPU)
     assert "team_jobs: true" in problem
     assert group_problems(spec, cfg, contract.Flavour.SYSTEM) == ["the system nodes run only the platform's services, never a team's job"]
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+def test_a_sweep_trial_pod_reads_its_database_url_from_a_mounted_file_and_is_admitted(program, kind):
+    """The trial's study database URL (a password) is neither in the job nor in the pod's environment: the team's Secret
+    is mounted read-only as one file; the pod still meets restricted and the team pod policy."""
+    import json
+    prog, cfg = program
+    team = cfg.teams[0].name
+    spec = load_spec(REPO / "examples" / "quickstart.yaml").model_copy(update={
+        "team": team, "sweep": {"storage": contract.SWEEP_STORAGE_FROM_FILE, "study": "s", "trial_id": 3, "metric": "accuracy"}})
+    for pod in prog.pods(in_namespace(render(spec, decide(spec, cfg), kind), contract.namespace_name(team))):
+        assert prog.denials(pod, PODS) == [] and restricted_violations(pod["spec"]) == []
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        (container,) = pod["spec"]["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == contract.SWEEP_STORAGE_DIR]
+        secret = volumes[mount["name"]]["secret"]
+        assert mount["readOnly"] and secret["secretName"] == contract.SWEEP_STORAGE_SECRET
+        assert secret["items"] == [{"key": contract.SWEEP_STORAGE_KEY, "path": contract.SWEEP_STORAGE_KEY}]
+        assert contract.SWEEP_STORAGE_SECRET not in json.dumps(container.get("env", [])), "not in the environment"

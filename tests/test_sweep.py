@@ -19,6 +19,8 @@ from optuna.trial import TrialState
 from servers import mlflow_server
 from test_local_backend import wait_until
 
+from trainforge import contract, k8s_schema
+from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.trainer.sweeps.controller import counted, load_existing
 
 BASE = yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())
@@ -278,7 +280,7 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
         backend = KubernetesBackend("vision", "trainjob")
         controller = SweepController(sweep, backend, lambda spec: admit(with_image(spec, platform), platform,
                                                                        live_queue=backend.live_queue("vision")), storage, poll_s=0.2,
-                                     trial_storage=contract.SWEEP_STORAGE_FROM_ENV)
+                                     trial_storage=contract.SWEEP_STORAGE_FROM_FILE)
         outcome: list[str] = []
         runner = threading.Thread(target=lambda: outcome.append(controller.run()), daemon=True)
         runner.start()
@@ -291,10 +293,14 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
                 if name in seen:
                     continue
                 seen.add(name)
-                env = {e["name"]: e for e in job["spec"]["trainer"]["env"]}
-                assert env[contract.SWEEP_STORAGE_ENV]["valueFrom"]["secretKeyRef"]["name"] == contract.SWEEP_STORAGE_SECRET
+                assert "sqlite" not in json.dumps(job), "no URL in the job: not in args, not in the environment"
                 args = " ".join(job["spec"]["trainer"]["args"])
-                assert f"sweep.storage={contract.SWEEP_STORAGE_FROM_ENV}" in args and "sqlite" not in args, "no URL in the job"
+                assert f"sweep.storage={contract.SWEEP_STORAGE_FROM_FILE}" in args
+                (runtime,) = [r for r in cluster_training_runtimes("img") if r["metadata"]["name"] == job["spec"]["runtimeRef"]["name"]]
+                (pod,) = k8s_schema.pod_templates(job, runtime).values()
+                mounted = {v["name"]: v for v in pod["spec"]["volumes"]}
+                (mount,) = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == contract.SWEEP_STORAGE_DIR]
+                assert mount["readOnly"] and mounted[mount["name"]]["secret"]["secretName"] == contract.SWEEP_STORAGE_SECRET
                 assert job["metadata"]["labels"][contract.KUEUE_QUEUE_LABEL] == contract.queue_name("vision")
                 trial_id = int(next(a.split("=", 1)[1] for a in job["spec"]["trainer"]["args"] if a.startswith("sweep.trial_id=")))
                 trial = optuna.trial.Trial(study, trial_id)  # the pod's rank 0: report, finish
@@ -314,8 +320,37 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
         held["metadata"]["annotations"] = {contract.BUDGET_HOLD_ANNOTATION: "$1,500.00 of $1,500.00 spent in 2026-11"}
         refused = SweepController(parse_sweep({**raw, "name": "after-budget"}, "after.yaml"), backend,
                                   lambda spec: admit(with_image(spec, platform), platform), storage, poll_s=0.2,
-                                  trial_storage=contract.SWEEP_STORAGE_FROM_ENV)
+                                  trial_storage=contract.SWEEP_STORAGE_FROM_FILE)
         assert refused.run().startswith("a trial was not admitted by the cluster: team budget: team 'vision' is over its monthly "
                                         "budget ($1,500.00 of $1,500.00 spent in 2026-11); its queue is held until the month rolls "
                                         "over or the budget is raised. Fix: a budget increase from the team's cost-centre owner")
         assert len(kube.api.of_kind("trainjobs", VISION)) == 4, "no TrainJob created for the refused trial"
+
+
+def test_a_trial_reads_its_study_database_from_the_mounted_file(tmp_path):
+    """As on the cluster: the URL is a file (the team's Secret, mounted), not an argument nor a variable. A real run of
+    the runtime reports its evaluations to the study it names."""
+    from test_runtime import run
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="mounted", storage=storage, direction="minimize")
+    trial = study.ask()
+    url = tmp_path / "sweep-database" / contract.SWEEP_STORAGE_KEY
+    url.parent.mkdir()
+    url.write_text(storage + "\n")
+    result = run(tmp_path / "trial", "job_id=mounted-0", "max_steps=40", f"sweep.storage=file:{url}", "sweep.study=mounted",
+                 f"sweep.trial_id={trial._trial_id}", "sweep.metric=accuracy", nproc=1)
+    assert storage not in result.stdout + result.stderr, "the URL (a password on the cluster) is never printed"
+    (done,) = optuna.load_study(study_name="mounted", storage=storage).get_trials()
+    assert sorted(done.intermediate_values) == [20, 40]
+
+
+@pytest.mark.parametrize("content, says", [(None, "cannot read"), ("", "is empty")])
+def test_a_missing_or_empty_study_database_file_names_the_secret(tmp_path, content, says):
+    from trainforge.trainer.runtime.config import UserError
+    from trainforge.trainer.runtime.pruning import storage_url
+    path = tmp_path / contract.SWEEP_STORAGE_KEY
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UserError) as refused:
+        storage_url(f"file:{path}")
+    assert says in str(refused.value) and contract.SWEEP_STORAGE_SECRET in str(refused.value)

@@ -113,8 +113,22 @@ def pod_placement(spec: JobSpec, where: Placement) -> dict[str, Any]:
             {"name": "home", "emptyDir": {"sizeLimit": HOME_SIZE}},
             {"name": "fsx", "persistentVolumeClaim": {"claimName": contract.FSX_CLAIM_NAME}},
             {"name": "datasets", "persistentVolumeClaim": {"claimName": contract.FSX_DATASETS_CLAIM_NAME, "readOnly": True}},
+            *sweep_database_volume(spec),
         ],
     }
+
+
+SWEEP_DATABASE_VOLUME = "sweep-database"
+
+
+def sweep_database_volume(spec: JobSpec) -> list[dict[str, Any]]:
+    """A sweep trial reports to its team's study database: the URL (with a password) stays in the team's Secret, mounted
+    read-only as one file (0444: no fsGroup, and the pod's one identity is the team's)."""
+    if not spec.sweep:
+        return []
+    return [{"name": SWEEP_DATABASE_VOLUME, "secret": {
+        "secretName": contract.SWEEP_STORAGE_SECRET, "defaultMode": 0o444,
+        "items": [{"key": contract.SWEEP_STORAGE_KEY, "path": contract.SWEEP_STORAGE_KEY}]}}]
 
 
 HOME = "/home/trainforge"
@@ -133,7 +147,8 @@ def volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
     system."""
     return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "home", "mountPath": HOME},
             {"name": "fsx", "mountPath": contract.fsx_team_dir(spec.team)},
-            {"name": "datasets", "mountPath": contract.FSX_DATASETS_MOUNT, "readOnly": True}]
+            {"name": "datasets", "mountPath": contract.FSX_DATASETS_MOUNT, "readOnly": True},
+            *({"name": SWEEP_DATABASE_VOLUME, "mountPath": contract.SWEEP_STORAGE_DIR, "readOnly": True} for _ in sweep_database_volume(spec))]
 
 
 def node_price(spec: JobSpec, where: Placement) -> float | None:
@@ -161,9 +176,6 @@ def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
     for variable, key in (("MLFLOW_TRACKING_USERNAME", contract.MLFLOW_USERNAME_KEY), ("MLFLOW_TRACKING_PASSWORD", contract.MLFLOW_PASSWORD_KEY)):
         # The team's MLflow user: the server admits nobody else to the team's experiments.
         out.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": contract.MLFLOW_SECRET, "key": key}}})
-    if spec.sweep:  # a sweep trial reports to its team's study database; the URL (with a password) stays in the Secret
-        out.append({"name": contract.SWEEP_STORAGE_ENV, "valueFrom": {"secretKeyRef": {
-            "name": contract.SWEEP_STORAGE_SECRET, "key": contract.SWEEP_STORAGE_KEY}}})
     return out
 
 

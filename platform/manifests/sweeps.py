@@ -2,7 +2,7 @@
 owned by a role of that team's own, so one team's trials cannot read or write another's studies.
 
 A Job in the MLflow namespace (it already holds the master credentials) creates or updates the roles and databases,
-idempotently; each team gets a Secret with its storage URL (trial pods read it into TRAINFORGE_SWEEP_STORAGE, so no
+idempotently; each team gets a Secret with its storage URL (trial pods mount it as a file, contract.SWEEP_STORAGE_DIR, so no
 password is in a TrainJob) and a NetworkPolicy letting its pods reach PostgreSQL inside the VPC.
 """
 

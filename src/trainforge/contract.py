@@ -348,12 +348,14 @@ BUDGET_CONTROLLER = "trainforge-budget"  # its Deployment, ServiceAccount and Cl
 BUDGET_METRICS_PORT = 9401
 
 # Sweeps on the cluster: each team's Optuna database on the platform's PostgreSQL. Its URL (with the team's own
-# database user) is in this Secret in the team namespace; trial pods read it from this variable, so no password
-# appears in a TrainJob.
+# database user) is in this Secret in the team namespace; trial pods read it from a file the Secret is mounted as —
+# not an environment variable, which every child process (DataLoader workers, a command entry's programs) inherits
+# and crash reports copy — so no password appears in a TrainJob, an argv or an environment.
 SWEEP_STORAGE_SECRET = "trainforge-sweeps"
 SWEEP_STORAGE_KEY = "storage"
-SWEEP_STORAGE_ENV = "TRAINFORGE_SWEEP_STORAGE"
-SWEEP_STORAGE_FROM_ENV = f"env:{SWEEP_STORAGE_ENV}"  # what a trial's run config says instead of a URL
+SWEEP_STORAGE_DIR = "/var/run/trainforge/sweep-database"
+SWEEP_STORAGE_FROM_FILE = f"file:{SWEEP_STORAGE_DIR}/{SWEEP_STORAGE_KEY}"  # what a trial's run config says instead of a URL
+SWEEP_STORAGE_ENV = "TRAINFORGE_SWEEP_STORAGE"  # `env:NAME` still works where a caller sets it (local trials, tests)
 POSTGRES_PORT = 5432
 MLFLOW_DATABASE = "mlflow"  # the RDS instance's initial database: MLflow's tracking store
 

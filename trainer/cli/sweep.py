@@ -104,7 +104,7 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
     with views.SweepProgress(sweep) as bar:
         controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
                                      poll_s=poll, on_change=bar.update,
-                                     trial_storage=contract.SWEEP_STORAGE_FROM_ENV if backend_name is BackendName.kubernetes else None)
+                                     trial_storage=contract.SWEEP_STORAGE_FROM_FILE if backend_name is BackendName.kubernetes else None)
         bar.update(controller)
         why = controller.run()
     views.sweep_summary(controller, why)

@@ -15,6 +15,7 @@ import math
 import threading
 from typing import Any
 
+from trainforge import contract
 from trainforge.trainer.runtime.config import SweepTrialConfig
 
 log = logging.getLogger("trainforge.runtime")
@@ -79,10 +80,22 @@ class TrialReporter:
 
 
 def storage_url(storage: str) -> str:
-    """`env:NAME` reads the URL from the environment (on the cluster: the team's Secret), so it is never in a job spec."""
+    """`file:PATH` reads the URL from a file (on the cluster: the team's Secret, mounted), `env:NAME` from the
+    environment, so it is never in a job spec."""
     import os
+    from pathlib import Path
 
     from trainforge.trainer.runtime.config import UserError
+    if storage.startswith("file:"):
+        path = Path(storage.removeprefix("file:"))
+        try:
+            url = path.read_text().strip()
+        except OSError as exc:
+            raise UserError(f"sweep.storage: cannot read {path} ({exc.strerror}). Fix: the trial's pod mounts it from the team's "
+                            f"{contract.SWEEP_STORAGE_SECRET} Secret; is the team onboarded with sweeps (a `pulumi up` since)?") from None
+        if not url:
+            raise UserError(f"sweep.storage: {path} is empty. Fix: the team's {contract.SWEEP_STORAGE_SECRET} Secret needs its URL")
+        return url
     if not storage.startswith("env:"):
         return storage
     name = storage.removeprefix("env:")

@@ -173,7 +173,7 @@ class SweepController:
                  tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None,
                  trial_storage: str | None = None):
         """`trial_storage`: how trials name the study's storage, where they see it differently (on the cluster: the
-        team's Secret, `env:TRAINFORGE_SWEEP_STORAGE`); default: the same URL."""
+        team's Secret mounted as a file, `file:/var/run/trainforge/sweep-database/storage`); default: the same URL."""
         self.sweep, self.backend, self.admit, self.storage_url = sweep, backend, admit, storage_url
         self.trial_storage = trial_storage or storage_url
         self.poll_s, self.on_change = poll_s, on_change
