@@ -329,3 +329,40 @@ def test_a_home_that_cannot_be_written_is_named(tmp_path):
     spec = spec_file(tmp_path, QUICKSTART)
     assert_refused(cli(blocker / "home", "submit", "--detach", str(spec)), "TRAINFORGE_HOME")
     assert blocker.read_text() == "not a directory"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system for TRAINFORGE_HOME (tmpfs: root only; skipped where mounting is not allowed)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.strip() or 'not root'}): the full-disk case needs one")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_disk_that_fills_up_mid_job_fails_it_with_the_reason_and_never_leaves_it_running(tmp_path, small_disk):
+    """The first checkpoint fills the disk: the job ends `failed`, its record says the disk is full and what to do,
+    no traceback; the record was written although nothing else could be (the job's reserve)."""
+    home = small_disk / "home"
+    spec = spec_file(tmp_path, {**QUICKSTART, "checkpoint": {"interval_steps": 10, "keep_last": 2},
+                                "hyperparameters": {**QUICKSTART["hyperparameters"], "max_steps": 200}})
+    result = cli(home, "submit", str(spec))
+    assert result.returncode != 0 and "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]
+    assert "disk holding" in result.stdout and "larger disk" in result.stdout, result.stdout[-2000:]
+    state = json.loads((home / "jobs" / QUICKSTART["name"] / "state.json").read_text())
+    assert state["state"] == "failed" and "is full" in state["reason"] and "TRAINFORGE_HOME" in state["reason"]
+    listed = cli(home, "list")
+    assert listed.returncode == 0 and "failed" in listed.stdout and "running" not in listed.stdout
+
+
+def test_a_disk_too_full_to_hold_the_jobs_record_refuses_the_submit(tmp_path, small_disk):
+    filler = small_disk / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until the disk is full
+    spec = spec_file(tmp_path, QUICKSTART)
+    message = assert_refused(cli(small_disk / "home", "submit", "--detach", str(spec)), "TRAINFORGE_HOME")
+    assert "No space left on device" in message and "larger disk" in message

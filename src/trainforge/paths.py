@@ -29,6 +29,9 @@ SUPERVISOR_LOG_FILE = "supervisor.log"
 JOB_RUN_DIR = "run"
 JOB_CHECKPOINT_DIR = "checkpoints"
 JOB_EXIT_DIR = "exit"
+# Space held back while a job runs, given up to record how it ended when the disk fills (a job is never left
+# `running` because its last record could not be written).
+JOB_RESERVE_FILE = "reserve"
 
 
 def home() -> Path:

@@ -9,8 +9,10 @@ Submitting a job whose name exists resumes it from its checkpoints.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,10 +77,18 @@ class JobState:
                                        "again resumes from them"], exit_code=1) from None
 
     def save(self) -> None:
+        """Atomically (readers never see half a state). On a full disk the job's reserve is given up for it: the record
+        of how a job ended must get written."""
         path = job_dir(self.name) / paths.JOB_STATE_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, path)  # readers never see half a state
+        try:
+            tmp.write_text(json.dumps(asdict(self), indent=2))
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno != errno.ENOSPC or not release_reserve(self.name):
+                raise
+            tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)
 
     def record_supervisor(self, pid: int) -> None:
         self.supervisor_pid, self.supervisor_started = pid, process_start(pid)
@@ -140,6 +150,38 @@ class JobAlreadyActive(TrainforgeError):
                               f"Fix: `trainforge cancel {previous.name}` first, or give the spec another name"])
 
 
+RESERVE_BYTES = 256 * 1024  # a state record is ~1 KB, the last log lines a few more
+
+
+def hold_reserve(name: str) -> None:
+    """Written, not just sized: a sparse file would hold no blocks to give back."""
+    with open(job_dir(name) / paths.JOB_RESERVE_FILE, "wb") as f:
+        f.write(b"\0" * RESERVE_BYTES)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def release_reserve(name: str) -> bool:
+    try:
+        (job_dir(name) / paths.JOB_RESERVE_FILE).unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def disk_full(directory: Path) -> str | None:
+    """Why a failed attempt may not be the job's fault: the disk holding TRAINFORGE_HOME is (nearly) full."""
+    try:
+        usage = shutil.disk_usage(directory)
+    except OSError:
+        return None
+    if usage.free >= RESERVE_BYTES:
+        return None
+    return (f"the disk holding {paths.home()} is full ({usage.free // 1024} KiB free of {usage.total // 2**20} MiB): checkpoints, "
+            f"metrics and logs could not be written. Fix: free space there, or set TRAINFORGE_HOME to a larger disk; "
+            f"resubmitting the spec resumes from the last committed checkpoint")
+
+
 def prepare(spec: JobSpec, where: Placement) -> JobState:
     """Create or reopen the job's record. A finished job of the same name is resumed from its checkpoints."""
     directory = job_dir(spec.name)
@@ -158,9 +200,11 @@ def prepare(spec: JobSpec, where: Placement) -> JobState:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / paths.JOB_SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
         state.save()
+        hold_reserve(spec.name)
     except OSError as exc:
-        raise TrainforgeError("", [f"cannot write the job's record in {directory}: {exc.strerror}. Fix: set TRAINFORGE_HOME to a "
-                                   f"writable directory (now {paths.home()})"]) from None
+        release_reserve(spec.name)
+        fix = "free space there, or set TRAINFORGE_HOME to a larger disk" if exc.errno == errno.ENOSPC else "set TRAINFORGE_HOME to a writable directory"
+        raise TrainforgeError("", [f"cannot write the job's record in {directory}: {exc.strerror}. Fix: {fix} (now {paths.home()})"]) from None
     return state
 
 
@@ -251,6 +295,9 @@ class Supervisor:
                 return self._finish("cancelled", code, "cancelled by user; checkpoint kept for resume")
             if outcome == "ok":
                 return self._finish("succeeded", 0, "")
+            full = disk_full(self.directory) if outcome != "ok" else None
+            if full:  # a restart would fill it again at once
+                return self._finish("failed", code, f"worker exited {code}: {full}")
             if outcome == "user_error":
                 why = user_error_message(exit_dir) or "see job.log"
                 return self._finish("failed", code, f"worker exited {code}, a user error (not retried): {why}")
@@ -268,8 +315,11 @@ class Supervisor:
                 return self._finish("cancelled", code, "cancelled while waiting to restart")
 
     def _log(self, text: str) -> None:
-        with open(self.directory / paths.JOB_LOG_FILE, "a") as log:
-            log.write(text)
+        try:
+            with open(self.directory / paths.JOB_LOG_FILE, "a") as log:
+                log.write(text)
+        except OSError:
+            pass  # the log is for people; the state record (saved first) is what counts, and a full disk must not lose it
 
     def _attempt(self) -> tuple[str, int, Path]:
         state = self.state
@@ -294,6 +344,7 @@ class Supervisor:
         state.state, state.exit_code, state.reason, state.ended_at = final, code, reason, time.time()
         state.save()
         self._log(f"--- trainforge: {final}{': ' + reason if reason else ''}\n")
+        release_reserve(self.spec.name)
         return state
 
 
