@@ -410,3 +410,107 @@ def test_a_sweep_trial_pod_reads_its_database_url_from_a_mounted_file_and_is_adm
         assert mount["readOnly"] and secret["secretName"] == contract.SWEEP_STORAGE_SECRET
         assert secret["items"] == [{"key": contract.SWEEP_STORAGE_KEY, "path": contract.SWEEP_STORAGE_KEY}]
         assert contract.SWEEP_STORAGE_SECRET not in json.dumps(container.get("env", [])), "not in the environment"
+
+
+# ---- the network: a team pod reaches no platform service but MLflow and DNS ---------------------------------------
+
+PLATFORM_NAMESPACES = (contract.NAMESPACE_MLFLOW, contract.NAMESPACE_MONITORING, contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM,
+                       contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, "kube-system")
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    assert not selector.get("matchExpressions"), "extend the model before using matchExpressions"
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def egress_allowed(policies: list[dict], source_namespace: str, dest: dict) -> bool:
+    """NetworkPolicy egress from any pod of `source_namespace` (the team's policies all select every pod) to `dest`
+    (namespace, pod labels, an address, a port)."""
+    import ipaddress
+    selecting = [p for p in policies if "Egress" in p["spec"]["policyTypes"]]
+    if not selecting:
+        return True
+
+    def peer_admits(peer: dict) -> bool:
+        if "ipBlock" in peer:
+            block = peer["ipBlock"]
+            address = ipaddress.ip_address(dest["ip"])
+            return address in ipaddress.ip_network(block["cidr"]) and not any(address in ipaddress.ip_network(e) for e in block.get("except", []))
+        namespace_ok = _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": dest["namespace"]}) if "namespaceSelector" in peer \
+            else dest["namespace"] == source_namespace
+        return namespace_ok and _selects(peer.get("podSelector") or {}, dest.get("labels") or {})
+
+    for policy in selecting:
+        for rule in policy["spec"].get("egress", []):
+            peers_ok = "to" not in rule or any(peer_admits(peer) for peer in rule["to"])
+            ports_ok = not rule.get("ports") or any(p.get("port") == dest["port"] for p in rule["ports"])
+            if peers_ok and ports_ok:
+                return True
+    return False
+
+
+def _workload_templates(obj: dict) -> list[dict]:
+    spec = obj.get("spec") or {}
+    if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
+        return [spec["template"]]
+    if obj["kind"] == "CronJob":
+        return [spec["jobTemplate"]["spec"]["template"]]
+    return [obj] if obj["kind"] == "Pod" else []
+
+
+def platform_destinations(evaluation, cfg) -> list[dict]:
+    """Every port a platform pod listens on, from the program's objects and the charts' rendered templates: container
+    ports of every pod template, and every Service's ports (the operators' pods, Prometheus and Alertmanager, are
+    reached through them). Each at an address inside the VPC, where pods live."""
+    import ipaddress
+
+    import helm
+    rendered, _ = helm.rendered_program(evaluation)
+    releases = helm.program_releases(evaluation)
+    objects = [(manifest(r), None) for r in kubernetes_objects(evaluation)]
+    objects += [(o, releases[name].get("namespace")) for name, objects_ in rendered.items() for o in objects_ if not helm.is_hook(o)]
+    address = str(next(cfg.network.vpc_cidr.hosts()) + 1000)
+    found = []
+    for obj, release_namespace in objects:
+        namespace = obj.get("metadata", {}).get("namespace") or release_namespace
+        if namespace not in PLATFORM_NAMESPACES:
+            continue
+        if obj["kind"] == "Service":
+            for port in obj["spec"].get("ports", []):
+                # Before translation, at a ClusterIP (either range EKS may pick); after, at the pod's address and port.
+                at = [(str(next(ipaddress.ip_network(c).hosts()) + 10), port["port"]) for c in contract.EKS_DEFAULT_SERVICE_CIDRS]
+                at += [(address, number) for number in {port["port"], port.get("targetPort")} if isinstance(number, int)]
+                for ip, number in at:
+                    found.append({"namespace": namespace, "labels": obj["spec"].get("selector") or {}, "ip": ip, "port": number,
+                                  "what": f"service {obj['metadata']['name']}"})
+        for template in _workload_templates(obj):
+            if template["spec"].get("hostNetwork"):
+                continue  # on the node's address: inside the VPC, covered by the node ports below
+            for container in template["spec"].get("containers", []):
+                for port in container.get("ports", []):
+                    found.append({"namespace": namespace, "labels": (template.get("metadata") or {}).get("labels") or {}, "ip": address,
+                                  "port": port["containerPort"], "what": f"{obj['kind']} {obj['metadata']['name']}"})
+    # The VPC's own: the nodes (kubelet, node exporter) and the API server's private endpoint.
+    found += [{"namespace": "", "ip": address, "port": port, "what": what}
+              for port, what in ((443, "the API server's private endpoint"), (10250, "a kubelet"), (9100, "a node exporter"))]
+    return found
+
+
+def test_a_team_pod_reaches_no_platform_service_but_mlflow_and_dns(stack):
+    evaluation, cfg = stack
+    destinations = platform_destinations(evaluation, cfg)
+    assert len({d["namespace"] for d in destinations}) >= 5, "the charts' pods are there to check against"
+    mlflow = [d for d in destinations if d["namespace"] == contract.NAMESPACE_MLFLOW and d["port"] == contract.MLFLOW_PORT]
+    assert mlflow, "MLflow's own port is among the platform's"
+    dns = {"namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}, "ip": "10.0.0.10", "port": 53}
+    for team in cfg.teams:
+        namespace = contract.namespace_name(team.name)
+        policies = [manifest(r) for r in kubernetes_objects(evaluation)
+                    if r.type.endswith(":NetworkPolicy") and manifest(r)["metadata"]["namespace"] == namespace]
+        reachable = [f"{d['what']} ({d['namespace'] or 'VPC'}:{d['port']})" for d in destinations
+                     if egress_allowed(policies, namespace, d) and d not in mlflow]
+        assert reachable == [], f"team {team.name} reaches {reachable}"
+        assert all(egress_allowed(policies, namespace, d) for d in mlflow) and egress_allowed(policies, namespace, dns)
+        assert egress_allowed(policies, namespace, {"namespace": "", "ip": "52.216.8.1", "port": 443}), "S3, STS: HTTPS out"
+        assert egress_allowed(policies, namespace, {"namespace": namespace, "labels": {}, "ip": "10.0.9.9", "port": 29500}), \
+            "its own ranks (rendezvous)"

@@ -119,9 +119,22 @@ def role_bindings(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]
     return out
 
 
+def in_cluster_ranges(cfg: PlatformConfig) -> list[str]:
+    """Addresses of everything inside the cluster: the VPC (pods, nodes, the API server's private endpoint) and the
+    Service ClusterIPs (contract.EKS_DEFAULT_SERVICE_CIDRS), without overlaps (an except must lie in its cidr)."""
+    import ipaddress
+    ranges = [cfg.network.vpc_cidr, *(ipaddress.ip_network(c) for c in contract.EKS_DEFAULT_SERVICE_CIDRS)]
+    return [str(r) for r in ipaddress.collapse_addresses(ranges)]
+
+
 def network_policies(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
     """Deny everything, then allow what training needs: the namespace to itself (rendezvous, NCCL bootstrap), DNS,
-    scraping from the monitoring namespace, the MLflow service, and HTTPS out (S3, STS and the other AWS endpoints).
+    scraping from the monitoring namespace, the MLflow service, and HTTPS out (S3, STS and the other AWS endpoints)
+    but not into the VPC: pods, nodes and the API server's private endpoint all have VPC addresses, and no training pod
+    needs any of them on 443. So a team pod reaches no platform service but MLflow and DNS (tests/test_isolation.py,
+    over the charts' own pods). The platform namespaces carry no ingress policies of their own: the API server's
+    service proxy (`trainforge platform verify`) comes from control-plane interfaces in the pod subnets, so any
+    address range admitting it would admit every pod; the teams' egress is where isolation holds.
     Enforced by the VPC CNI's network policy agent (the vpc-cni add-on has it on)."""
     def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(name, team, cfg.environment), "spec": spec}
@@ -141,7 +154,7 @@ def network_policies(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, An
         policy("allow-mlflow", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
             "to": [namespace_peer(contract.NAMESPACE_MLFLOW)], "ports": [{"protocol": "TCP", "port": contract.MLFLOW_PORT}]}]}),
         policy("allow-https-out", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
-            "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]}]}),
+            "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": in_cluster_ranges(cfg)}}], "ports": [{"protocol": "TCP", "port": 443}]}]}),
     ]
 
 

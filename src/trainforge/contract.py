@@ -143,6 +143,11 @@ def queue_name(team: str) -> str:
 # RunConfig; `json.loads(os.environ["TRAINFORGE_HYPERPARAMETERS"])` gets them, sweeps' sampled values included).
 HYPERPARAMETERS_ENV = "TRAINFORGE_HYPERPARAMETERS"
 
+# Where EKS puts Service ClusterIPs when the cluster names no range (the EKS API's kubernetesNetworkConfig:
+# "either the 10.100.0.0/16 or 172.20.0.0/16 CIDR blocks"): outside the VPC, so a policy excepting the VPC must
+# except these too, or a team pod reaches every in-cluster Service on an allowed port before its address is translated.
+EKS_DEFAULT_SERVICE_CIDRS = ("10.100.0.0/16", "172.20.0.0/16")
+
 TEAM_NAMESPACE_PREFIX = "team-"
 # Every training container: no privilege escalation and no capability (Pod Security `restricted`, enforced in team
 # namespaces). EFA and GPUs come through device plugins, /dev/shm is an emptyDir: none needs a capability.
