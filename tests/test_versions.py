@@ -50,3 +50,19 @@ def test_a_trainjob_with_a_grace_period_in_its_patch_is_rejected_by_the_pinned_c
     pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     pod["terminationGracePeriodSeconds"] = 120
     assert any("terminationGracePeriodSeconds" in p for p in k8s_schema.problems(job))
+
+
+def test_the_tests_run_the_mlflow_server_the_pinned_chart_runs():
+    """The auth app's API and permission model change between MLflow releases (3.17 replaced per-experiment
+    permissions with roles): the server the tests start must be the chart's appVersion."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    import helm
+    from trainforge.platform.manifests import charts
+    version = charts.CHARTS["mlflow"].version
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    (pin,) = [r for r in project["project"]["optional-dependencies"]["dev"] if r.startswith("mlflow[auth]")]
+    app_version = yaml.safe_load((helm.chart_dir("mlflow", version) / "Chart.yaml").read_text())["appVersion"]
+    assert re.fullmatch(r"mlflow\[auth\]==([0-9.]+)", pin).group(1) == app_version
