@@ -53,8 +53,8 @@ def test_a_trainjob_with_a_grace_period_in_its_patch_is_rejected_by_the_pinned_c
 
 
 def test_the_tests_run_the_mlflow_server_the_pinned_chart_runs():
-    """The auth app's API and permission model change between MLflow releases (3.17 replaced per-experiment
-    permissions with roles): the server the tests start must be the chart's appVersion."""
+    """The auth app's API and permission model change between MLflow releases (3.x added roles and workspaces): the
+    server the tests start must be the chart's appVersion."""
     import re
     import tomllib
     from pathlib import Path
