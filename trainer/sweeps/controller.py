@@ -56,8 +56,11 @@ def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistributi
     return out
 
 
-def sampler_for(sweep: Sweep) -> optuna.samplers.BaseSampler:
-    seed = sweep.spec.seed
+def sampler_for(sweep: Sweep, trials_so_far: int = 0) -> optuna.samplers.BaseSampler:
+    """The spec's sampler, seeded from its seed and the trials the study already has: the same history gives the same
+    next parameters, and a restarted controller never replays the first start's (a sampler seeded afresh would ask
+    trial 0's parameters again; TPE its start-up trials)."""
+    seed = sweep.spec.seed + trials_so_far
     return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, sweep.planned_trials // 4))),
             "random": lambda: optuna.samplers.RandomSampler(seed=seed),
             "grid": lambda: optuna.samplers.GridSampler(sweep.spec.grid(), seed=seed),
@@ -104,6 +107,8 @@ def open_study(sweep: Sweep, storage_url: str) -> optuna.Study:
     elif recorded != fingerprint:
         raise SweepError(f"a sweep named {sweep.name!r} already exists in {storage_url} with another spec. Fix: give the new "
                          "sweep another name (a changed search space or objective is a new study)")
+    if study.trials:
+        study.sampler = sampler_for(sweep, len(study.trials))
     return study
 
 
