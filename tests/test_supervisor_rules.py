@@ -137,7 +137,10 @@ def test_bundled_task_names_and_arguments_known_without_torch_match_the_factorie
     from trainforge.trainer.runtime.tasks import BUNDLED
     assert set(BUNDLED_TASKS) == set(BUNDLED)
     for name, factory in BUNDLED.items():
-        assert set(BUNDLED_TASKS[name]) == set(inspect.signature(factory).parameters), name
+        parameters = inspect.signature(factory).parameters
+        assert set(BUNDLED_TASKS[name]) == set(parameters), name
+        for arg, kind in BUNDLED_TASKS[name].items():
+            assert kind.__name__ == str(parameters[arg].annotation).removeprefix("<class '").removesuffix("'>"), (name, arg)
 
 
 def test_the_metrics_a_sweep_may_optimise_are_the_ones_each_task_reports():

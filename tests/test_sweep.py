@@ -376,3 +376,34 @@ def test_a_restarted_controller_never_asks_the_parameters_it_asked_before(tmp_pa
     shutil.copy(tmp_path / "study.db", tmp_path / "copy.db")
     assert open_study(sweep, url).ask(distributions(sweep)).params == \
         open_study(sweep, f"sqlite:///{tmp_path / 'copy.db'}").ask(distributions(sweep)).params
+
+
+CHAR_LM_BASE = {"name": "b", "team": "vision", "entry": {"task": "char_lm"}, "hyperparameters": {"max_steps": 100, "eval_every": 20}}
+LR = {"lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+
+
+@pytest.mark.parametrize("space, pruner, says", [
+    ({"task_args.context": {"type": "float", "low": 64.0, "high": 128.0}}, None, "space.task_args.context: the task's 'context' is int"),
+    ({"task_args.dim": {"type": "categorical", "choices": [64, 96.5]}}, None, "int choices only"),
+    ({"warmup_steps": {"type": "int", "low": 10, "high": 90}, "max_steps": {"type": "int", "low": 50, "high": 200}}, None,
+     "a trial could draw {'warmup_steps': 90, 'max_steps': 50}"),
+    (LR, {"type": "hyperband", "min_resource": 500}, "pruner.min_resource: 500 steps is not below the shortest trial's max_steps (100)"),
+    (LR, {"type": "median", "warmup_steps": 100}, "pruner.warmup_steps: 100 is not below"),
+    ({"max_steps": {"type": "int", "low": 40, "high": 400}}, {"type": "successive_halving", "min_resource": 60}, "max_steps (40)"),
+])
+def test_a_sweep_that_would_break_or_never_prune_at_run_time_is_refused_up_front(space, pruner, says):
+    """Issue 25, item 8: each accepted once and then crashed every trial, or silently never pruned."""
+    from trainforge.trainer.sweeps.spec import SweepSpecError, parse_sweep
+    raw = {"name": "s", "base": CHAR_LM_BASE, "objective": {"metric": "loss"}, "space": space, "max_trials": 4,
+           **({"pruner": pruner} if pruner else {})}
+    with pytest.raises(SweepSpecError) as refused:
+        parse_sweep(raw, "s.yaml")
+    message = str(refused.value)
+    assert message.startswith("invalid sweep spec s.yaml") and says in message, message
+
+
+def test_ranges_whose_every_combination_is_valid_are_accepted():
+    from trainforge.trainer.sweeps.spec import parse_sweep
+    parse_sweep({"name": "s", "base": CHAR_LM_BASE, "objective": {"metric": "loss"}, "max_trials": 4, "pruner": {"type": "median", "warmup_steps": 30},
+                 "space": {"warmup_steps": {"type": "int", "low": 10, "high": 40}, "max_steps": {"type": "int", "low": 50, "high": 200},
+                           "task_args.context": {"type": "int", "low": 32, "high": 64}, **LR}}, "s.yaml")

@@ -17,7 +17,10 @@ from trainforge.errors import TrainforgeError
 
 # The bundled tasks and their factory arguments, known without importing torch. tasks.py builds them; a test
 # keeps the two equal.
-BUNDLED_TASKS: dict[str, tuple[str, ...]] = {"classifier": ("width", "depth"), "char_lm": ("context", "dim", "layers", "heads")}
+# Each bundled task's arguments and their types (known without importing torch; a test keeps them equal to tasks.py's
+# factories): a sweep searching one with the wrong type is refused before a trial runs.
+BUNDLED_TASKS: dict[str, dict[str, type]] = {"classifier": {"width": int, "depth": int},
+                                             "char_lm": {"context": int, "dim": int, "layers": int, "heads": int}}
 # The eval metrics each bundled task reports, and its default metric with its direction (a test keeps them equal to tasks.py).
 BUNDLED_TASK_METRICS: dict[str, tuple[str, ...]] = {"classifier": ("loss", "accuracy"), "char_lm": ("loss", "perplexity")}
 BUNDLED_DEFAULT_METRIC: dict[str, tuple[str, str]] = {"classifier": ("accuracy", "max"), "char_lm": ("loss", "min")}

@@ -180,23 +180,68 @@ def load_sweep(path: str | Path) -> Sweep:
     return parse_sweep(read_yaml(path), str(path), path.parent)
 
 
+class SweepSpecError(SpecError):
+    """A sweep spec that must not start (its base job's own problems stay an invalid job spec, naming the base)."""
+
+    what = "invalid sweep spec"
+
+
 def parse_sweep(raw: Any, source: str, relative_to: Path = Path(".")) -> Sweep:
     if not isinstance(raw, dict):
-        raise SpecError(source, ["a sweep spec is a mapping of fields. Fix: see examples/sweep.yaml"])
+        raise SweepSpecError(source, ["a sweep spec is a mapping of fields. Fix: see examples/sweep.yaml"])
     if raw.get("space") == {}:
-        raise SpecError(source, ["space: empty: a sweep searches at least one field. Fix: e.g. space: {lr: {type: float, low: 1e-4, high: 1e-1, log: true}}"])
+        raise SweepSpecError(source, ["space: empty: a sweep searches at least one field. Fix: e.g. space: {lr: {type: float, low: 1e-4, high: 1e-1, log: true}}"])
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(source, errors.problems(exc, {"literal_error": " Fix: use one of the listed values."})) from None
+        raise SweepSpecError(source, errors.problems(exc, {"literal_error": " Fix: use one of the listed values."})) from None
     base = _base(spec, source, relative_to)
     problems = _space_problems(spec, base) + _objective_problems(spec, base)
+    if not problems:
+        problems += _combination_problems(spec, base) + _pruner_problems(spec, base)
     if spec.sampler == "grid":
         problems += [f"space.{name}: the grid sampler needs a finite set of values. Fix: give it a step, or make it categorical"
                      for name, p in spec.space.items() if p.values() is None]
     if problems:
-        raise SpecError(source, problems)
+        raise SweepSpecError(source, problems)
     return Sweep(spec, base, _direction(spec, base), source)
+
+
+MAX_COMBINATIONS = 4096  # 2^12 searched fields' extremes: checked in well under a second
+
+
+def _combination_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
+    """Each field's extremes pass alone; a trial draws them together (warmup_steps near its high with max_steps near
+    its low). Every combination of the extremes is what a trial could get at worst."""
+    import itertools
+    names = list(spec.space)
+    extremes = [list(dict.fromkeys(spec.space[n].extremes())) for n in names]
+    if math.prod(len(e) for e in extremes) > MAX_COMBINATIONS:
+        return []
+    for values in itertools.product(*extremes):
+        params = dict(zip(names, values))
+        for problem in run_config_problems(base.entry.task, *_with(base, params)):
+            return [f"space: a trial could draw {params}, which the run config refuses: {problem} (or narrow the ranges so "
+                    "that every combination is valid)"]
+    return []
+
+
+def _smallest(spec: SweepSpec, base: JobSpec, field: str) -> int:
+    if field in spec.space:
+        return int(min(spec.space[field].extremes()))
+    return int(base.hyperparameters.get(field, RunConfig.model_fields[field].default))
+
+
+def _pruner_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
+    """A pruner that could never act is refused rather than silently doing nothing."""
+    p, shortest = spec.pruner, _smallest(spec, base, "max_steps")
+    if p.type == "median" and p.warmup_steps >= shortest:
+        return [f"pruner.warmup_steps: {p.warmup_steps} is not below the shortest trial's max_steps ({shortest}): no trial would "
+                f"ever be pruned. Fix: warmup_steps below {shortest}, or pruner: {{type: none}}"]
+    if p.type in ("hyperband", "successive_halving") and p.min_resource is not None and p.min_resource >= shortest:
+        return [f"pruner.min_resource: {p.min_resource} steps is not below the shortest trial's max_steps ({shortest}): no trial "
+                f"would ever be pruned. Fix: min_resource below {shortest} (a few evaluations' worth)"]
+    return []
 
 
 def _base(spec: SweepSpec, source: str, relative_to: Path) -> JobSpec:
@@ -222,6 +267,12 @@ def _space_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
             if accepted is not None and arg not in accepted:
                 problems.append(f"space.{name}: {arg!r} is not an argument of the bundled task {task!r}. Fix: one of {list(accepted)}")
                 continue
+            wrong = [v for v in param.extremes() if accepted is not None and not _is_a(v, accepted[arg])]
+            if wrong:
+                problems.append(f"space.{name}: the task's {arg!r} is {accepted[arg].__name__}, but this searches {param.type} values "
+                                f"(e.g. {wrong[0]!r}): every trial would fail. Fix: "
+                                + (f"type: {accepted[arg].__name__}" if param.type != "categorical" else f"{accepted[arg].__name__} choices only"))
+                continue
         elif name not in RunConfig.model_fields or name in NOT_SEARCHABLE:
             searchable = sorted(set(RunConfig.model_fields) - NOT_SEARCHABLE)
             problems.append(f"space.{name}: not a run-config field a sweep can set. Fix: one of {searchable}, or task_args.<arg>")
@@ -231,6 +282,14 @@ def _space_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
                 problems.append(f"space.{name}: the value {value!r} is refused by the run config: {problem}")
                 break
     return problems
+
+
+def _is_a(value: Any, kind: type) -> bool:
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind)
 
 
 def _with(base: JobSpec, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
