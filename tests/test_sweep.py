@@ -407,3 +407,42 @@ def test_ranges_whose_every_combination_is_valid_are_accepted():
     parse_sweep({"name": "s", "base": CHAR_LM_BASE, "objective": {"metric": "loss"}, "max_trials": 4, "pruner": {"type": "median", "warmup_steps": 30},
                  "space": {"warmup_steps": {"type": "int", "low": 10, "high": 40}, "max_steps": {"type": "int", "low": 50, "high": 200},
                            "task_args.context": {"type": "int", "low": 32, "high": 64}, **LR}}, "s.yaml")
+
+
+def test_a_cancelled_sweep_says_so_everywhere(tmp_path):
+    """Issue 25, item 7: a cancelled trial shows `cancelled` and why, the cancelled controller exits 1 (not 0 like a
+    finished sweep), and a second cancel says there is nothing to cancel."""
+    home = tmp_path / "home"
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 100000, "eval_every": 1000}}
+    spec = write_sweep(tmp_path, name="to-cancel", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"})
+    controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec)], cwd=REPO, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TRAINFORGE_HOME": str(home)})
+    try:
+        wait_until(lambda: (home / "sweeps" / "to-cancel" / "study.db").exists() and any(
+            t.user_attrs.get("job") for t in study_of(home, "to-cancel").get_trials(states=(TrialState.RUNNING,))), 120)
+        cancelled = cli(home, "sweep", "cancel", "to-cancel")
+        assert cancelled.returncode == 0 and "1 running trial(s) stopped" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+        output, _ = controller.communicate(timeout=180)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 1 and "cancelled" in output, output[-2000:]
+    status = json.loads(cli(home, "sweep", "status", "to-cancel", "-o", "json").stdout)
+    assert status["finished_because"] == "cancelled"
+    (trial,) = status["trials"]
+    assert trial["state"] == "cancelled" and "trainforge sweep cancel" in trial["stopped"]
+    again = cli(home, "sweep", "cancel", "to-cancel")
+    assert again.returncode == 1 and "already cancelled" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_cancelling_a_finished_sweep_says_it_finished(tmp_path):
+    from trainforge.trainer.sweeps.controller import open_study
+    from trainforge.trainer.sweeps.spec import load_sweep
+    home = tmp_path / "home"
+    (home / "sweeps" / "done").mkdir(parents=True)
+    sweep = load_sweep(write_sweep(tmp_path, name="done"))
+    study = open_study(sweep, f"sqlite:///{home / 'sweeps' / 'done' / 'study.db'}")
+    study.set_user_attr("finished_because", "all planned trials done")
+    result = cli(home, "sweep", "cancel", "done")
+    assert result.returncode == 1 and "already finished (all planned trials done); nothing to cancel" in result.stderr, result.stderr
+    assert not load_existing("done", f"sqlite:///{home / 'sweeps' / 'done' / 'study.db'}").user_attrs.get("cancelled")

@@ -108,7 +108,9 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         bar.update(controller)
         why = controller.run()
     views.sweep_summary(controller, why)
-    from trainforge.trainer.sweeps.controller import counted
+    from trainforge.trainer.sweeps.controller import CANCELLED, counted
+    if why == CANCELLED:
+        raise typer.Exit(1)  # stopped before its plan: not a finished sweep (continue it under another name)
     if counted(controller.study) == 0 and controller.stopped_because:
         raise typer.Exit(3)  # not one trial could start: the budget or the cluster refused them all
 
@@ -188,10 +190,16 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None)) -> None:
     from trainforge.trainer.cli.common import backend
     from trainforge.trainer.sweeps.controller import load_existing
     study = load_existing(name, _storage(name, storage))
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if study.user_attrs.get("cancelled"):
+        raise TrainforgeError("", [f"sweep {name!r} is already cancelled; nothing to cancel"], exit_code=1)
+    if study.user_attrs.get("finished_because") and not running:
+        raise TrainforgeError("", [f"sweep {name!r} already finished ({study.user_attrs['finished_because']}); nothing to cancel. "
+                                   f"`trainforge sweep status {name}` shows its trials"], exit_code=1)
     study.set_user_attr("cancelled", True)  # a running controller stops launching and exits
     record = _record(name)
     target = backend(BackendName(record.get("backend", "local")), team=record.get("team"), kind=Kind(record.get("kind", "trainjob")))
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for trial in running:
         job = trial.user_attrs.get("job")
         if job:
             study.set_user_attr(f"trial.{trial.number}.stopped", "cancelled by `trainforge sweep cancel`")
@@ -199,4 +207,5 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None)) -> None:
                 typer.echo(target.cancel(job).summary)
             except TrainforgeError as exc:
                 typer.echo(f"{job}: {exc}")
-    typer.echo(f"sweep {name}: cancelled; `trainforge sweep status {name}` shows what finished")
+    typer.echo(f"sweep {name}: cancelled ({len(running)} running trial(s) stopped, each checkpointed first); "
+               f"`trainforge sweep status {name}` shows what finished")

@@ -319,7 +319,7 @@ def sweep_table(name: str, study, found) -> None:
     for r in found:
         mark = "[green]" if r.value is not None and r.value == best else ""
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.params.items())
-        state = r.state + (f" (retry of {r.retry_of})" if r.retry_of is not None else "")
+        state = r.state + (f" (retry of {r.retry_of})" if r.retry_of is not None else "") + (f": {r.stopped}" if r.stopped else "")
         table.add_row(str(r.number), state, f"{mark}{r.value:.5g}" if r.value is not None else "-", params,
                       str(r.last_step) if r.last_step is not None else "-", f"{r.cost_usd:.4f}" if r.cost_usd is not None else "-",
                       f"{r.duration_s:.1f}" if r.duration_s is not None else "-", r.job or "-")

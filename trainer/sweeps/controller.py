@@ -137,6 +137,7 @@ class TrialRow:
     job: str | None
     retry_of: int | None
     last_step: int | None
+    stopped: str | None = None  # why it was stopped on purpose (cancel, wall time): not a failure of its own
 
 
 def rows(study: optuna.Study) -> list[TrialRow]:
@@ -144,10 +145,15 @@ def rows(study: optuna.Study) -> list[TrialRow]:
     out = []
     for t in study.get_trials(deepcopy=False):
         duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
-        out.append(TrialRow(t.number, t.state.name.lower(), t.value if t.state is TrialState.COMPLETE else None, dict(t.params),
+        stopped = attrs.get(f"trial.{t.number}.stopped")
+        state = "cancelled" if stopped and t.state is TrialState.FAIL else t.state.name.lower()
+        out.append(TrialRow(t.number, state, t.value if t.state is TrialState.COMPLETE else None, dict(t.params),
                             attrs.get(f"trial.{t.number}.cost_usd"), duration, t.user_attrs.get("job"), t.user_attrs.get("retry_of"),
-                            max(t.intermediate_values) if t.intermediate_values else None))
+                            max(t.intermediate_values) if t.intermediate_values else None, stopped))
     return out
+
+
+CANCELLED = "cancelled"  # the controller's answer when `trainforge sweep cancel` stopped it
 
 
 def counted(study: optuna.Study) -> int:
@@ -197,7 +203,7 @@ class SweepController:
             self.poll()
             if self.study.user_attrs.get("cancelled"):
                 self.stop_all("cancelled by `trainforge sweep cancel`")
-                return self.finish("cancelled")
+                return self.finish(CANCELLED)
             if self.out_of_time():
                 self.stop_all(f"the sweep's wall time ({self.sweep.spec.budget.wall_time}) ran out")
                 return self.finish("wall time reached")
