@@ -20,6 +20,7 @@ from servers import mlflow_server
 from test_local_backend import wait_until
 
 from trainforge import contract, k8s_schema
+from trainforge.errors import TrainforgeError
 from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.trainer.sweeps.controller import counted, load_existing
 
@@ -127,6 +128,7 @@ def test_a_real_sweep_prunes_runs_in_parallel_beats_the_base_and_is_tracked(tmp_
     for run in children:
         trial = next(t for t in trials if t.user_attrs["job"] == run.data.tags["trainforge.job_id"])
         assert run.data.tags["trainforge.trial.state"] == trial.state.name.lower()
+        assert run.data.tags["trainforge.trial"] == str(trial.number), "the trial's number, as status shows it (issue 25, item 9)"
         assert float(run.data.tags["trainforge.trial.cost_usd"]) > 0
         assert run.data.params["lr"] == str(trial.params["lr"])
         assert client.get_metric_history(run.info.run_id, "eval_accuracy"), "intermediate values in the trial's run"
@@ -418,8 +420,12 @@ def test_a_cancelled_sweep_says_so_everywhere(tmp_path):
     controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec)], cwd=REPO, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TRAINFORGE_HOME": str(home)})
     try:
-        wait_until(lambda: (home / "sweeps" / "to-cancel" / "study.db").exists() and any(
-            t.user_attrs.get("job") for t in study_of(home, "to-cancel").get_trials(states=(TrialState.RUNNING,))), 120)
+        def a_trial_runs() -> bool:
+            try:  # the database file appears before the study is in it
+                return any(t.user_attrs.get("job") for t in study_of(home, "to-cancel").get_trials(states=(TrialState.RUNNING,)))
+            except TrainforgeError:
+                return False
+        wait_until(a_trial_runs, 120)
         cancelled = cli(home, "sweep", "cancel", "to-cancel")
         assert cancelled.returncode == 0 and "1 running trial(s) stopped" in cancelled.stdout, cancelled.stdout + cancelled.stderr
         output, _ = controller.communicate(timeout=180)

@@ -74,7 +74,8 @@ class SweepTrialConfig(_Model):
 
     storage: str = Field(..., description="the study's Optuna storage URL (SQLite locally, the platform's PostgreSQL on the cluster)")
     study: str
-    trial_id: int = Field(..., ge=0)
+    trial_id: int = Field(..., ge=0, description="the trial's id in the storage (Optuna's, unique across studies)")
+    trial_number: int | None = Field(None, ge=0, description="its number within the sweep (0, 1, ...): what status and MLflow show")
     metric: str = Field(..., description="the eval metric the study optimises")
     heartbeat_s: float = Field(10.0, gt=0, description="how often rank 0 tells the study the trial is alive")
     parent_run_id: str | None = Field(None, description="the sweep's MLflow run: the trial's run is nested under it")

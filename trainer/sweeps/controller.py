@@ -256,7 +256,7 @@ class SweepController:
             return False
         trial = self.study.ask(distributions(self.sweep))
         name = f"{self.sweep.name}-t{trial.number:03d}"
-        link = {"storage": self.trial_storage, "study": self.sweep.name, "trial_id": trial._trial_id,
+        link = {"storage": self.trial_storage, "study": self.sweep.name, "trial_id": trial._trial_id, "trial_number": trial.number,
                 "metric": self.sweep.spec.objective.metric, "heartbeat_s": HEARTBEAT_S}
         if self.tracking:
             link["parent_run_id"] = self.tracking.parent_run_id
