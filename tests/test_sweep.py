@@ -145,6 +145,9 @@ def test_a_real_sweep_prunes_runs_in_parallel_beats_the_base_and_is_tracked(tmp_
     for plot in ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values"):
         assert (tmp_path / "report" / f"{plot}.png").stat().st_size > 10_000
         assert (tmp_path / "report" / f"{plot}.html").exists()
+    assert (tmp_path / "report" / "cost_and_time.png").stat().st_size > 10_000  # what the search cost, pruned trials too
+    history = (tmp_path / "report" / "optimization_history.html").read_text()
+    assert "accuracy" in history and "Objective Value" not in history, "the axis names the objective's metric"
 
 
 @pytest.mark.slow
