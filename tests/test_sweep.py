@@ -436,6 +436,8 @@ def test_a_cancelled_sweep_says_so_everywhere(tmp_path):
         if controller.poll() is None:
             controller.kill()
     assert controller.returncode == 1 and "cancelled" in output, output[-2000:]
+    # Not a terminal: whole progress lines, one per change (issue 25, item 9: the bar was cut at 80 columns).
+    assert "to-cancel: 0/2 trials, 1 running, 0 pruned, $0.00 spent" in output.splitlines(), output[-2000:]
     status = json.loads(cli(home, "sweep", "status", "to-cancel", "-o", "json").stdout)
     assert status["finished_because"] == "cancelled"
     (trial,) = status["trials"]

@@ -283,18 +283,25 @@ class SweepProgress:
     """`trainforge sweep`'s live line: trials done of planned, running, best value, dollars spent."""
 
     def __init__(self, sweep):
+        import sys
+
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         self.sweep = sweep
+        # Not a terminal (a log file, CI, `| tee`): one whole line per change, never a bar cut at 80 columns.
+        self.plain = not sys.stdout.isatty()
+        self.last_line = ""
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} trials"),
                             TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
         self.task = self.bar.add_task(sweep.name, total=sweep.planned_trials, detail="opening the study")
 
     def __enter__(self) -> SweepProgress:
-        self.bar.__enter__()
+        if not self.plain:
+            self.bar.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
+        if not self.plain:
+            self.bar.__exit__(*exc)
 
     def update(self, controller) -> None:
         from trainforge.trainer.sweeps.controller import counted, rows
@@ -305,7 +312,14 @@ class SweepProgress:
         detail = (f"{len(controller.running)} running, {pruned} pruned, best {self.sweep.spec.objective.metric} "
                   f"{best:.4g}" if best is not None else f"{len(controller.running)} running, {pruned} pruned") + \
             f", ${controller.spent_usd():,.2f} spent"
-        self.bar.update(self.task, completed=counted(controller.study), detail=detail)
+        done = counted(controller.study)
+        if self.plain:
+            line = f"{self.sweep.name}: {done}/{self.sweep.planned_trials} trials, {detail}"
+            if line != self.last_line:
+                print(line, flush=True)
+                self.last_line = line
+            return
+        self.bar.update(self.task, completed=done, detail=detail)
 
 
 def sweep_table(name: str, study, found) -> None:
