@@ -457,3 +457,26 @@ def test_cancelling_a_finished_sweep_says_it_finished(tmp_path):
     result = cli(home, "sweep", "cancel", "done")
     assert result.returncode == 1 and "already finished (all planned trials done); nothing to cancel" in result.stderr, result.stderr
     assert not load_existing("done", f"sqlite:///{home / 'sweeps' / 'done' / 'study.db'}").user_attrs.get("cancelled")
+
+
+def test_the_wall_time_counts_only_the_time_a_controller_ran(tmp_path):
+    """Issue 25, item 4: a late restart said 'wall time reached' and cancelled healthy trials, counting the hours no
+    controller was up."""
+    import time as clock
+
+    from trainforge.trainer.backends.local import LocalBackend
+    from trainforge.trainer.sweeps.controller import SweepController
+    from trainforge.trainer.sweeps.spec import load_sweep
+    sweep = load_sweep(write_sweep(tmp_path, name="clock", budget={"usd": 5, "wall_time": "1m"}))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first = SweepController(sweep, LocalBackend(), lambda spec: None, url)
+    first.ran_s = 50.0  # it ran 50 s, then crashed; nobody restarted it for an hour
+    first.finish("killed")
+    first.study.set_user_attr("started_at", clock.time() - 3600)
+    second = SweepController(sweep, LocalBackend(), lambda spec: None, url)
+    assert second.ran_s == pytest.approx(50.0, abs=1.0) and not second.out_of_time()
+    clock.sleep(0.3)
+    second.account_time()
+    assert 50.2 < second.ran_s < 52
+    second.ran_s = 61.0
+    assert second.out_of_time()

@@ -179,6 +179,9 @@ def trial_estimate(spec: JobSpec, decision: Admission) -> float:
         return 0.0
 
 
+RAN_SAVE_S = 5.0  # how often the time the sweep ran is written to the study (a kill loses at most this much)
+
+
 class SweepController:
     def __init__(self, sweep: Sweep, backend: Any, admit: Callable[[JobSpec], Admission], storage_url: str,
                  tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None,
@@ -193,12 +196,30 @@ class SweepController:
         self.stopped_because = ""
         self._per_trial: float | None = None
         self.tracking = _Tracking(tracking_uri, sweep, self.study) if tracking_uri else None
+        # The wall time counts the time a controller ran the sweep, over every start: time with no controller up (a
+        # crash, a laptop asleep) is not the sweep's. Kept in the study, saved every RAN_SAVE_S.
+        self.ran_s = float(self.study.user_attrs.get("ran_s", 0.0))
+        self._clock = time.monotonic()
+        self._saved_ran_s = self.ran_s
+
+    def account_time(self) -> None:
+        now = time.monotonic()
+        self.ran_s += now - self._clock
+        self._clock = now
+        if self.ran_s - self._saved_ran_s >= RAN_SAVE_S:
+            self._save_ran_s()
+
+    def _save_ran_s(self) -> None:
+        self.study.set_user_attr("ran_s", self.ran_s)
+        self._saved_ran_s = self.ran_s
 
     # ---- the loop ----------------------------------------------------------------------------------------------
 
     def run(self) -> str:
         self.reconcile()
+        self._clock = time.monotonic()
         while True:
+            self.account_time()
             optuna.storages.fail_stale_trials(self.study)  # workers whose heartbeat stopped: FAIL, then retried below
             self.poll()
             if self.study.user_attrs.get("cancelled"):
@@ -366,7 +387,7 @@ class SweepController:
 
     def out_of_time(self) -> bool:
         limit = self.sweep.spec.budget.wall_time_s
-        return limit is not None and time.time() - float(self.study.user_attrs["started_at"]) > limit
+        return limit is not None and self.ran_s > limit
 
     def stop_all(self, why: str) -> None:
         self.stopped_because = why
@@ -383,6 +404,8 @@ class SweepController:
             log.info("cancelling %s: %s", job, exc)
 
     def finish(self, why: str) -> str:
+        self.account_time()
+        self._save_ran_s()
         self.study.set_user_attr("finished_because", why)
         if self.tracking:
             self.tracking.sweep_finished(self.study, self.spent_usd(), why)
