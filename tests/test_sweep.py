@@ -480,3 +480,46 @@ def test_the_wall_time_counts_only_the_time_a_controller_ran(tmp_path):
     assert 50.2 < second.ran_s < 52
     second.ran_s = 61.0
     assert second.out_of_time()
+
+
+class ControllerKilled(BaseException):
+    """Stands for a SIGKILL of the controller at a chosen point (a BaseException: nothing in the controller catches it)."""
+
+
+def killed_controller_backend(after_record: bool):
+    """The real local backend, its submit cut short where a kill would cut it: before the job's record exists, or
+    after the record and before its supervisor starts."""
+    from trainforge.trainer.backends.local import LocalBackend, prepare
+
+    class KilledDuringSubmit(LocalBackend):
+        def submit(self, spec, admission, *, detach=False, on_progress=None):
+            if after_record:
+                prepare(spec, admission.placement)
+            raise ControllerKilled()
+    return KilledDuringSubmit()
+
+
+@pytest.mark.parametrize("after_record", [False, True], ids=["before the job exists", "before its supervisor starts"])
+def test_a_controller_killed_while_launching_loses_and_strands_no_trial(tmp_path, monkeypatch, after_record):
+    """Issue 25, item 5: killed between ask() and the job, the trial was failed, counted and never retried (3 planned,
+    2 ran); killed between the job's record and its supervisor, the restarted controller adopted a job that never
+    starts and waited for ever. Now the planned trials all run, with the asked parameters."""
+    from trainforge.trainer.admission import unchecked
+    from trainforge.trainer.backends import local
+    from trainforge.trainer.backends.local import LocalBackend
+    from trainforge.trainer.sweeps.controller import SweepController
+    from trainforge.trainer.sweeps.spec import load_sweep
+    monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(local, "SUPERVISOR_START_S", 0.0)  # a minute, shortened: the record is already older
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20}}
+    sweep = load_sweep(write_sweep(tmp_path, name="windows", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"}))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    with pytest.raises(ControllerKilled):
+        SweepController(sweep, killed_controller_backend(after_record), unchecked, url, poll_s=0.2).run()
+    asked = load_existing("windows", url).get_trials()[0].params
+    assert SweepController(sweep, LocalBackend(), unchecked, url, poll_s=0.2).run() == "all planned trials done"
+    study = load_existing("windows", url)
+    assert counted(study) == 2, [(t.number, t.state, t.user_attrs) for t in study.get_trials()]
+    ran = [t for t in study.get_trials() if t.state is TrialState.COMPLETE]
+    assert len(ran) == 2 and asked in [t.params for t in ran], "the interrupted trial's parameters ran"
+    assert all(study.user_attrs.get(f"trial.{t.number}.settled") for t in study.get_trials())

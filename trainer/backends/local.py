@@ -36,6 +36,7 @@ from trainforge.trainer.render import command_env, rank_command, runtime_args
 from trainforge.trainer.spec import JobSpec, parse_spec
 
 ACTIVE = ("pending", "running", "restarting")
+SUPERVISOR_START_S = 60.0  # a supervisor records itself within milliseconds of the record; a minute without one: never started
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 
 
@@ -53,6 +54,7 @@ class JobState:
     exit_code: int | None = None
     reason: str = ""
     created_at: float = field(default_factory=time.time)
+    submitted_at: float = field(default_factory=time.time)  # this submission's (a resubmitted name resumes)
     started_at: float | None = None
     ended_at: float | None = None
     run_seconds: float = 0.0  # wall time workers ran, over all attempts
@@ -108,8 +110,11 @@ class JobState:
 
     @property
     def effective_state(self) -> str:
-        """`lost` when the record says active but its supervisor is gone (machine reboot, kill -9)."""
+        """`lost` when the record says active but its supervisor is gone (machine reboot, kill -9), or never came: a
+        submitter killed between writing the record and starting the supervisor leaves a job that would wait for ever."""
         if self.state in ACTIVE and self.supervisor_pid is not None and not self.supervisor_alive():
+            return "lost"
+        if self.state == "pending" and self.supervisor_pid is None and time.time() - self.submitted_at > SUPERVISOR_START_S:
             return "lost"
         return self.state
 
@@ -192,6 +197,7 @@ def prepare(spec: JobSpec, where: Placement) -> JobState:
         keep_previous_spec(spec, directory)
         state = previous
         state.state, state.exit_code, state.reason, state.ended_at = "pending", None, "", None
+        state.supervisor_pid, state.supervisor_started, state.submitted_at = None, None, time.time()
         state.region = where.region or state.region
     else:
         state = JobState(spec.name, spec.team, nodes=where.nodes, instance_type=where.instance_type, capacity=spec.capacity,

@@ -234,14 +234,26 @@ class SweepController:
             time.sleep(self.poll_s)
 
     def reconcile(self) -> None:
-        """After a restart: adopt trials whose jobs still run; fail (and retry) those whose jobs are gone."""
-        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        """After a restart, from the study and the jobs alone: every trial not yet settled is settled once its job has
+        ended, whoever watched it end (a trial that finished while no controller was up gets its cost, state and MLflow
+        tags now); a job still alive is adopted and counts towards max_parallel, whatever its trial's state (a
+        finished trial's job may still be tearing down); a trial asked for whose job was never created goes back to
+        the queue with the same parameters, uncounted."""
+        for trial in self.study.get_trials(deepcopy=False):
+            if self.study.user_attrs.get(f"trial.{trial.number}.settled") or trial.state is TrialState.WAITING:
+                continue
             job = trial.user_attrs.get("job")
+            if job is None and trial.state is not TrialState.RUNNING:
+                continue  # a record from before jobs were named first: nothing to settle
             state = self._job_state(job) if job else "missing"
-            if state in TERMINAL or state == "missing":
+            if state == "missing" and trial.state is TrialState.RUNNING and trial.user_attrs.get("launch") != "submitted":
+                log.warning("trial %d: asked for, but its job was never created: its parameters go back to the queue", trial.number)
+                self._give_back(self.study, trial.number, trial.params)
+                self._mark_settled(trial.number)
+            elif state in TERMINAL or state == "missing":
                 self._settle(trial.number, trial._trial_id, job, state)
             else:
-                log.info("trial %d: adopted its running job %s", trial.number, job)
+                log.info("trial %d: adopted its job %s (%s)", trial.number, job, state)
                 self.running[trial.number] = (trial._trial_id, job)
         self._retry_failures()
 
@@ -277,6 +289,9 @@ class SweepController:
             return False
         trial = self.study.ask(distributions(self.sweep))
         name = f"{self.sweep.name}-t{trial.number:03d}"
+        # The intent first: a controller killed from here on leaves a trial that names its job, which a restart settles.
+        trial.set_user_attr("job", name)
+        trial.set_user_attr("launch", "intended")
         link = {"storage": self.trial_storage, "study": self.sweep.name, "trial_id": trial._trial_id, "trial_number": trial.number,
                 "metric": self.sweep.spec.objective.metric, "heartbeat_s": HEARTBEAT_S}
         if self.tracking:
@@ -286,26 +301,32 @@ class SweepController:
         estimate = trial_estimate(spec, decision)
         if not decision.admitted:
             self.stopped_because = "a trial was not admitted: " + "; ".join(decision.problems)
-            self._give_back(trial)
+            self._give_back(self.study, trial.number, trial.params)
+            self._mark_settled(trial.number)
             return False
-        trial.set_user_attr("job", name)
         trial.set_user_attr("estimate_usd", round(estimate, 6))
         try:
             self.backend.submit(spec, decision, detach=True)
         except NotAdmitted as exc:  # the cluster said no (a held queue, a lower live quota): stop launching, say why
             self.stopped_because = "a trial was not admitted by the cluster: " + "; ".join(exc.problems)
-            self._give_back(trial)
+            self._give_back(self.study, trial.number, trial.params)
+            self._mark_settled(trial.number)
             return False
+        trial.set_user_attr("launch", "submitted")
         log.info("trial %d: launched %s with %s", trial.number, name, json.dumps(trial.params))
         self.running[trial.number] = (trial._trial_id, name)
         self._changed()
         return True
 
-    def _give_back(self, trial: optuna.Trial) -> None:
+    @staticmethod
+    def _give_back(study: optuna.Study, number: int, params: dict[str, Any]) -> None:
         """A trial asked for but never started: its parameters go back to the queue (WAITING), so a later run of the
-        sweep (a raised budget) starts exactly these."""
-        self.study.tell(trial, state=TrialState.FAIL)
-        self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number, "never_started": True})
+        sweep (a raised budget) starts exactly these; the asked one is failed and, being retried, not counted."""
+        study.tell(number, state=TrialState.FAIL)
+        study.enqueue_trial(params, user_attrs={"retry_of": number, "never_started": True})
+
+    def _mark_settled(self, number: int) -> None:
+        self.study.set_user_attr(f"trial.{number}.settled", True)
 
     # ---- settling a trial --------------------------------------------------------------------------------------
 
@@ -316,6 +337,9 @@ class SweepController:
             return "missing"
 
     def _settle(self, number: int, trial_id: int, job: str | None, job_state: str) -> None:
+        """Once per trial, whoever sees its job end: state, cost, MLflow."""
+        if self.study.user_attrs.get(f"trial.{number}.settled"):
+            return
         trial = self.study._storage.get_trial(trial_id)
         if trial.state is TrialState.RUNNING:
             # The worker tells the study how its trial ended; a job that ended without telling it failed.
@@ -329,6 +353,7 @@ class SweepController:
             run_id = self.tracking.trial_finished(self.study._storage.get_trial(trial_id), job, cost)
             if run_id:
                 self.study.set_user_attr(f"trial.{number}.mlflow_run_id", run_id)
+        self._mark_settled(number)
 
     def _cost(self, job: str | None, trial: optuna.trial.FrozenTrial) -> tuple[float, float | None]:
         """What the trial's job cost: the backend's own figure where it keeps one (local: node-hours x price), else
