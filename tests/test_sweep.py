@@ -523,3 +523,37 @@ def test_a_controller_killed_while_launching_loses_and_strands_no_trial(tmp_path
     ran = [t for t in study.get_trials() if t.state is TrialState.COMPLETE]
     assert len(ran) == 2 and asked in [t.params for t in ran], "the interrupted trial's parameters ran"
     assert all(study.user_attrs.get(f"trial.{t.number}.settled") for t in study.get_trials())
+
+
+def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next(tmp_path):
+    """Issue 25, item 1: a trial whose job ended while the controller was down kept no cost, no settled state, and the
+    restarted controller could start more trials on top. Killed with SIGKILL mid-trial; the job runs on and ends;
+    the next start settles it and ends the sweep without another trial."""
+    home = tmp_path / "home"
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20}}
+    spec = write_sweep(tmp_path, name="downtime", base=base, max_trials=1, max_parallel=1, pruner={"type": "none"})
+    env = {**os.environ, "TRAINFORGE_HOME": str(home)}
+    first = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec)], cwd=REPO, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def launched() -> str | None:
+        try:
+            trials = study_of(home, "downtime").get_trials()
+        except TrainforgeError:
+            return None
+        return next((t.user_attrs["job"] for t in trials if t.user_attrs.get("launch") == "submitted"), None)
+    try:
+        wait_until(lambda: launched() is not None, 120)
+    finally:
+        first.kill()
+        first.wait(30)
+    job = launched()
+    wait_until(lambda: json.loads((home / "jobs" / job / "state.json").read_text())["state"] == "succeeded", 240)
+    study = study_of(home, "downtime")
+    (trial,) = study.get_trials()
+    assert trial.state is TrialState.COMPLETE and not study.user_attrs.get("trial.0.settled"), "ended unseen"
+    again = cli(home, "sweep", str(spec))
+    assert again.returncode == 0 and "all planned trials done" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
+    study = study_of(home, "downtime")
+    assert len(study.get_trials()) == 1, "no trial beyond the plan"
+    assert study.user_attrs["trial.0.settled"] and study.user_attrs["trial.0.cost_usd"] > 0
