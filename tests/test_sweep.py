@@ -557,3 +557,22 @@ def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next
     study = study_of(home, "downtime")
     assert len(study.get_trials()) == 1, "no trial beyond the plan"
     assert study.user_attrs["trial.0.settled"] and study.user_attrs["trial.0.cost_usd"] > 0
+
+
+def test_a_sweep_can_be_extended_but_not_changed(tmp_path):
+    """Issue 25, item 3: more trials, a larger budget or wall time, or the same base spelled inline, continue the
+    study; an edited base job, or another space, objective, sampler, pruner or seed, is another sweep."""
+    from trainforge.trainer.sweeps.controller import SweepError, open_study
+    from trainforge.trainer.sweeps.spec import load_sweep
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first = load_sweep(write_sweep(tmp_path, name="grow", max_trials=4))
+    open_study(first, url)
+    for change in ({"max_trials": 12}, {"budget": {"usd": 50, "wall_time": "2h"}}, {"max_parallel": 1}, {"base": BASE}):
+        study = open_study(load_sweep(write_sweep(tmp_path, name="grow", **change)), url)
+    assert study.user_attrs["planned_trials"] == 8, "the limits as given on the latest start"
+    edited = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 80}}
+    for change, named in (({"base": edited}, "base"), ({"seed": 1}, "seed"), ({"sampler": "random"}, "sampler"),
+                          ({"space": {"lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}}}, "space")):
+        with pytest.raises(SweepError) as refused:
+            open_study(load_sweep(write_sweep(tmp_path, name="grow", **change)), url)
+        assert f"changed: {named}" in str(refused.value) and "another name" in str(refused.value)

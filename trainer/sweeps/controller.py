@@ -92,24 +92,54 @@ def storage_for(url: str) -> optuna.storages.RDBStorage:
     return optuna.storages.RDBStorage(url, heartbeat_interval=int(HEARTBEAT_S), grace_period=GRACE_S, engine_kwargs=engine_kwargs(url))
 
 
+# What makes a sweep the same search: what it searches, for what, how, and the job each trial runs (the base as
+# resolved, so an edited base file is another search and the same base spelled another way is not). Its limits
+# (max_trials, max_parallel, budget) may change between starts: raising them extends the sweep.
+SEARCH_FIELDS = ("space", "objective", "sampler", "pruner", "seed")
+
+
+def search_fingerprint(sweep: Sweep) -> str:
+    spec = sweep.spec.model_dump(mode="json")
+    return json.dumps({**{k: spec[k] for k in SEARCH_FIELDS}, "base": sweep.base.model_dump(mode="json")}, sort_keys=True)
+
+
+def _changes(recorded: str, now: str) -> list[str]:
+    before, after = json.loads(recorded), json.loads(now)
+    return [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+
+
 def open_study(sweep: Sweep, storage_url: str) -> optuna.Study:
-    """Create the study, or open it again — only for the same sweep (a changed spec is another sweep)."""
+    """Create the study, or open it again for the same search — with the limits as given now: more trials, a larger
+    budget or a longer wall time extend it. Another search (space, objective, sampler, pruner, seed, or the base job
+    as resolved) is another sweep."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=sweep.name, storage=storage_for(storage_url), sampler=sampler_for(sweep),
                                 pruner=make_pruner(pruner_config(sweep)), direction=sweep.direction, load_if_exists=True)
-    fingerprint = sweep.spec.model_dump_json()
-    recorded = study.user_attrs.get("spec")
+    fingerprint = search_fingerprint(sweep)
+    recorded = study.user_attrs.get("search")
+    if recorded is None and study.user_attrs.get("spec") is not None:  # a study from before searches were fingerprinted
+        recorded = fingerprint if _same_search_as_recorded_spec(study.user_attrs["spec"], sweep) else "{}"
     if recorded is None:
-        study.set_user_attr("spec", fingerprint)
+        study.set_user_attr("search", fingerprint)
         study.set_user_attr("started_at", time.time())
-        study.set_user_attr("planned_trials", sweep.planned_trials)
         study.set_user_attr("pruner", pruner_config(sweep))
     elif recorded != fingerprint:
-        raise SweepError(f"a sweep named {sweep.name!r} already exists in {storage_url} with another spec. Fix: give the new "
-                         "sweep another name (a changed search space or objective is a new study)")
+        raise SweepError(f"a sweep named {sweep.name!r} already exists in {storage_url} searching otherwise (changed: "
+                         f"{', '.join(_changes(recorded, fingerprint)) or 'the spec'}). Fix: give the new sweep another name "
+                         "(a changed search space, objective, sampler, pruner, seed or base job is a new study); max_trials, "
+                         "max_parallel and the budget may change to extend it")
+    study.set_user_attr("search", fingerprint)
+    study.set_user_attr("spec", sweep.spec.model_dump_json())  # the limits as given this time
+    study.set_user_attr("planned_trials", sweep.planned_trials)
     if study.trials:
         study.sampler = sampler_for(sweep, len(study.trials))
     return study
+
+
+def _same_search_as_recorded_spec(recorded_spec: str, sweep: Sweep) -> bool:
+    before = json.loads(recorded_spec)
+    now = sweep.spec.model_dump(mode="json")
+    return all(before.get(k) == now[k] for k in SEARCH_FIELDS)
 
 
 def load_existing(name: str, storage_url: str) -> optuna.Study:
@@ -216,6 +246,7 @@ class SweepController:
     # ---- the loop ----------------------------------------------------------------------------------------------
 
     def run(self) -> str:
+        self.study.set_user_attr("finished_because", None)  # running (again): an extended sweep is not finished
         self.reconcile()
         self._clock = time.monotonic()
         while True:
