@@ -170,7 +170,7 @@ def release_reserve(name: str) -> bool:
     try:
         (job_dir(name) / paths.JOB_RESERVE_FILE).unlink()
         return True
-    except FileNotFoundError:
+    except OSError:  # none held, or no directory to hold it in (an unwritable home)
         return False
 
 
