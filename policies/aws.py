@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 from trainforge import catalog, contract
 from pulumi_policy import EnforcementLevel
 
-from trainforge.policies.registry import Context, resource_rule
+from trainforge.policies.registry import Context, policy_document, resource_rule, statements
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NG = "aws:eks/nodeGroup:NodeGroup"
@@ -124,7 +124,6 @@ def s3_public_access_blocked(props: Mapping[str, Any], ctx: Context) -> Iterable
 
 
 def _denies_insecure_transport(policy: Any) -> bool:
-    import json
     document = json.loads(policy) if isinstance(policy, str) else policy or {}
     for statement in document.get("Statement") or []:
         condition = (statement.get("Condition") or {}).get("Bool") or {}
@@ -258,12 +257,7 @@ def bucket_versioning_enabled(props: Mapping[str, Any], ctx: Context) -> Iterabl
 
 @resource_rule("aws", ["aws:kms/key:Key"], "No KMS key policy allows a wildcard principal without a condition.")
 def kms_policies_scoped(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
-    try:
-        policy = json.loads(props["policy"]) if isinstance(props.get("policy"), str) else props.get("policy") or {}
-    except ValueError:
-        return
-    statements = policy.get("Statement") or []
-    for statement in statements if isinstance(statements, list) else [statements]:
+    for statement in statements(policy_document(props.get("policy"))):
         principal = statement.get("Principal")
         wildcard = principal == "*" or (isinstance(principal, Mapping) and "*" in (principal.get("AWS") if isinstance(principal.get("AWS"), list) else [principal.get("AWS")]))
         if statement.get("Effect") == "Allow" and wildcard and not statement.get("Condition"):

@@ -117,6 +117,21 @@ def stack_rule(description: str, *, level: EnforcementLevel = EnforcementLevel.M
     return register
 
 
+def policy_document(raw: Any) -> dict[str, Any]:
+    """An IAM/KMS policy as the engine presents it (a JSON string, or already a mapping); {} when it is neither."""
+    try:
+        document = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def statements(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """A policy's statements: IAM allows one statement object where a list is meant."""
+    found = document.get("Statement") or []
+    return found if isinstance(found, list) else [found]
+
+
 def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**DEFAULTS, **{k: v for k, v in config.items() if k in DEFAULTS}}
 

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from trainforge import contract
 from trainforge.policies.kubernetes import TEAM_LABEL
-from trainforge.policies.registry import Context, StackResource, stack_rule
+from trainforge.policies.registry import Context, StackResource, policy_document, stack_rule, statements
 
 Violations = Iterable[tuple[str, str | None]]
 
@@ -136,15 +136,6 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [] if value is None else [value]
 
 
-def _policy_document(raw: Any) -> dict[str, Any]:
-    import json
-    try:
-        document = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        return {}
-    return document if isinstance(document, dict) else {}
-
-
 def _team_statement_problems(statement: dict[str, Any], team: str, datasets_arns: set[str]) -> Iterable[str]:
     if statement.get("Effect") != "Allow":
         return
@@ -173,7 +164,7 @@ def _team_statement_problems(statement: dict[str, Any], team: str, datasets_arns
 
 def _trusted_subjects(assume_role_policy: Any) -> list[str]:
     subjects = []
-    for statement in _as_list(_policy_document(assume_role_policy).get("Statement")):
+    for statement in statements(policy_document(assume_role_policy)):
         for test in ("StringEquals", "StringLike"):
             subjects += [str(s) for k, v in ((statement.get("Condition") or {}).get(test) or {}).items() if k.endswith(":sub")
                          for s in _as_list(v)]
@@ -206,6 +197,6 @@ def team_roles_confined(resources: list[StackResource], ctx: Context) -> Violati
                        "Fix: detach it; a team's permissions are its inline storage policy (infra/teams.py)"), attachment.urn
         for policy in of_type(resources, "aws:iam/rolePolicy:RolePolicy"):
             if attached(policy):
-                for statement in _as_list(_policy_document(policy.props.get("policy")).get("Statement")):
+                for statement in statements(policy_document(policy.props.get("policy"))):
                     for problem in _team_statement_problems(statement, team, datasets):
                         yield f"team {team!r}'s policy {policy.name} {problem}", policy.urn

@@ -40,11 +40,16 @@ def process(cmd: list[str], health_url: str, timeout: float, log: Path, env: dic
         wait_http(health_url, timeout)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 10)
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within `grace_s`."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 @contextmanager
@@ -237,10 +242,6 @@ def postgres_server(tmp: Path, superuser_password: str = "superuser"):
                 time.sleep(0.1)
         yield port, "superuser", superuser_password
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 20)
         log.close()
         shutil.rmtree(home, ignore_errors=True)
