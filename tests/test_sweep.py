@@ -576,3 +576,99 @@ def test_a_sweep_can_be_extended_but_not_changed(tmp_path):
         with pytest.raises(SweepError) as refused:
             open_study(load_sweep(write_sweep(tmp_path, name="grow", **change)), url)
         assert f"changed: {named}" in str(refused.value) and "another name" in str(refused.value)
+
+
+def test_extension_limits_are_floors_over_the_spec(tmp_path):
+    """`extend` raises the limits of the latest start; a later spec asking for more raises them further, one asking
+    for less keeps the extension; a limit the sweep never had stays unlimited."""
+    from trainforge.trainer.sweeps.controller import Limits, extend, in_effect, open_study
+    from trainforge.trainer.sweeps.spec import load_sweep
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    sweep = load_sweep(write_sweep(tmp_path, name="floors", max_trials=4, budget={"usd": 5, "wall_time": "30m"}))
+    study = open_study(sweep, url)
+    before, after = extend(study, trials=16, usd=50, wall_time_s=7200)
+    assert (before, after) == (Limits(4, 5.0, 1800), Limits(20, 55.0, 9000))
+    assert Limits.of(in_effect(sweep, study)) == after and in_effect(sweep, study).spec.budget.wall_time == "150m"
+    more = load_sweep(write_sweep(tmp_path, name="floors", max_trials=30, budget={"usd": 5, "wall_time": "30m"}))
+    assert Limits.of(in_effect(more, open_study(more, url))) == Limits(30, 55.0, 9000)
+    unlimited = load_sweep(write_sweep(tmp_path, name="floors", max_trials=4, budget={}))
+    study = open_study(unlimited, url)
+    assert Limits.of(in_effect(unlimited, study)) == Limits(20, None, None), "no limit given: none raised into being"
+    assert extend(study, usd=10)[1].usd is None
+
+
+def test_extend_and_resume_refuse_what_they_cannot_do(tmp_path):
+    home = tmp_path / "home"
+    nothing = cli(home, "sweep", "extend", "nope", "--trials", "+2")
+    assert nothing.returncode == 2 and "no sweep named 'nope'" in nothing.stderr and "Traceback" not in nothing.stderr
+    unknown = cli(home, "sweep", "resume", "nope")
+    assert unknown.returncode == 2 and "no sweep named 'nope' was started on this machine" in unknown.stderr
+    bad = cli(home, "sweep", "extend", "nope", "--wall-time", "+soon")
+    assert bad.returncode == 2 and "'soon' is not a duration" in bad.stderr and "Fix:" in bad.stderr
+    empty = cli(home, "sweep", "extend", "nope")
+    assert empty.returncode == 2 and "nothing to extend" in empty.stderr
+
+
+def test_a_cancelled_sweep_is_resumed_only_on_purpose_and_an_extended_one_runs_on(tmp_path):
+    """Issue 25: cancel was final. Now a cancelled sweep refuses to continue by accident, `resume` continues it (the
+    trial the cancel stopped runs again with its parameters, uncounted), and `extend` adds trials a resume then runs."""
+    home = tmp_path / "home"
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.15}}
+    spec = write_sweep(tmp_path, name="again", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"})
+    controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec)], cwd=REPO, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TRAINFORGE_HOME": str(home)})
+    try:
+        def a_trial_runs() -> bool:
+            try:
+                return any(t.user_attrs.get("launch") == "submitted" for t in study_of(home, "again").get_trials(states=(TrialState.RUNNING,)))
+            except TrainforgeError:
+                return False
+        wait_until(a_trial_runs, 120)
+        assert cli(home, "sweep", "cancel", "again").returncode == 0
+        output, _ = controller.communicate(timeout=180)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 1, output[-2000:]
+    (stopped,) = [t for t in study_of(home, "again").get_trials() if t.state is TrialState.FAIL]
+
+    by_accident = cli(home, "sweep", str(spec))
+    assert by_accident.returncode == 1 and "was cancelled" in by_accident.stderr and "sweep resume again" in by_accident.stderr
+    extended = cli(home, "sweep", "extend", "again", "--trials", "+1")
+    assert extended.returncode == 0 and "2 trials" in extended.stdout and "3 trials" in extended.stdout
+    assert "it is cancelled: `trainforge sweep resume again`" in extended.stdout, extended.stdout
+    resumed = cli(home, "sweep", "resume", "again")
+    assert resumed.returncode == 0 and "all planned trials done" in resumed.stdout, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    study = study_of(home, "again")
+    assert counted(study) == 3 and not study.user_attrs["cancelled"] and study.user_attrs["resumed"]
+    complete = [t for t in study.get_trials() if t.state is TrialState.COMPLETE]
+    assert len(complete) == 3 and stopped.params in [t.params for t in complete], "the stopped trial's parameters ran again"
+    assert len({json.dumps(t.params, sort_keys=True) for t in complete}) == 3, "no parameters repeated beyond the stopped trial's"
+    status = json.loads(cli(home, "sweep", "status", "again", "-o", "json").stdout)
+    assert [r["state"] for r in status["trials"]].count("cancelled") == 1
+
+
+def test_a_running_controller_takes_up_an_extension(tmp_path, monkeypatch):
+    """Raised while the sweep runs, the limits are in effect at the controller's next look: one trial planned, one
+    more added while it runs, two run."""
+    import threading
+
+    from trainforge.trainer.admission import unchecked
+    from trainforge.trainer.backends.local import LocalBackend
+    from trainforge.trainer.sweeps.controller import SweepController, controller_running, extend
+    from trainforge.trainer.sweeps.spec import load_sweep
+    monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path / "home"))
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.1}}
+    sweep = load_sweep(write_sweep(tmp_path, name="live", base=base, max_trials=1, max_parallel=1, pruner={"type": "none"}))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    controller = SweepController(sweep, LocalBackend(), unchecked, url, poll_s=0.2)
+    outcome: list[str] = []
+    runner = threading.Thread(target=lambda: outcome.append(controller.run()), daemon=True)
+    runner.start()
+    study = load_existing("live", url)
+    wait_until(lambda: any(t.state is TrialState.RUNNING for t in study.get_trials()), 120)
+    assert controller_running(study)
+    extend(study, trials=1)
+    runner.join(300)
+    assert outcome == ["all planned trials done"] and counted(load_existing("live", url)) == 2
+    assert not controller_running(load_existing("live", url)), "a finished sweep has no controller"

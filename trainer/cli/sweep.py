@@ -55,8 +55,14 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
                                               "needs the platform's PostgreSQL, e.g. postgresql://.../optuna)"),
         kind: Kind = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob or PyTorchJob"),
         context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
-        poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials")) -> None:
+        poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials"),
+        resume: bool = typer.Option(False, "--resume", help="continue a cancelled sweep on purpose")) -> None:
     """Run a sweep, or continue it (same name, same spec): finished trials are kept, running ones adopted."""
+    _run(sweep_file, backend_name, stack, storage, kind, context, poll, resume)
+
+
+def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], storage: Optional[str], kind: Kind,
+         context: Optional[str], poll: float, resume: bool) -> None:
     from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.admission import admit, unchecked
@@ -90,7 +96,8 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
     directory = paths.sweep_dir(sweep.name)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sweep.json").write_text(json.dumps({"storage": url, "backend": backend_name.value, "kind": kind.value,
-                                                      "team": sweep.base.team, "source": str(sweep_file.resolve())}, indent=2))
+                                                      "team": sweep.base.team, "source": str(sweep_file.resolve()),
+                                                      "stack": str(stack.resolve()) if stack else None, "context": context}, indent=2))
 
     def admission(spec):
         spec = with_image(spec, platform)
@@ -104,7 +111,8 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
     with views.SweepProgress(sweep) as bar:
         controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
                                      poll_s=poll, on_change=bar.update,
-                                     trial_storage=contract.SWEEP_STORAGE_FROM_FILE if backend_name is BackendName.kubernetes else None)
+                                     trial_storage=contract.SWEEP_STORAGE_FROM_FILE if backend_name is BackendName.kubernetes else None,
+                                     resume=resume)
         bar.update(controller)
         why = controller.run()
     views.sweep_summary(controller, why)
@@ -209,3 +217,53 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None)) -> None:
                 typer.echo(f"{job}: {exc}")
     typer.echo(f"sweep {name}: cancelled ({len(running)} running trial(s) stopped, each checkpointed first); "
                f"`trainforge sweep status {name}` shows what finished")
+
+
+@app.command()
+def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials")) -> None:
+    """Continue a sweep this machine started, as it was started: a cancelled one on purpose (its stopped trials run
+    again), one stopped by its budget or wall time after `extend`."""
+    from trainforge.errors import TrainforgeError
+    record = _record(name)
+    if not record.get("source"):
+        raise TrainforgeError("", [f"no sweep named {name!r} was started on this machine. Fix: check the name "
+                                   "(`ls $TRAINFORGE_HOME/sweeps`), or `trainforge sweep SPEC.yaml --resume` with its spec"])
+    if not Path(record["source"]).exists():
+        raise TrainforgeError("", [f"sweep {name!r} was started from {record['source']}, which is gone. Fix: "
+                                   "`trainforge sweep SPEC.yaml --resume` with the same spec"])
+    _run(Path(record["source"]), BackendName(record.get("backend", "local")), Path(record["stack"]) if record.get("stack") else None,
+         record.get("storage"), Kind(record.get("kind", "trainjob")), record.get("context"), poll, True)
+
+
+@app.command()
+def extend(name: str,
+           trials: int = typer.Option(0, "--trials", min=0, help="more trials, e.g. +16"),
+           usd: float = typer.Option(0.0, "--usd", min=0.0, help="more budget in USD, e.g. +50"),
+           wall_time: Optional[str] = typer.Option(None, "--wall-time", help="more wall time, e.g. +2h"),
+           storage: Optional[str] = typer.Option(None, help="default: where this machine recorded it")) -> None:
+    """Raise a sweep's limits: more trials, budget or wall time (its search stays the same). A running controller takes
+    them up at its next look; a finished one continues with `trainforge sweep resume NAME`."""
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.sweeps.controller import controller_running, extend as raise_limits, load_existing
+    from trainforge.trainer.sweeps.spec import parse_duration
+    seconds = parse_duration(wall_time.lstrip("+"), "--wall-time") if wall_time else 0
+    if not (trials or usd or seconds):
+        raise TrainforgeError("", ["nothing to extend. Fix: --trials +N, --usd +X or --wall-time +2h"])
+    study = load_existing(name, _storage(name, storage))
+    before, after = raise_limits(study, trials=trials, usd=usd, wall_time_s=seconds)
+    from trainforge.trainer.sweeps.spec import duration
+
+    def shown(limits) -> str:
+        return (f"{limits.max_trials} trials, " + (f"${limits.usd:,.2f}" if limits.usd is not None else "no USD limit") + ", "
+                + (duration(limits.wall_time_s) if limits.wall_time_s is not None else "no wall time"))
+    typer.echo(f"sweep {name}: {shown(before)} -> {shown(after)}")
+    if usd and before.usd is None:
+        typer.echo("  (--usd ignored: the sweep has no USD limit)")
+    if seconds and before.wall_time_s is None:
+        typer.echo("  (--wall-time ignored: the sweep has no wall time)")
+    if study.user_attrs.get("cancelled"):
+        typer.echo(f"it is cancelled: `trainforge sweep resume {name}` continues it")
+    elif controller_running(study):
+        typer.echo("its running controller takes it up at its next look")
+    else:
+        typer.echo(f"no controller is running it: `trainforge sweep resume {name}` continues it")

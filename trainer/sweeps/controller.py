@@ -108,10 +108,19 @@ def _changes(recorded: str, now: str) -> list[str]:
     return [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
 
 
-def open_study(sweep: Sweep, storage_url: str) -> optuna.Study:
+class SweepCancelled(TrainforgeError):
+    """A cancelled sweep is not continued by accident: only on purpose (`trainforge sweep resume`)."""
+
+    def __init__(self, name: str):
+        super().__init__("", [f"sweep {name!r} was cancelled by `trainforge sweep cancel`. Fix: `trainforge sweep resume {name}` continues it on purpose "
+                              "(trials stopped by the cancel run again with their parameters), or give a new sweep another name"],
+                         exit_code=1)
+
+
+def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optuna.Study:
     """Create the study, or open it again for the same search — with the limits as given now: more trials, a larger
     budget or a longer wall time extend it. Another search (space, objective, sampler, pruner, seed, or the base job
-    as resolved) is another sweep."""
+    as resolved) is another sweep. A cancelled sweep opens only with `resume`, which lifts the cancel."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=sweep.name, storage=storage_for(storage_url), sampler=sampler_for(sweep),
                                 pruner=make_pruner(pruner_config(sweep)), direction=sweep.direction, load_if_exists=True)
@@ -128,6 +137,11 @@ def open_study(sweep: Sweep, storage_url: str) -> optuna.Study:
                          f"{', '.join(_changes(recorded, fingerprint)) or 'the spec'}). Fix: give the new sweep another name "
                          "(a changed search space, objective, sampler, pruner, seed or base job is a new study); max_trials, "
                          "max_parallel and the budget may change to extend it")
+    if study.user_attrs.get("cancelled"):
+        if not resume:
+            raise SweepCancelled(sweep.name)
+        study.set_user_attr("cancelled", False)
+        study.set_user_attr("resumed", [*study.user_attrs.get("resumed", []), time.time()])
     study.set_user_attr("search", fingerprint)
     study.set_user_attr("spec", sweep.spec.model_dump_json())  # the limits as given this time
     study.set_user_attr("planned_trials", sweep.planned_trials)
@@ -154,6 +168,67 @@ def load_existing(name: str, storage_url: str) -> optuna.Study:
             raise
         raise SweepError(f"cannot open the study storage {storage_url}: {str(exc).splitlines()[0]}. Fix: check --storage "
                          "(and that its database answers)") from None
+
+
+# ---- extension: limits raised after the start ---------------------------------------------------------------------
+# `trainforge sweep extend` records the raised limits in the study; they are floors over the spec's own (a spec asking
+# for more raises them further), read by a running controller at its next look and by every later start.
+EXTENDED = "extended"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_trials: int
+    usd: float | None
+    wall_time_s: float | None
+
+    @classmethod
+    def of(cls, sweep: Sweep) -> Limits:
+        return cls(sweep.spec.max_trials, sweep.spec.budget.usd, sweep.spec.budget.wall_time_s)
+
+    def raised_by(self, floor: dict[str, Any]) -> Limits:
+        def higher(mine: float | None, theirs: float | None) -> float | None:
+            if mine is None or theirs is None:
+                return mine  # unlimited stays unlimited; no extension leaves the spec's
+            return max(mine, theirs)
+        return Limits(max(self.max_trials, int(floor.get("max_trials") or 0)), higher(self.usd, floor.get("usd")),
+                      higher(self.wall_time_s, floor.get("wall_time_s")))
+
+
+def in_effect(sweep: Sweep, study: optuna.Study) -> Sweep:
+    """The sweep under the limits in effect: the spec's, raised by any extension recorded in the study."""
+    limits = Limits.of(sweep).raised_by(study.user_attrs.get(EXTENDED) or {})
+    if limits == Limits.of(sweep):
+        return sweep
+    return sweep.with_limits(max_trials=limits.max_trials, usd=limits.usd, wall_time_s=limits.wall_time_s)
+
+
+def recorded_limits(study: optuna.Study) -> Limits:
+    """The limits of the latest start (its spec), raised by extensions: what `extend` adds to."""
+    spec = json.loads(study.user_attrs.get("spec") or "{}")
+    budget = spec.get("budget") or {}
+    wall = budget.get("wall_time")
+    from trainforge.trainer.sweeps.spec import parse_duration
+    base = Limits(int(spec.get("max_trials", 0)), budget.get("usd"), None if wall is None else parse_duration(wall, "budget.wall_time"))
+    return base.raised_by(study.user_attrs.get(EXTENDED) or {})
+
+
+def extend(study: optuna.Study, *, trials: int = 0, usd: float = 0.0, wall_time_s: float = 0.0) -> tuple[Limits, Limits]:
+    """Raise the sweep's limits by these amounts (a limit the sweep never had stays unlimited); (before, after)."""
+    before = recorded_limits(study)
+    after = Limits(before.max_trials + trials, None if before.usd is None else before.usd + usd,
+                   None if before.wall_time_s is None else before.wall_time_s + wall_time_s)
+    study.set_user_attr(EXTENDED, {"max_trials": after.max_trials, "usd": after.usd, "wall_time_s": after.wall_time_s,
+                                   "at": time.time()})
+    return before, after
+
+
+CONTROLLER_SEEN_S = 30.0  # a controller that wrote its running time this recently is taken to be running
+
+
+def controller_running(study: optuna.Study) -> bool:
+    seen = study.user_attrs.get("controller_seen_at")
+    return seen is not None and time.time() - float(seen) < CONTROLLER_SEEN_S and not study.user_attrs.get("finished_because")
 
 
 @dataclass
@@ -215,13 +290,15 @@ RAN_SAVE_S = 5.0  # how often the time the sweep ran is written to the study (a 
 class SweepController:
     def __init__(self, sweep: Sweep, backend: Any, admit: Callable[[JobSpec], Admission], storage_url: str,
                  tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None,
-                 trial_storage: str | None = None):
-        """`trial_storage`: how trials name the study's storage, where they see it differently (on the cluster: the
+                 trial_storage: str | None = None, resume: bool = False):
+        """`resume`: continue a cancelled sweep on purpose. `trial_storage`: how trials name the study's storage, where they see it differently (on the cluster: the
         team's Secret mounted as a file, `file:/var/run/trainforge/sweep-database/storage`); default: the same URL."""
-        self.sweep, self.backend, self.admit, self.storage_url = sweep, backend, admit, storage_url
+        self.given, self.backend, self.admit, self.storage_url = sweep, backend, admit, storage_url
         self.trial_storage = trial_storage or storage_url
         self.poll_s, self.on_change = poll_s, on_change
-        self.study = open_study(sweep, storage_url)
+        self.study = open_study(sweep, storage_url, resume=resume)
+        self.sweep = in_effect(sweep, self.study)
+        self._extension = self.study.user_attrs.get(EXTENDED)
         self.running: dict[int, tuple[int, str]] = {}  # trial number -> (trial id, job name)
         self.stopped_because = ""
         self._per_trial: float | None = None
@@ -241,19 +318,39 @@ class SweepController:
 
     def _save_ran_s(self) -> None:
         self.study.set_user_attr("ran_s", self.ran_s)
+        self.study.set_user_attr("controller_seen_at", time.time())  # `extend` tells whether a controller will take it up
         self._saved_ran_s = self.ran_s
+
+    def take_extension(self, attrs: dict[str, Any]) -> None:
+        """Limits raised by `trainforge sweep extend` while this controller runs: in effect from this look on; a sweep
+        that had stopped launching for its budget launches again."""
+        if attrs.get(EXTENDED) == self._extension:
+            return
+        self._extension = attrs.get(EXTENDED)
+        self.sweep = in_effect(self.given, self.study)
+        self.study.set_user_attr("planned_trials", self.sweep.planned_trials)
+        if self.stopped_because.startswith("the USD budget"):
+            self.stopped_because = ""
+        log.info("extended: %d trials, budget %s, wall time %s", self.sweep.spec.max_trials, self.sweep.spec.budget.usd,
+                 self.sweep.spec.budget.wall_time)
+        self._changed()
 
     # ---- the loop ----------------------------------------------------------------------------------------------
 
     def run(self) -> str:
         self.study.set_user_attr("finished_because", None)  # running (again): an extended sweep is not finished
+        self.study.set_user_attr("planned_trials", self.sweep.planned_trials)
+        self._save_ran_s()
         self.reconcile()
+        self.requeue_stopped()
         self._clock = time.monotonic()
         while True:
             self.account_time()
             optuna.storages.fail_stale_trials(self.study)  # workers whose heartbeat stopped: FAIL, then retried below
             self.poll()
-            if self.study.user_attrs.get("cancelled"):
+            attrs = self.study.user_attrs
+            self.take_extension(attrs)
+            if attrs.get("cancelled"):
                 self.stop_all("cancelled by `trainforge sweep cancel`")
                 return self.finish(CANCELLED)
             if self.out_of_time():
@@ -287,6 +384,16 @@ class SweepController:
                 log.info("trial %d: adopted its job %s (%s)", trial.number, job, state)
                 self.running[trial.number] = (trial._trial_id, job)
         self._retry_failures()
+
+    def requeue_stopped(self) -> None:
+        """Trials an earlier start stopped on purpose (a cancel since resumed, a wall time since extended) were no fault
+        of their own: continuing the sweep runs their parameters again, and the stopped ones no longer count."""
+        trials = self.study.get_trials(deepcopy=False)
+        retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+        for t in trials:
+            if t.state is TrialState.FAIL and self.study.user_attrs.get(f"trial.{t.number}.stopped") and t.number not in retried:
+                log.info("trial %d was stopped (%s): its parameters run again", t.number, self.study.user_attrs[f"trial.{t.number}.stopped"])
+                self.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
 
     def poll(self) -> None:
         for number, (trial_id, job) in list(self.running.items()):

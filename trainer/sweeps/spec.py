@@ -174,6 +174,28 @@ class Sweep:
     def eval_every(self) -> int:
         return int(self.base.hyperparameters.get("eval_every", RunConfig.model_fields["eval_every"].default))
 
+    def with_limits(self, *, max_trials: int, usd: float | None, wall_time_s: float | None) -> Sweep:
+        """The same search under other limits (an extension): the spec is frozen, so a copy."""
+        budget = self.spec.budget.model_copy(update={"usd": usd, "wall_time": None if wall_time_s is None else duration(wall_time_s)})
+        return Sweep(self.spec.model_copy(update={"max_trials": max_trials, "budget": budget}), self.base, self.direction, self.source)
+
+
+def duration(seconds: float) -> str:
+    """Seconds as the spec's duration grammar, in the largest unit that divides them."""
+    whole = int(round(seconds))
+    for unit in ("d", "h", "m"):
+        if whole and whole % SECONDS[unit] == 0:
+            return f"{whole // SECONDS[unit]}{unit}"
+    return f"{whole}s"
+
+
+def parse_duration(text: str, field: str) -> int:
+    """A duration in the spec's grammar (45m, 2h, 1d), in seconds; a clear error naming `field` otherwise."""
+    found = DURATION.match(text.strip())
+    if not found:
+        raise SweepSpecError(field, [f"{text!r} is not a duration. Fix: a number and a unit, e.g. 45m, 2h, 1d"])
+    return int(found.group(1)) * SECONDS[found.group(2)]
+
 
 def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
