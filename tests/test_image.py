@@ -63,6 +63,15 @@ def test_python_requirements_come_from_pyproject_alone():
         assert folder.split("/")[0] in copied or folder in copied, f"{folder} is packaged but not copied into the image"
 
 
+def test_the_image_holds_what_a_cluster_sweeps_controller_imports():
+    """The controller runs on the runtime image (trainer/sweeps/cluster.py): every sampler a sweep spec accepts, the
+    study database's driver and the API client must be installed there, not only in the `sweep` extra."""
+    import re
+    names = {re.split(r"[<>=\[ ]", r, maxsplit=1)[0] for r in
+             PYPROJECT["project"]["optional-dependencies"]["runtime"] + PYPROJECT["project"]["dependencies"]}
+    assert {"optuna", "cmaes", "psycopg2-binary", "kubernetes", "mlflow-skinny"} <= names, names
+
+
 def test_the_base_images_torch_satisfies_the_runtime_range():
     torch = next(Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["runtime"] if r.startswith("torch"))
     default = next(a.split("=", 1)[1] for a in instructions("ARG") if a.startswith("TORCH_VERSION="))

@@ -423,11 +423,11 @@ def _selects(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
 
 
-def egress_allowed(policies: list[dict], source_namespace: str, dest: dict) -> bool:
-    """NetworkPolicy egress from any pod of `source_namespace` (the team's policies all select every pod) to `dest`
-    (namespace, pod labels, an address, a port)."""
+def egress_allowed(policies: list[dict], source_namespace: str, dest: dict, source_labels: dict | None = None) -> bool:
+    """NetworkPolicy egress from a pod of `source_namespace` with `source_labels` to `dest` (namespace, pod labels, an
+    address, a port)."""
     import ipaddress
-    selecting = [p for p in policies if "Egress" in p["spec"]["policyTypes"]]
+    selecting = [p for p in policies if "Egress" in p["spec"]["policyTypes"] and _selects(p["spec"]["podSelector"], source_labels or {})]
     if not selecting:
         return True
 
@@ -514,3 +514,29 @@ def test_a_team_pod_reaches_no_platform_service_but_mlflow_and_dns(stack):
         assert egress_allowed(policies, namespace, {"namespace": "", "ip": "52.216.8.1", "port": 443}), "S3, STS: HTTPS out"
         assert egress_allowed(policies, namespace, {"namespace": namespace, "labels": {}, "ip": "10.0.9.9", "port": 29500}), \
             "its own ranks (rendezvous)"
+
+
+def test_a_sweep_controller_reaches_the_api_server_and_nothing_else_a_team_pod_may_not(stack):
+    """The controller's pods (and only pods labelled as one) may reach the API server: the `kubernetes` Service's
+    address before translation, the VPC on 443 after (the endpoint's addresses are EKS's to choose). No other ClusterIP
+    on 443, and no platform pod listens on 443, so after translation nothing else answers there."""
+    import ipaddress
+    evaluation, cfg = stack
+    destinations = platform_destinations(evaluation, cfg)
+    controller = {contract.SWEEP_ROLE_LABEL: contract.SWEEP_CONTROLLER_ROLE}
+    services = [ipaddress.ip_network(c) for c in contract.EKS_DEFAULT_SERVICE_CIDRS]
+    assert [d for d in destinations if d["port"] == 443 and not d["what"].startswith("service ") and "API server" not in d["what"]] == [], \
+        "no platform container listens on 443"
+    for team in cfg.teams:
+        namespace = contract.namespace_name(team.name)
+        policies = [manifest(r) for r in kubernetes_objects(evaluation)
+                    if r.type.endswith(":NetworkPolicy") and manifest(r)["metadata"]["namespace"] == namespace]
+        reachable = [d for d in destinations if egress_allowed(policies, namespace, d, controller)
+                     and not (d["namespace"] == contract.NAMESPACE_MLFLOW and d["port"] == contract.MLFLOW_PORT)]
+        assert any("API server" in d["what"] for d in reachable)
+        assert all(d["port"] == 443 and not any(ipaddress.ip_address(d["ip"]) in r for r in services) for d in reachable), \
+            [d for d in reachable if d["port"] != 443 or any(ipaddress.ip_address(d["ip"]) in r for r in services)]
+        for service_range in services:
+            kubernetes_service = {"namespace": "default", "labels": {}, "ip": str(service_range[1]), "port": 443}
+            assert egress_allowed(policies, namespace, kubernetes_service, controller)
+            assert not egress_allowed(policies, namespace, kubernetes_service), "an ordinary team pod does not"

@@ -82,7 +82,7 @@ def test_quotas_equal_the_config(stack):
         assert int(hard[f"requests.{contract.RESOURCE_GPU}"]) == sum(team.reachable_gpus(f) for f in contract.GPU_FLAVOURS)
         local = one(objects, "LocalQueue")
         assert local["metadata"]["name"] == contract.queue_name(team.name) and local["spec"]["clusterQueue"] == contract.cluster_queue_name(team.name)
-        account = one(objects, "ServiceAccount")
+        account = one(objects, "ServiceAccount", contract.TRAINING_SERVICE_ACCOUNT)
         assert account["metadata"]["name"] == contract.TRAINING_SERVICE_ACCOUNT
         assert account["metadata"]["annotations"][contract.IRSA_ROLE_ANNOTATION] == evaluation.outputs["team_role_arns"][team.name]
         settings = one(objects, "ConfigMap", contract.TEAM_SETTINGS_CONFIG_MAP)["data"]
@@ -143,8 +143,11 @@ def test_a_teams_role_grants_nothing_in_another_namespace(stack):
     # Cluster-wide grants: the budget controller's, to its own service account; and each team's group may `get` its own
     # ClusterQueue (cluster-scoped) and nothing else.
     subjects = [(s["kind"], s["name"], s.get("namespace")) for b in cluster_wide for s in b["subjects"]]
+    # ... and each team's sweep controller, in its own namespace, reads the same queue (it admits trials as `submit` does).
     assert sorted(subjects) == sorted([("ServiceAccount", contract.BUDGET_CONTROLLER, contract.NAMESPACE_SYSTEM)] +
-                                      [("Group", contract.team_group(t.name), None) for t in cfg.teams])
+                                      [("Group", contract.team_group(t.name), None) for t in cfg.teams] +
+                                      [("ServiceAccount", contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT, contract.namespace_name(t.name))
+                                       for t in cfg.teams])
     for team in cfg.teams:
         (binding,) = [b for b in cluster_wide if b["subjects"][0]["name"] == contract.team_group(team.name)]
         (role,) = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == binding["roleRef"]["name"]]
@@ -253,3 +256,30 @@ def test_each_team_has_its_own_sweep_database_reachable_only_on_the_database_por
         assert refs == {"mlflow-database", f"trainforge-sweeps-{team.name}"}
         egress = one(objects, "NetworkPolicy", "allow-sweep-database")["spec"]["egress"]
         assert egress == [{"to": [{"ipBlock": {"cidr": str(cfg.network.vpc_cidr)}}], "ports": [{"protocol": "TCP", "port": 5432}]}]
+
+
+def test_the_sweep_controller_may_do_nothing_a_member_may_not(stack):
+    """Any member can name the controller's ServiceAccount in a job of theirs: its Role must stay within theirs."""
+    evaluation, cfg = stack
+    from trainforge.platform.manifests import tenancy
+    objects = [o for o in (manifest(r) for r in evaluation.resources if r.type.startswith("kubernetes:")) if o.get("kind")]
+    for team in cfg.teams:
+        namespace = contract.namespace_name(team.name)
+
+        def role(name: str) -> dict:
+            (found,) = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == name and o["metadata"]["namespace"] == namespace]
+            return found
+        (binding,) = [o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["namespace"] == namespace
+                      and any(s["name"] == contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT for s in o["subjects"])]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT, "namespace": namespace}]
+        member = role(tenancy.MEMBER_ROLE)["rules"]
+        for rule in role(binding["roleRef"]["name"])["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        covering = [m for m in member if group in m["apiGroups"] and resource in m["resources"] and verb in m["verbs"]
+                                    and (not m.get("resourceNames") or set(rule.get("resourceNames") or ["*"]) <= set(m["resourceNames"]))]
+                        assert covering, f"the controller may {verb} {resource} and a member may not"
+        (account,) = [o for o in objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT
+                      and o["metadata"]["namespace"] == namespace]
+        assert account["automountServiceAccountToken"] is False, "only the controller's pod projects a token"

@@ -80,6 +80,10 @@ def labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
            contract.KUEUE_PRIORITY_LABEL: contract.priority_class_name(spec.priority)}
     if cost_centre:
         out[f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"] = contract.label_value(cost_centre)
+    if spec.sweep:
+        out[contract.SWEEP_NAME_LABEL] = contract.label_value(str(spec.sweep.get("controller") or spec.sweep.get("study", "")))
+    if is_sweep_controller(spec):
+        out[contract.SWEEP_ROLE_LABEL] = contract.SWEEP_CONTROLLER_ROLE  # its pods' egress to the API server selects it
     return out
 
 
@@ -104,7 +108,7 @@ def pod_placement(spec: JobSpec, where: Placement) -> dict[str, Any]:
         "nodeSelector": where.node_selector(),
         **({"affinity": affinity} if affinity else {}),
         "tolerations": where.tolerations(),
-        "serviceAccountName": contract.TRAINING_SERVICE_ACCOUNT,
+        "serviceAccountName": contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT if is_sweep_controller(spec) else contract.TRAINING_SERVICE_ACCOUNT,
         "securityContext": pod_identity(spec.team),
         "volumes": [
             # NCCL and DataLoader workers share tensors through /dev/shm; the container default is 64 MiB.
@@ -114,8 +118,28 @@ def pod_placement(spec: JobSpec, where: Placement) -> dict[str, Any]:
             {"name": "fsx", "persistentVolumeClaim": {"claimName": contract.FSX_CLAIM_NAME}},
             {"name": "datasets", "persistentVolumeClaim": {"claimName": contract.FSX_DATASETS_CLAIM_NAME, "readOnly": True}},
             *sweep_database_volume(spec),
+            *api_token_volume(spec),
         ],
     }
+
+
+def is_sweep_controller(spec: JobSpec) -> bool:
+    """A cluster sweep's controller (trainer/sweeps/cluster.py): the one job that talks to the API server."""
+    return bool(spec.sweep and spec.sweep.get("controller"))
+
+
+API_TOKEN_VOLUME = "api-token"
+
+
+def api_token_volume(spec: JobSpec) -> list[dict[str, Any]]:
+    """The controller's API token, projected where the client's in-cluster configuration reads it (the runtimes mount
+    no token; its ServiceAccount does not automount one), short-lived and renewed by the kubelet."""
+    if not is_sweep_controller(spec):
+        return []
+    return [{"name": API_TOKEN_VOLUME, "projected": {"defaultMode": 0o444, "sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}]
 
 
 SWEEP_DATABASE_VOLUME = "sweep-database"
@@ -148,7 +172,8 @@ def volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:
     return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "home", "mountPath": HOME},
             {"name": "fsx", "mountPath": contract.fsx_team_dir(spec.team)},
             {"name": "datasets", "mountPath": contract.FSX_DATASETS_MOUNT, "readOnly": True},
-            *({"name": SWEEP_DATABASE_VOLUME, "mountPath": contract.SWEEP_STORAGE_DIR, "readOnly": True} for _ in sweep_database_volume(spec))]
+            *({"name": SWEEP_DATABASE_VOLUME, "mountPath": contract.SWEEP_STORAGE_DIR, "readOnly": True} for _ in sweep_database_volume(spec)),
+            *({"name": API_TOKEN_VOLUME, "mountPath": contract.API_TOKEN_DIR, "readOnly": True} for _ in api_token_volume(spec))]
 
 
 def node_price(spec: JobSpec, where: Placement) -> float | None:

@@ -104,7 +104,10 @@ def queue_reader(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
                        "resourceNames": [contract.cluster_queue_name(team.name)]}]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": dict(meta),
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": contract.team_group(team.name)}]}
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": contract.team_group(team.name)},
+                            # The team's sweep controller admits each trial over the live queue, as `submit` does.
+                            {"kind": "ServiceAccount", "name": contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT,
+                             "namespace": contract.namespace_name(team.name)}]}
     return [role, binding]
 
 
@@ -184,8 +187,44 @@ def claims(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
     return [claim(contract.FSX_CLAIM_NAME, "ReadWriteMany"), claim(contract.FSX_DATASETS_CLAIM_NAME, "ReadOnlyMany")]
 
 
+SWEEP_CONTROLLER_ROLE = "trainforge-sweep-controller"
+
+
+def sweep_controller(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
+    """What a cluster sweep's controller (a TrainJob of the team's, trainer/sweeps/cluster.py) runs as: a ServiceAccount
+    whose Role grants what a member may do with jobs and reads the team's settings — nothing more, since any member
+    can name this ServiceAccount in a job of theirs. Its status object is its own TrainJob (annotations), so it needs no
+    write to ConfigMaps (the team's settings hold its budget state). No token is mounted by default: the controller's
+    pod projects one explicitly. Its pods reach the API server on 443 (the `kubernetes` Service and, after translation,
+    the endpoint's addresses in the VPC), which no other team pod may."""
+    namespace = contract.namespace_name(team.name)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT, team, cfg.environment),
+               "automountServiceAccountToken": False}
+    jobs = ["create", "get", "list", "watch", "delete", "patch"]
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(SWEEP_CONTROLLER_ROLE, team, cfg.environment),
+            "rules": [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": jobs},
+                      {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": jobs},
+                      {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": [contract.TEAM_SETTINGS_CONFIG_MAP]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(SWEEP_CONTROLLER_ROLE, team, cfg.environment),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SWEEP_CONTROLLER_ROLE},
+               "subjects": [{"kind": "ServiceAccount", "name": contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT, "namespace": namespace}]}
+    api = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta("allow-sweep-controller-api", team, cfg.environment),
+           "spec": {"podSelector": {"matchLabels": {contract.SWEEP_ROLE_LABEL: contract.SWEEP_CONTROLLER_ROLE}}, "policyTypes": ["Egress"],
+                    "egress": [{"to": [{"ipBlock": {"cidr": cidr}} for cidr in api_server_addresses(cfg)],
+                                "ports": [{"protocol": "TCP", "port": 443}]}]}}
+    return [account, role, binding, api]
+
+
+def api_server_addresses(cfg: PlatformConfig) -> list[str]:
+    """The `kubernetes` Service (the first address of each EKS Service range) and the VPC, where the API server's
+    private endpoint has its addresses (assigned by EKS, not known before the cluster exists)."""
+    import ipaddress
+    services = [f"{ipaddress.ip_network(c)[1]}/32" for c in contract.EKS_DEFAULT_SERVICE_CIDRS]
+    return [*services, str(cfg.network.vpc_cidr)]
+
+
 def team_objects(cfg: PlatformConfig, team: TeamConfig, *, role_arn: Any, prices_as_of: str) -> list[dict[str, Any]]:
     """Every object of one team, namespace first."""
     return [namespace(team, cfg.environment), resource_quota(cfg, team), limit_range(cfg, team), cluster_queue(cfg, team),
             local_queue(cfg, team), member_role(cfg, team), *role_bindings(cfg, team), *queue_reader(cfg, team), *network_policies(cfg, team),
-            service_account(cfg, team, role_arn), settings(cfg, team, prices_as_of), *claims(cfg, team)]
+            service_account(cfg, team, role_arn), *sweep_controller(cfg, team), settings(cfg, team, prices_as_of), *claims(cfg, team)]

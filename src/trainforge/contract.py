@@ -361,6 +361,22 @@ SWEEP_STORAGE_KEY = "storage"
 SWEEP_STORAGE_DIR = "/var/run/trainforge/sweep-database"
 SWEEP_STORAGE_FROM_FILE = f"file:{SWEEP_STORAGE_DIR}/{SWEEP_STORAGE_KEY}"  # what a trial's run config says instead of a URL
 SWEEP_STORAGE_ENV = "TRAINFORGE_SWEEP_STORAGE"  # `env:NAME` still works where a caller sets it (local trials, tests)
+# A cluster sweep's controller runs in the team's namespace as a TrainJob of its own (admitted by Kueue like any job),
+# under this ServiceAccount: it may do with jobs what a member may, nothing more. Its TrainJob is the sweep's status
+# object: the controller writes the study's state into an annotation (gzip + base64 JSON) that a member reads with
+# only a kubeconfig; a member asks it to cancel or extend through annotations of the same object.
+SWEEP_CONTROLLER_SERVICE_ACCOUNT = "trainforge-sweep-controller"
+SWEEP_ROLE_LABEL = f"{LABEL_DOMAIN}/role"
+SWEEP_CONTROLLER_ROLE = "sweep-controller"
+SWEEP_NAME_LABEL = f"{LABEL_DOMAIN}/sweep"
+SWEEP_STATUS_ANNOTATION = f"{LABEL_DOMAIN}/sweep-status"
+SWEEP_CANCEL_ANNOTATION = f"{LABEL_DOMAIN}/sweep-cancel"
+SWEEP_EXTEND_ANNOTATION = f"{LABEL_DOMAIN}/sweep-extend"
+API_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the client's in-cluster config reads its token
+
+
+def sweep_controller_job(sweep: str) -> str:
+    return f"{sweep}-ctl"  # a sweep name has at most 32 characters, a job's 40
 POSTGRES_PORT = 5432
 MLFLOW_DATABASE = "mlflow"  # the RDS instance's initial database: MLflow's tracking store
 

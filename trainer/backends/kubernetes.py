@@ -129,6 +129,14 @@ class Cluster:
                           namespace, plural, name, propagation_policy="Foreground", namespace=namespace, missing_ok=True)
         return done is not None
 
+    def patch(self, kind: str, team: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """A merge patch of a job (its annotations: a sweep's status object); None if there is no such job."""
+        group, version, plural = API[kind]
+        namespace = contract.namespace_name(team)
+        return self._call(f"updating {kind} {namespace}/{name}", self.custom.patch_namespaced_custom_object, group, version,
+                          namespace, plural, name, patch, namespace=namespace, missing_ok=True,
+                          _content_type="application/merge-patch+json")
+
     def list(self, kind: str, team: str) -> list[dict[str, Any]]:
         group, version, plural = API[kind]
         namespace = contract.namespace_name(team)

@@ -75,11 +75,11 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
     if backend_name is BackendName.kubernetes:
         if platform is None:
             raise TrainforgeError("", ["--stack: a cluster sweep admits every trial against the stack's quota and budget. Fix: --stack stacks/Pulumi.<env>.yaml"])
-        if storage is not None and storage.startswith("sqlite"):
-            raise TrainforgeError("", ["--storage: trial pods report to the team's study database on the platform's PostgreSQL "
-                                       "(its URL is in the team's trainforge-sweeps Secret); the controller must use the same one, "
-                                       "from a machine that reaches it (VPN or bastion into the VPC). Fix: leave --storage out (the "
-                                       "CLI reads the Secret), or pass that URL"])
+        if storage is not None:
+            raise TrainforgeError("", ["--storage: a cluster sweep's controller runs in the cluster and reads the team's study "
+                                       f"database from its {contract.SWEEP_STORAGE_SECRET} Secret. Fix: leave --storage out"])
+        _start_in_cluster(sweep, stack, kind, context, resume)
+        return
     else:
         processes = sweep.base.workers.nodes * sweep.base.workers.procs_per_node * sweep.spec.max_parallel
         if processes > (os.cpu_count() or 1):
@@ -87,11 +87,6 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
                                                     f"worker processes need {processes} cores; this machine has {os.cpu_count()}. "
                                                     f"Fix: max_parallel: {max(1, (os.cpu_count() or 1) // (processes // sweep.spec.max_parallel))}"])
     target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre(sweep.base, platform))
-    if backend_name is BackendName.kubernetes and storage is None:
-        storage = target.cluster.sweep_storage(sweep.base.team)
-        if storage is None:
-            raise TrainforgeError("", [f"team {sweep.base.team!r} has no {contract.SWEEP_STORAGE_SECRET} Secret with its study "
-                                       "database. Fix: the platform's `pulumi up` creates it with the team; or pass --storage"])
     url = storage or _record(sweep.name).get("storage") or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
     directory = paths.sweep_dir(sweep.name)
     directory.mkdir(parents=True, exist_ok=True)
@@ -103,16 +98,13 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
         spec = with_image(spec, platform)
         if platform is None:
             return unchecked(spec)
-        live = target.live_queue(spec.team) if backend_name is BackendName.kubernetes else None
-        return admit(spec, platform, live_queue=live)
+        return admit(spec, platform)
 
     from trainforge.trainer.cli import views
     from trainforge.trainer.sweeps.controller import SweepController
     with views.SweepProgress(sweep) as bar:
         controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
-                                     poll_s=poll, on_change=bar.update,
-                                     trial_storage=contract.SWEEP_STORAGE_FROM_FILE if backend_name is BackendName.kubernetes else None,
-                                     resume=resume)
+                                     poll_s=poll, on_change=bar.update, resume=resume)
         bar.update(controller)
         why = controller.run()
     views.sweep_summary(controller, why)
@@ -123,32 +115,153 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
         raise typer.Exit(3)  # not one trial could start: the budget or the cluster refused them all
 
 
+def _start_in_cluster(sweep, stack: Path, kind: Kind, context: Optional[str], resume: bool) -> None:
+    """Submit the sweep's controller as a TrainJob of the team's, admitted like `submit`; return once it exists."""
+    from trainforge import contract, paths
+    from trainforge.trainer.admission import NotAdmitted, admit
+    from trainforge.trainer.cli.common import backend, cost_centre, load_platform
+    from trainforge.trainer.spec import with_image
+    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, controller_spec, stack_payload
+    platform = load_platform(stack)
+    target = backend(BackendName.kubernetes, team=sweep.base.team, kind=Kind.trainjob, context=context,
+                     cost_centre=cost_centre(sweep.base, platform))
+    team, job = sweep.base.team, contract.sweep_controller_job(sweep.name)
+    existing = target.cluster.get(CONTROLLER_KIND, team, job)
+    if existing is not None:
+        _refuse_second_controller(sweep.name, team, existing, resume)
+        target.cluster.cancel(CONTROLLER_KIND, team, job)  # a finished controller, replaced to continue the sweep
+        _wait_gone(target, team, job)
+    live = target.live_queue(team)
+    # Every trial has the base's shape: admitted now as a trial would be, so a sweep that could run nothing never starts.
+    trial = admit(with_image(sweep.base, platform), platform, live_queue=live)
+    if not trial.admitted:
+        raise NotAdmitted(sweep.base.name, trial.problems)
+    spec = with_image(controller_spec(sweep, stack=stack_payload(stack), trial_kind=kind.value, resume=resume), platform)
+    report = target.submit(spec, admit(spec, platform, live_queue=live))
+    directory = paths.sweep_dir(sweep.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sweep.json").write_text(json.dumps({"backend": "kubernetes", "kind": kind.value, "team": team, "context": context,
+                                                      "source": str(Path(sweep.source).resolve()), "stack": str(stack.resolve())}, indent=2))
+    typer.echo(report.summary)
+    typer.echo(f"sweep {sweep.name}: its controller runs in the cluster as TrainJob {contract.namespace_name(team)}/{job}; "
+               f"`trainforge sweep status {sweep.name}` follows it (a kubeconfig is all it needs)")
+
+
+def _refuse_second_controller(name: str, team: str, existing: dict, resume: bool) -> None:
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.backends.kubernetes import job_state
+    from trainforge.trainer.sweeps.cluster import status_of
+    state = job_state("trainjob", existing)
+    document = status_of(existing) or {}
+    if state not in ("succeeded", "failed"):
+        raise TrainforgeError("", [f"sweep {name!r} already has a controller in the cluster ({state}). Fix: `trainforge sweep "
+                                   f"status {name} --backend kubernetes --team {team}` follows it; `extend` raises its limits"], exit_code=1)
+    if document.get("finished_because") == "cancelled" and not resume:
+        raise TrainforgeError("", [f"sweep {name!r} was cancelled by `trainforge sweep cancel`. Fix: `trainforge sweep resume {name}` "
+                                   "continues it on purpose, or give a new sweep another name"], exit_code=1)
+
+
+def _wait_gone(target, team: str, job: str, timeout_s: float = 120.0) -> None:
+    """Deletion is foreground (its pods go first): the name is free once the object is gone."""
+    import time
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND
+    deadline = time.monotonic() + timeout_s
+    while target.cluster.get(CONTROLLER_KIND, team, job) is not None:
+        if time.monotonic() > deadline:
+            raise TrainforgeError("", [f"the finished controller {job} is still being deleted. Fix: try again in a minute"], exit_code=1)
+        time.sleep(1.0)
+
+
+def _in_cluster(name: str, backend_name: Optional[BackendName], team: Optional[str], context: Optional[str]):
+    """(backend, the controller's TrainJob) for a sweep that runs in the cluster; None for one on this machine."""
+    from trainforge import contract
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.cli.common import backend
+    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND
+    record = _record(name)
+    chosen = backend_name or BackendName(record.get("backend", "local"))
+    if chosen is not BackendName.kubernetes:
+        return None
+    team = team or record.get("team")
+    if team is None:
+        raise TrainforgeError("", ["--team: a cluster sweep lives in its team's namespace. Fix: --team <team>"])
+    target = backend(BackendName.kubernetes, team=team, kind=Kind(record.get("kind", "trainjob")), context=context or record.get("context"))
+    job = target.cluster.get(CONTROLLER_KIND, team, contract.sweep_controller_job(name))
+    if job is None:
+        raise TrainforgeError("", [f"no sweep named {name!r} in namespace {contract.namespace_name(team)} (no TrainJob "
+                                   f"{contract.sweep_controller_job(name)}). Fix: check the name and --team; `trainforge sweep "
+                                   "SPEC.yaml --backend kubernetes --stack ...` starts one"])
+    return target, job
+
+
+def _cluster_study(name: str, job: dict):
+    """The in-memory study the controller's status object describes; exits 1 saying why where there is none."""
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.backends.kubernetes import job_state
+    from trainforge.trainer.sweeps.cluster import status_of, study_from
+    document = status_of(job)
+    if document is None:
+        raise TrainforgeError("", [f"sweep {name!r}: its controller has not reported yet (its TrainJob is "
+                                   f"{job_state('trainjob', job)}). Fix: wait for Kueue to admit it, then ask again"], exit_code=1)
+    if document.get("error"):
+        raise TrainforgeError("", [f"sweep {name!r}: its controller could not start: {document['error']}"], exit_code=1)
+    return study_from(document), document
+
+
+BACKEND_OPTION = typer.Option(None, "--backend", help="default: where this machine started it; kubernetes: a sweep in the cluster")
+TEAM_OPTION = typer.Option(None, "--team", help="kubernetes: the sweep's team (default: as recorded on this machine)")
+CONTEXT_OPTION = typer.Option(None, "--context", help="kubernetes: kubeconfig context")
+
+
+@app.command(hidden=True)
+def controller(storage: str = typer.Option(None, help="default: the team's study database, mounted from its Secret"),
+               poll: float = typer.Option(5.0, min=0.1)) -> None:
+    """Inside the controller's pod (trainer/sweeps/cluster.py): run the sweep its TrainJob carries."""
+    from trainforge import contract
+    from trainforge.trainer.sweeps.cluster import run_in_cluster
+    raise typer.Exit(run_in_cluster(storage or contract.SWEEP_STORAGE_FROM_FILE, poll))
+
+
 @app.command()
 def status(name: str, storage: Optional[str] = typer.Option(None, help="default: where this machine recorded it"),
-           output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+           output: Output = typer.Option(Output.table, "--output", "-o"), backend_name: Optional[BackendName] = BACKEND_OPTION,
+           team: Optional[str] = TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Trials: state, value, parameters, cost, duration."""
     from dataclasses import asdict
 
     from trainforge.trainer.cli import views
     from trainforge.trainer.sweeps.controller import load_existing, rows
-    study = load_existing(name, _storage(name, storage))
+    cluster = _in_cluster(name, backend_name, team, context)
+    extra = {}
+    if cluster is not None:
+        from trainforge.trainer.backends.kubernetes import job_state
+        study, document = _cluster_study(name, cluster[1])
+        extra = {"controller": job_state("trainjob", cluster[1]), "spent_usd": document["spent_usd"], "planned": document["planned"]}
+    else:
+        study = load_existing(name, _storage(name, storage))
     found = rows(study)
     if output is Output.json:
         typer.echo(json.dumps({"sweep": name, "direction": study.direction.name.lower(), "trials": [asdict(r) for r in found],
-                               "finished_because": study.user_attrs.get("finished_because")}, indent=2, default=str))
+                               "finished_because": study.user_attrs.get("finished_because"), **extra}, indent=2, default=str))
         return
     views.sweep_table(name, study, found)
+    if extra:
+        typer.echo(f"controller: {extra['controller']}; {extra['planned']} trials planned; ${extra['spent_usd']:,.4f} spent")
 
 
 @app.command()
 def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (default: $TRAINFORGE_HOME/sweeps/NAME/report)"),
-           storage: Optional[str] = typer.Option(None)) -> None:
+           storage: Optional[str] = typer.Option(None), backend_name: Optional[BackendName] = BACKEND_OPTION,
+           team: Optional[str] = TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Plots: optimisation history, parameter importances, parallel coordinates, intermediate values (PNG and HTML)."""
     from trainforge import paths
     from trainforge.trainer.sweeps.controller import load_existing
     from trainforge.trainer.sweeps.report import write_report
     directory = out or paths.sweep_dir(name) / "report"
-    done = write_report(load_existing(name, _storage(name, storage)), directory)
+    cluster = _in_cluster(name, backend_name, team, context)
+    study = _cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
+    done = write_report(study, directory)
     for file in done["written"]:
         typer.echo(f"wrote {directory / file}")
     for why in done["skipped"]:
@@ -157,7 +270,9 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
 
 @app.command()
 def best(name: str, write: Optional[Path] = typer.Option(None, help="write the best trial's job spec here (submit it as a job)"),
-         storage: Optional[str] = typer.Option(None), output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+         storage: Optional[str] = typer.Option(None), output: Output = typer.Option(Output.table, "--output", "-o"),
+         backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
+         context: Optional[str] = CONTEXT_OPTION) -> None:
     """The best trial: its value, parameters, job, checkpoint and MLflow run."""
     import yaml
 
@@ -165,22 +280,28 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.sweeps.controller import load_existing
     from trainforge.trainer.sweeps.spec import load_sweep, trial_job
-    study = load_existing(name, _storage(name, storage))
+    cluster = _in_cluster(name, backend_name, team, context)
+    study = _cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
     try:
         trial = study.best_trial
     except ValueError:
         raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=1) from None
     job = trial.user_attrs.get("job")
     record = _record(name)
-    checkpoint = (str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR) if record.get("backend", "local") == "local"
-                  else f"/fsx/teams/{record.get('team')}/jobs/{job}/checkpoints")
+    team = cluster[0].team if cluster is not None else record.get("team")
+    checkpoint = (str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR) if cluster is None and record.get("backend", "local") == "local"
+                  else f"/fsx/teams/{team}/jobs/{job}/checkpoints")
     found = {"trial": trial.number, "value": trial.value, "params": trial.params, "job": job, "checkpoint": checkpoint,
              "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
              "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
     if write is not None:
-        if not record.get("source"):
+        if cluster is not None:
+            from trainforge.trainer.sweeps.cluster import payload_of, sweep_of
+            sweep = sweep_of(payload_of(cluster[1]))  # the base as the controller ran it
+        elif not record.get("source"):
             raise TrainforgeError("", [f"--write: this machine did not start sweep {name!r}, so its base spec is unknown here"])
-        sweep = load_sweep(record["source"])
+        else:
+            sweep = load_sweep(record["source"])
         spec = trial_job(sweep.base, f"{name}-best", trial.params, None)
         raw = spec.model_dump(mode="json", exclude_none=True)
         write.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -190,13 +311,18 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
 
 
 @app.command()
-def cancel(name: str, storage: Optional[str] = typer.Option(None)) -> None:
+def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name: Optional[BackendName] = BACKEND_OPTION,
+           team: Optional[str] = TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Stop the sweep: its controller stops launching and cancels running trials (each checkpoints first)."""
     from optuna.trial import TrialState
 
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.cli.common import backend
     from trainforge.trainer.sweeps.controller import load_existing
+    cluster = _in_cluster(name, backend_name, team, context)
+    if cluster is not None:
+        _cancel_in_cluster(name, *cluster)
+        return
     study = load_existing(name, _storage(name, storage))
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     if study.user_attrs.get("cancelled"):
@@ -219,11 +345,36 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None)) -> None:
                f"`trainforge sweep status {name}` shows what finished")
 
 
+def _cancel_in_cluster(name: str, target, job: dict) -> None:
+    """Asked through the controller's TrainJob; the controller stops its trials at its next look."""
+    import datetime
+
+    from trainforge import contract
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.backends.kubernetes import job_state
+    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, status_of
+    document = status_of(job) or {}
+    if document.get("finished_because") or job_state("trainjob", job) in ("succeeded", "failed"):
+        raise TrainforgeError("", [f"sweep {name!r} already finished ({document.get('finished_because') or 'its controller ended'}); "
+                                   f"nothing to cancel. `trainforge sweep status {name}` shows its trials"], exit_code=1)
+    asked = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    target.cluster.patch(CONTROLLER_KIND, target.team, job["metadata"]["name"],
+                         {"metadata": {"annotations": {contract.SWEEP_CANCEL_ANNOTATION: asked}}})
+    typer.echo(f"sweep {name}: asked its controller to cancel (at {asked}); it stops launching and cancels running trials (each "
+               f"checkpoints first) at its next look. `trainforge sweep status {name}` shows when it has")
+
+
 @app.command()
-def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials")) -> None:
+def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials"),
+           backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
+           context: Optional[str] = CONTEXT_OPTION) -> None:
     """Continue a sweep this machine started, as it was started: a cancelled one on purpose (its stopped trials run
     again), one stopped by its budget or wall time after `extend`."""
     from trainforge.errors import TrainforgeError
+    cluster = _in_cluster(name, backend_name, team, context)
+    if cluster is not None:
+        _resume_in_cluster(name, *cluster)
+        return
     record = _record(name)
     if not record.get("source"):
         raise TrainforgeError("", [f"no sweep named {name!r} was started on this machine. Fix: check the name "
@@ -235,12 +386,37 @@ def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds bet
          record.get("storage"), Kind(record.get("kind", "trainjob")), record.get("context"), poll, True)
 
 
+def _resume_in_cluster(name: str, target, job: dict) -> None:
+    """A new controller TrainJob from the old one's sweep and stack (no file of this machine needed), resuming."""
+    from trainforge import contract
+    from trainforge.trainer.admission import admit
+    from trainforge.trainer.backends.kubernetes import job_state
+    from trainforge.trainer.spec import with_image
+    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, controller_spec, payload_of, platform_of, sweep_of
+    _refuse_second_controller(name, target.team, job, resume=True)
+    payload = payload_of(job)
+    sweep, platform = sweep_of(payload), platform_of(payload)
+    spec = with_image(controller_spec(sweep, stack=payload["stack"], trial_kind=payload.get("trial_kind", "trainjob"), resume=True), platform)
+    decision = admit(spec, platform, live_queue=target.live_queue(target.team))
+    was = job_state("trainjob", job)
+    target.cluster.cancel(CONTROLLER_KIND, target.team, job["metadata"]["name"])
+    _wait_gone(target, target.team, job["metadata"]["name"])
+    typer.echo(target.submit(spec, decision).summary)
+    pending = (job["metadata"].get("annotations") or {}).get(contract.SWEEP_EXTEND_ANNOTATION)
+    if pending:  # extensions asked of the old controller: the new one takes them up (each once)
+        target.cluster.patch(CONTROLLER_KIND, target.team, spec.name, {"metadata": {"annotations": {contract.SWEEP_EXTEND_ANNOTATION: pending}}})
+    typer.echo(f"sweep {name}: resumed (its last controller had {was}) as TrainJob {contract.namespace_name(target.team)}/"
+               f"{spec.name}; `trainforge sweep status {name}` follows it")
+
+
 @app.command()
 def extend(name: str,
            trials: int = typer.Option(0, "--trials", min=0, help="more trials, e.g. +16"),
            usd: float = typer.Option(0.0, "--usd", min=0.0, help="more budget in USD, e.g. +50"),
            wall_time: Optional[str] = typer.Option(None, "--wall-time", help="more wall time, e.g. +2h"),
-           storage: Optional[str] = typer.Option(None, help="default: where this machine recorded it")) -> None:
+           storage: Optional[str] = typer.Option(None, help="default: where this machine recorded it"),
+           backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
+           context: Optional[str] = CONTEXT_OPTION) -> None:
     """Raise a sweep's limits: more trials, budget or wall time (its search stays the same). A running controller takes
     them up at its next look; a finished one continues with `trainforge sweep resume NAME`."""
     from trainforge.errors import TrainforgeError
@@ -249,6 +425,10 @@ def extend(name: str,
     seconds = parse_duration(wall_time.lstrip("+"), "--wall-time") if wall_time else 0
     if not (trials or usd or seconds):
         raise TrainforgeError("", ["nothing to extend. Fix: --trials +N, --usd +X or --wall-time +2h"])
+    cluster = _in_cluster(name, backend_name, team, context)
+    if cluster is not None:
+        _extend_in_cluster(name, *cluster, trials=trials, usd=usd, wall_time_s=seconds)
+        return
     study = load_existing(name, _storage(name, storage))
     before, after = raise_limits(study, trials=trials, usd=usd, wall_time_s=seconds)
     from trainforge.trainer.sweeps.spec import duration
@@ -267,3 +447,18 @@ def extend(name: str,
         typer.echo("its running controller takes it up at its next look")
     else:
         typer.echo(f"no controller is running it: `trainforge sweep resume {name}` continues it")
+
+
+def _extend_in_cluster(name: str, target, job: dict, *, trials: int, usd: float, wall_time_s: float) -> None:
+    """Asked through the controller's TrainJob (the member has no database access); a finished controller is resumed
+    to take it up."""
+    from trainforge import contract
+    from trainforge.trainer.backends.kubernetes import job_state
+    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, extend_request
+    asked = extend_request(job, trials=trials, usd=usd, wall_time_s=wall_time_s)
+    target.cluster.patch(CONTROLLER_KIND, target.team, job["metadata"]["name"], {"metadata": {"annotations": {contract.SWEEP_EXTEND_ANNOTATION: asked}}})
+    if job_state("trainjob", job) in ("succeeded", "failed"):
+        typer.echo(f"sweep {name}: its controller has ended; `trainforge sweep resume {name}` continues it with the extension")
+    else:
+        typer.echo(f"sweep {name}: asked its controller to extend it (+{trials} trials, +${usd:,.2f}, +{wall_time_s:.0f} s of wall time); "
+                   "it takes it up at its next look")

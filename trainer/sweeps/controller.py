@@ -45,8 +45,12 @@ class SweepError(TrainforgeError):
 
 
 def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistribution]:
+    return distributions_of(sweep.spec.space)
+
+
+def distributions_of(space: dict[str, Any]) -> dict[str, optuna.distributions.BaseDistribution]:
     out: dict[str, optuna.distributions.BaseDistribution] = {}
-    for name, p in sweep.spec.space.items():
+    for name, p in space.items():
         if p.type == "float":
             out[name] = optuna.distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
         elif p.type == "int":
@@ -290,12 +294,12 @@ RAN_SAVE_S = 5.0  # how often the time the sweep ran is written to the study (a 
 class SweepController:
     def __init__(self, sweep: Sweep, backend: Any, admit: Callable[[JobSpec], Admission], storage_url: str,
                  tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None,
-                 trial_storage: str | None = None, resume: bool = False):
+                 trial_storage: str | None = None, resume: bool = False, on_look: Callable[[SweepController], None] | None = None):
         """`resume`: continue a cancelled sweep on purpose. `trial_storage`: how trials name the study's storage, where they see it differently (on the cluster: the
         team's Secret mounted as a file, `file:/var/run/trainforge/sweep-database/storage`); default: the same URL."""
         self.given, self.backend, self.admit, self.storage_url = sweep, backend, admit, storage_url
         self.trial_storage = trial_storage or storage_url
-        self.poll_s, self.on_change = poll_s, on_change
+        self.poll_s, self.on_change, self.on_look = poll_s, on_change, on_look  # on_look: each look (the cluster's requests)
         self.study = open_study(sweep, storage_url, resume=resume)
         self.sweep = in_effect(sweep, self.study)
         self._extension = self.study.user_attrs.get(EXTENDED)
@@ -348,6 +352,8 @@ class SweepController:
             self.account_time()
             optuna.storages.fail_stale_trials(self.study)  # workers whose heartbeat stopped: FAIL, then retried below
             self.poll()
+            if self.on_look:
+                self.on_look(self)
             attrs = self.study.user_attrs
             self.take_extension(attrs)
             if attrs.get("cancelled"):

@@ -1,0 +1,251 @@
+"""A cluster sweep's controller runs in the team's namespace (issue 25, 'in the cluster'), tested against the API
+stand-in (tests/kubeapi.py) holding the program's own objects: the controller's TrainJob as a member's CLI creates it,
+its pod as the Trainer would build it (admitted by the program's policies, restricted), the controller process run
+as that pod would run it — under the program's ServiceAccount, authorised by the program's RBAC — over a real SQLite
+study, killed and restarted as after a node loss. The test plays the Trainer and the trial pods: each trial's rank 0
+reports to the study and its TrainJob is marked complete. A member follows, cancels, extends and resumes it with a
+kubeconfig alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import REPO
+from kubeapi import serve, service_account
+from optuna.trial import TrialState
+from pod_security import restricted_violations
+from test_cluster_path import STACK, VISION, raw_request, seeded
+from test_isolation import TRAINJOBS, Program
+from test_local_backend import wait_until
+from test_sweep import BASE, SWEEP
+
+from trainforge import contract
+from trainforge.trainer.sweeps.controller import counted, load_existing
+
+CONTROLLER_TOKEN = "sweep-controller-token"
+
+
+def sweep_file(tmp: Path, name: str, **changes) -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "name": name, "base": str(REPO / "examples" / "sweep-base.yaml"), "pruner": {"type": "none"},
+                                    "budget": {"usd": 50}, **changes}))
+    return path
+
+
+class Cluster:
+    """The stand-in with the program's objects; a member's kubeconfig and the controller ServiceAccount's."""
+
+    def __init__(self, served, tmp: Path):
+        self.served, self.tmp = served, tmp
+        self.member = served.kubeconfig(tmp / "member.kubeconfig", "vision-token")
+        self.controller = served.kubeconfig(tmp / "controller.kubeconfig", CONTROLLER_TOKEN)
+        self.storage = tmp / "sweep-database"  # the team's Secret as its pod mounts it: one file holding the URL
+        self.url = f"sqlite:///{tmp / 'study.db'}"
+        self.storage.write_text(self.url)
+
+    def cli(self, *argv: str, home: str = "member-home") -> subprocess.CompletedProcess:
+        env = {**os.environ, "KUBECONFIG": str(self.member), "TRAINFORGE_HOME": str(self.tmp / home)}
+        return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=REPO,
+                              env=env, timeout=300)
+
+    def job(self, name: str) -> dict | None:
+        return self.served.api.find(*TRAINJOBS, VISION, name)
+
+    def start_controller(self, sweep: str) -> subprocess.Popen:
+        """What the controller's pod runs, with what its pod gets: the TrainJob's environment, its token."""
+        job = self.job(contract.sweep_controller_job(sweep))
+        env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"] if "value" in e}
+        assert job["spec"]["trainer"]["command"][-5:] == ["python", "-m", "trainforge.trainer.cli", "sweep", "controller"]
+        return subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", "controller", "--storage", f"file:{self.storage}",
+                                 "--poll", "0.2"], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={**os.environ, **{k: env[k] for k in (contract.HYPERPARAMETERS_ENV, "TRAINFORGE_JOB_ID", "TRAINFORGE_TEAM")},
+                                     "KUBECONFIG": str(self.controller), "TRAINFORGE_HOME": str(self.tmp / "pod-home")})
+
+    def trials(self, sweep: str) -> list[dict]:
+        return [j for j in self.served.api.of_kind("trainjobs", VISION)
+                if j["metadata"]["name"].startswith(f"{sweep}-t")]
+
+    def finish_trials(self, sweep: str, value=lambda number: 0.9 - 0.01 * number) -> int:
+        """The trial pods' rank 0 and the Trainer: every trial job not yet ended reports its value and completes."""
+        study = optuna.load_study(study_name=sweep, storage=self.url)
+        done = 0
+        for job in self.trials(sweep):
+            if job.get("status"):
+                continue
+            trial_id = int(next(a.split("=", 1)[1] for a in job["spec"]["trainer"]["args"] if a.startswith("sweep.trial_id=")))
+            trial = optuna.trial.Trial(study, trial_id)
+            trial.report(0.5, 20)
+            study.tell(trial, value(trial.number))
+            mark(job, "Complete")
+            done += 1
+        return done
+
+
+def mark(job: dict, condition: str) -> None:
+    job["status"] = {"conditions": [{"type": condition, "status": "True", "reason": condition, "message": "",
+                                     "lastTransitionTime": "2026-11-25T00:00:00Z"}]}
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    api = seeded()
+    api.identities[CONTROLLER_TOKEN] = service_account(VISION, contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT)
+    with serve(api) as served:
+        yield Cluster(served, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def program():
+    from conftest import evaluation_of
+    return Program(evaluation_of(STACK))
+
+
+def test_a_member_starts_the_controller_as_a_job_of_the_team_and_it_is_admitted(cluster, program):
+    started = cluster.cli("sweep", str(sweep_file(cluster.tmp, "in-cluster")), "--backend", "kubernetes", "--stack", str(STACK))
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert f"TrainJob {VISION}/in-cluster-ctl" in started.stdout and "trainforge sweep status in-cluster" in started.stdout
+    job = cluster.job("in-cluster-ctl")
+    assert job["metadata"]["labels"][contract.KUEUE_QUEUE_LABEL] == contract.queue_name("vision"), "through the team's queue"
+    assert "sqlite" not in json.dumps(job) and "postgresql" not in json.dumps(job), "no database URL in the job"
+    assert program.denials(job, TRAINJOBS) == []
+    (pod,) = program.pods(job)
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT
+    assert spec["nodeSelector"][contract.LABEL_FLAVOUR] == contract.Flavour.CPU.value, "on the team's CPU nodes"
+    assert pod["metadata"]["labels"][contract.SWEEP_ROLE_LABEL] == contract.SWEEP_CONTROLLER_ROLE
+    mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert mounts[contract.API_TOKEN_DIR]["readOnly"] and mounts[contract.SWEEP_STORAGE_DIR]["readOnly"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts[contract.API_TOKEN_DIR]["name"]]["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] <= 3607
+    assert program.denials(pod, ("", "v1", "pods")) == [] and restricted_violations(spec) == []
+    payload = json.loads(next(e["value"] for e in job["spec"]["trainer"]["env"] if e["name"] == contract.HYPERPARAMETERS_ENV))
+    assert payload["sweep_spec"]["base"]["name"] == "clf-base" and payload["stack"]["name"] == "Pulumi.dev.yaml"
+
+    again = cluster.cli("sweep", str(sweep_file(cluster.tmp, "in-cluster")), "--backend", "kubernetes", "--stack", str(STACK))
+    assert again.returncode == 1 and "already has a controller in the cluster" in again.stderr, again.stderr
+
+
+def test_the_controller_may_do_with_jobs_what_a_member_may_and_nothing_more(cluster):
+    token = CONTROLLER_TOKEN
+    allowed = raw_request(cluster.served, token, "GET", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{VISION}/trainjobs")
+    assert allowed == 200
+    for method, path, body in (
+            ("GET", f"/api/v1/namespaces/{VISION}/secrets/{contract.SWEEP_STORAGE_SECRET}", None),
+            ("GET", f"/api/v1/namespaces/{VISION}/secrets/{contract.MLFLOW_SECRET}", None),
+            ("PATCH", f"/api/v1/namespaces/{VISION}/configmaps/{contract.TEAM_SETTINGS_CONFIG_MAP}", {"data": {"spent_usd": "0"}}),
+            ("POST", f"/api/v1/namespaces/{VISION}/configmaps", {"metadata": {"name": "x"}}),
+            ("POST", f"/api/v1/namespaces/{VISION}/pods", {"metadata": {"name": "p"}}),
+            ("POST", f"/apis/batch/v1/namespaces/{VISION}/jobs", {"metadata": {"name": "j"}}),
+            ("GET", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{contract.namespace_name('language')}/trainjobs", None),
+            ("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{contract.cluster_queue_name('vision')}", {"spec": {"stopPolicy": "None"}})):
+        assert raw_request(cluster.served, token, method, path, body) == 403, (method, path)
+
+
+def test_the_controller_runs_the_sweep_survives_a_node_loss_and_a_member_follows_it_with_a_kubeconfig(cluster):
+    """Three trials, one at a time; the controller killed (SIGKILL, as a lost node) after the first and started again
+    (as the Job restarts its pod): exactly three trial jobs, each settled once, never two alive; the member's CLI, which
+    has no database access, reads status, best and report from the controller's TrainJob."""
+    spec = sweep_file(cluster.tmp, "followed", max_trials=3, max_parallel=1)
+    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    controller = cluster.start_controller("followed")
+    try:
+        wait_until(lambda: len(cluster.trials("followed")) == 1, 120)
+        cluster.finish_trials("followed")
+        wait_until(lambda: any(t.state is TrialState.COMPLETE for t in load_existing("followed", cluster.url).get_trials()), 60)
+        controller.send_signal(signal.SIGKILL)
+        controller.wait(30)
+        controller = cluster.start_controller("followed")  # the Job's restart, on another node
+        alive_at_most = 0
+        deadline = time.time() + 180
+        while controller.poll() is None and time.time() < deadline:
+            alive_at_most = max(alive_at_most, sum(1 for j in cluster.trials("followed") if not j.get("status")))
+            cluster.finish_trials("followed")
+            time.sleep(0.2)
+        output, _ = controller.communicate(timeout=30)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 0 and "all planned trials done" in output, output[-3000:]
+    assert len(cluster.trials("followed")) == 3 and alive_at_most <= 1
+    study = load_existing("followed", cluster.url)
+    assert counted(study) == 3 and all(study.user_attrs.get(f"trial.{t.number}.settled") for t in study.get_trials())
+    assert len({json.dumps(t.params, sort_keys=True) for t in study.get_trials()}) == 3, "no parameters repeated after the restart"
+
+    # A member with a kubeconfig and nothing else (another machine: no record of the sweep, no database URL).
+    status = cluster.cli("sweep", "status", "followed", "-o", "json", "--backend", "kubernetes", "--team", "vision", home="laptop")
+    assert status.returncode == 0, status.stderr
+    shown = json.loads(status.stdout)
+    assert shown["finished_because"] == "all planned trials done" and [t["state"] for t in shown["trials"]] == ["complete"] * 3
+    assert all(t["cost_usd"] is not None for t in shown["trials"])
+    best = cluster.cli("sweep", "best", "followed", "-o", "json", "--backend", "kubernetes", "--team", "vision",
+                       "--write", str(cluster.tmp / "best.yaml"), home="laptop")
+    assert best.returncode == 0, best.stderr
+    assert json.loads(best.stdout)["trial"] == 0 and json.loads(best.stdout)["value"] == pytest.approx(0.9)
+    assert yaml.safe_load((cluster.tmp / "best.yaml").read_text())["entry"]["task"] == "classifier"
+    report = cluster.cli("sweep", "report", "followed", "--backend", "kubernetes", "--team", "vision", "--out", str(cluster.tmp / "report"),
+                         home="laptop")
+    assert report.returncode == 0 and (cluster.tmp / "report" / "optimization_history.png").exists(), report.stdout + report.stderr
+    table = cluster.cli("sweep", "status", "followed", "--backend", "kubernetes", "--team", "vision", home="laptop")
+    assert "controller: " in table.stdout and "3 trials planned" in table.stdout
+
+
+def test_a_member_cancels_extends_and_resumes_a_cluster_sweep(cluster):
+    spec = sweep_file(cluster.tmp, "steered", max_trials=2, max_parallel=1)
+    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    controller = cluster.start_controller("steered")
+    try:
+        wait_until(lambda: len(cluster.trials("steered")) == 1, 120)
+        cancelled = cluster.cli("sweep", "cancel", "steered")
+        assert cancelled.returncode == 0 and "asked its controller to cancel" in cancelled.stdout, cancelled.stderr
+        output, _ = controller.communicate(timeout=120)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 0 and "cancelled" in output, output[-3000:]
+    assert cluster.trials("steered") == [], "the running trial's job was cancelled"
+    shown = json.loads(cluster.cli("sweep", "status", "steered", "-o", "json").stdout)
+    assert shown["finished_because"] == "cancelled" and shown["trials"][0]["state"] == "cancelled"
+    mark(cluster.job("steered-ctl"), "Complete")  # the Trainer: its pod exited 0
+
+    by_accident = cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK))
+    assert by_accident.returncode == 1 and "sweep resume steered" in by_accident.stderr
+    extended = cluster.cli("sweep", "extend", "steered", "--trials", "+1")
+    assert extended.returncode == 0 and "resume steered" in extended.stdout, extended.stderr
+    resumed = cluster.cli("sweep", "resume", "steered")
+    assert resumed.returncode == 0 and "resumed" in resumed.stdout, resumed.stdout + resumed.stderr
+    controller = cluster.start_controller("steered")
+    try:
+        deadline = time.time() + 180
+        while controller.poll() is None and time.time() < deadline:
+            cluster.finish_trials("steered")
+            time.sleep(0.2)
+        output, _ = controller.communicate(timeout=30)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 0 and "all planned trials done" in output, output[-3000:]
+    study = load_existing("steered", cluster.url)
+    assert counted(study) == 3, "two planned + one extended; the cancelled trial's parameters ran again, uncounted"
+    shown = json.loads(cluster.cli("sweep", "status", "steered", "-o", "json").stdout)
+    assert [t["state"] for t in shown["trials"]].count("complete") == 3
+
+
+def test_a_controller_whose_study_refuses_the_sweep_says_so_where_status_looks(cluster):
+    first = sweep_file(cluster.tmp, "clash", max_trials=1)
+    assert cluster.cli("sweep", str(first), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    study = optuna.create_study(study_name="clash", storage=cluster.url)
+    study.set_user_attr("search", json.dumps({"space": "another"}))  # a study of that name searching otherwise
+    controller = cluster.start_controller("clash")
+    output, _ = controller.communicate(timeout=120)
+    assert controller.returncode == 2, output[-2000:]
+    status = cluster.cli("sweep", "status", "clash")
+    assert status.returncode == 1 and "could not start" in status.stderr and "another name" in status.stderr, status.stderr
