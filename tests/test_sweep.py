@@ -672,3 +672,44 @@ def test_a_running_controller_takes_up_an_extension(tmp_path, monkeypatch):
     runner.join(300)
     assert outcome == ["all planned trials done"] and counted(load_existing("live", url)) == 2
     assert not controller_running(load_existing("live", url)), "a finished sweep has no controller"
+
+
+def overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals alive at one moment."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals], key=lambda e: (e[0], e[1]))
+    alive = most = 0
+    for _, change in events:
+        alive += change
+        most = max(most, alive)
+    return most
+
+
+@pytest.mark.parametrize("step", ["asked", "intended", "admitted", "created", "recorded", "settling"])
+def test_a_controller_sigkilled_at_each_step_of_the_launch_path_ends_with_the_plan(tmp_path, step):
+    """Issue 25, 'what must be shown': the real controller kills itself with SIGKILL (TRAINFORGE_SWEEP_KILL_AT) the
+    second time it reaches `step`; its trials run on and finish while it is down; started again, it ends with exactly
+    max_trials trials counted, every trial settled once and every run trial's cost recorded, no parameters run twice,
+    never more than max_parallel trial jobs alive."""
+    from trainforge.trainer.sweeps.controller import KILL_AT_ENV
+    home = tmp_path / "home"
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.05}}
+    spec = write_sweep(tmp_path, name="killed", base=base, max_trials=3, max_parallel=2, pruner={"type": "none"})
+    first = cli(home, "sweep", str(spec), env={KILL_AT_ENV: f"{step}:2"})
+    assert first.returncode == -signal.SIGKILL, first.stdout[-2000:] + first.stderr[-2000:]
+
+    def jobs() -> dict[str, dict]:
+        return {d.name: json.loads((d / "state.json").read_text()) for d in (home / "jobs").glob("killed-t*") if (d / "state.json").exists()}
+    wait_until(lambda: all(j["state"] in ("succeeded", "failed", "cancelled", "lost") for j in jobs().values()), 240)  # downtime
+
+    again = cli(home, "sweep", str(spec))
+    assert again.returncode == 0 and "all planned trials done" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    study = study_of(home, "killed")
+    trials = study.get_trials()
+    assert counted(study) == 3, [(t.number, t.state, t.user_attrs) for t in trials]
+    complete = [t for t in trials if t.state is TrialState.COMPLETE]
+    assert len(complete) == 3 and len({json.dumps(t.params, sort_keys=True) for t in complete}) == 3, "no parameters run twice"
+    assert all(study.user_attrs.get(f"trial.{t.number}.settled") for t in trials), "every trial settled"
+    ran = jobs()
+    assert all(study.user_attrs.get(f"trial.{t.number}.cost_usd", 0) > 0 for t in trials if t.user_attrs.get("job") in ran), \
+        "every trial whose job ran has its cost"
+    assert overlap([(j["started_at"], j["ended_at"]) for j in ran.values() if j.get("started_at")]) <= 2, "at most max_parallel alive"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import time
 import warnings
 from dataclasses import dataclass
@@ -288,6 +290,27 @@ def trial_estimate(spec: JobSpec, decision: Admission) -> float:
         return 0.0
 
 
+# Fault injection, for tests that prove the launch path: `TRAINFORGE_SWEEP_KILL_AT=<step>:<n>` makes this controller
+# SIGKILL itself the n-th time it reaches <step> — a real kill of a real process, at a moment a test could not hit by
+# timing. Unset (always, outside such tests), each point is one dictionary lookup.
+KILL_AT_ENV = "TRAINFORGE_SWEEP_KILL_AT"
+LAUNCH_STEPS = ("asked", "intended", "admitted", "created", "recorded", "settling")
+_reached: dict[str, int] = {}
+
+
+def kill_point(step: str) -> None:
+    wanted = os.environ.get(KILL_AT_ENV)
+    if not wanted:
+        return
+    name, _, nth = wanted.partition(":")
+    if name != step:
+        return
+    _reached[step] = _reached.get(step, 0) + 1
+    if _reached[step] == int(nth or 1):
+        log.warning("%s=%s: killing this controller (SIGKILL)", KILL_AT_ENV, wanted)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 RAN_SAVE_S = 5.0  # how often the time the sweep ran is written to the study (a kill loses at most this much)
 
 
@@ -432,10 +455,12 @@ class SweepController:
                 self.stopped_because = room
             return False
         trial = self.study.ask(distributions(self.sweep))
+        kill_point("asked")
         name = f"{self.sweep.name}-t{trial.number:03d}"
         # The intent first: a controller killed from here on leaves a trial that names its job, which a restart settles.
         trial.set_user_attr("job", name)
         trial.set_user_attr("launch", "intended")
+        kill_point("intended")
         link = {"storage": self.trial_storage, "study": self.sweep.name, "trial_id": trial._trial_id, "trial_number": trial.number,
                 "metric": self.sweep.spec.objective.metric, "heartbeat_s": HEARTBEAT_S}
         if self.tracking:
@@ -449,6 +474,7 @@ class SweepController:
             self._mark_settled(trial.number)
             return False
         trial.set_user_attr("estimate_usd", round(estimate, 6))
+        kill_point("admitted")
         try:
             self.backend.submit(spec, decision, detach=True)
         except NotAdmitted as exc:  # the cluster said no (a held queue, a lower live quota): stop launching, say why
@@ -456,7 +482,9 @@ class SweepController:
             self._give_back(self.study, trial.number, trial.params)
             self._mark_settled(trial.number)
             return False
+        kill_point("created")
         trial.set_user_attr("launch", "submitted")
+        kill_point("recorded")
         log.info("trial %d: launched %s with %s", trial.number, name, json.dumps(trial.params))
         self.running[trial.number] = (trial._trial_id, name)
         self._changed()
@@ -489,6 +517,7 @@ class SweepController:
             # The worker tells the study how its trial ended; a job that ended without telling it failed.
             self.study.tell(number, state=TrialState.FAIL)
             log.warning("trial %d: job %s ended %s without reporting an outcome: failed", number, job, job_state)
+        kill_point("settling")
         cost, seconds = self._cost(job, trial)
         self.study.set_user_attr(f"trial.{number}.cost_usd", round(cost, 6))
         if seconds is not None:
