@@ -713,3 +713,83 @@ def test_a_controller_sigkilled_at_each_step_of_the_launch_path_ends_with_the_pl
     assert all(study.user_attrs.get(f"trial.{t.number}.cost_usd", 0) > 0 for t in trials if t.user_attrs.get("job") in ran), \
         "every trial whose job ran has its cost"
     assert overlap([(j["started_at"], j["ended_at"]) for j in ran.values() if j.get("started_at")]) <= 2, "at most max_parallel alive"
+
+
+# ---- cost as a dimension ----------------------------------------------------------------------------------------
+
+COST_BAD = {
+    "a range of instance types": ({"instance_type": {"type": "float", "low": 1.0, "high": 2.0}}, "space.instance_type: where a trial runs is a choice"),
+    "an unknown instance type": ({"instance_type": {"type": "categorical", "choices": ["g6.xlarge", "g9.huge"]}},
+                                 "space.instance_type: the choice 'g9.huge' is refused"),
+    "an unknown capacity": ({"capacity": {"type": "categorical", "choices": ["spot", "cheap"]}}, "space.capacity: the choice 'cheap' is refused"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COST_BAD))
+def test_a_searched_placement_that_cannot_run_is_refused(tmp_path, case):
+    space, says = COST_BAD[case]
+    result = cli(tmp_path / "home", "sweep", str(write_sweep(tmp_path, space={**SWEEP["space"], **space})))
+    assert result.returncode == 2 and says in result.stderr and "invalid sweep spec" in result.stderr, result.stderr
+    assert not (tmp_path / "home" / "sweeps").exists()
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"pruner": {"type": "hyperband"}}, "pruner: a sweep with a second objective cannot prune"),
+    ({"sampler": "cmaes", "pruner": {"type": "none"}}, "sampler: cmaes searches one objective"),
+    ({"second_objective": {"metric": "accuracy"}}, "second_objective.metric: Input should be 'cost_usd' or 'run_s'"),
+])
+def test_a_second_objective_that_cannot_work_is_refused(tmp_path, change, says):
+    raw = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-cost.yaml").read_text())
+    raw = {**raw, "base": str(REPO / "examples" / "sweep-base.yaml"), **change}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    result = cli(tmp_path / "home", "sweep", str(tmp_path / "s.yaml"))
+    assert result.returncode == 2 and says in result.stderr, result.stderr
+
+
+def test_a_sweep_searches_accuracy_against_cost_and_shows_the_pareto_front(tmp_path):
+    """Issue 25, 'cost as a dimension': the instance type and capacity are searched; each trial's second value is the
+    cost its job recorded; best shows the non-dominated trials; the report draws the front; the budget holds a trial
+    to its dearest possible placement."""
+    home = tmp_path / "home"
+    raw = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-cost.yaml").read_text())
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60}}
+    (tmp_path / "cost.yaml").write_text(yaml.safe_dump({**raw, "base": base, "max_trials": 4}))
+    result = cli(home, "sweep", str(tmp_path / "cost.yaml"))
+    assert result.returncode == 0 and "Pareto front (accuracy vs cost_usd)" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    study = study_of(home, "clf-cost")
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    complete = [t for t in study.get_trials() if t.state is TrialState.COMPLETE]
+    assert len(complete) == 4
+    for t in complete:
+        assert t.values[1] == pytest.approx(study.user_attrs[f"trial.{t.number}.cost_usd"]), "the second value is the trial's cost"
+        ran = json.loads((home / "jobs" / t.user_attrs["job"] / "state.json").read_text())
+        assert (ran["instance_type"], ran["capacity"]) == (t.params["instance_type"], t.params["capacity"]), "priced as it drew"
+    best = json.loads(cli(home, "sweep", "best", "clf-cost", "-o", "json").stdout)
+    front = best["pareto_front"]
+    assert front and all(not any(o.values[0] >= f["value"] and o.values[1] <= f["cost_usd"] and (o.values[0], o.values[1]) != (f["value"], f["cost_usd"])
+                                 for o in complete) for f in front), "no trial beats a front member on both"
+    assert best["trial"] == front[0]["trial"] and front[0]["value"] == max(f["value"] for f in front)
+    picked = cli(home, "sweep", "best", "clf-cost", "--trial", str(front[-1]["trial"]), "--write", str(tmp_path / "cheap.yaml"))
+    assert picked.returncode == 0, picked.stderr
+    written = yaml.safe_load((tmp_path / "cheap.yaml").read_text())
+    assert written["resources"]["instance_type"] == front[-1]["params"]["instance_type"]
+    off_front = [t.number for t in complete if t.number not in {f["trial"] for f in front}]
+    if off_front:
+        refused = cli(home, "sweep", "best", "clf-cost", "--trial", str(off_front[0]))
+        assert refused.returncode == 2 and "not on the Pareto front" in refused.stderr
+    report = cli(home, "sweep", "report", "clf-cost")
+    assert report.returncode == 0 and (home / "sweeps" / "clf-cost" / "report" / "pareto_front.png").exists(), report.stdout + report.stderr
+    status = json.loads(cli(home, "sweep", "status", "clf-cost", "-o", "json").stdout)
+    assert status["directions"] == ["maximize", "minimize"] and all(r["second"] is not None for r in status["trials"])
+
+
+def test_the_budget_holds_a_trial_to_its_dearest_possible_placement(tmp_path):
+    from trainforge.trainer.admission import unchecked
+    from trainforge.trainer.backends.local import LocalBackend
+    from trainforge.trainer.sweeps.controller import SweepController, trial_estimate
+    from trainforge.trainer.sweeps.spec import infra_job, load_sweep
+    sweep = load_sweep(REPO / "examples" / "sweeps" / "classifier-cost.yaml")
+    controller = SweepController(sweep, LocalBackend(), unchecked, f"sqlite:///{tmp_path / 'study.db'}")
+    dearest = trial_estimate(*(lambda s: (s, unchecked(s)))(infra_job(sweep.base, {"instance_type": "g6e.xlarge", "capacity": "on-demand"})))
+    cheapest = trial_estimate(*(lambda s: (s, unchecked(s)))(infra_job(sweep.base, {"instance_type": "g6.xlarge", "capacity": "spot"})))
+    assert controller.per_trial_usd() == pytest.approx(dearest) and dearest > cheapest > 0

@@ -231,7 +231,7 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
     from dataclasses import asdict
 
     from trainforge.trainer.cli import views
-    from trainforge.trainer.sweeps.controller import load_existing, rows
+    from trainforge.trainer.sweeps.controller import load_existing, primary_direction, rows
     cluster = _in_cluster(name, backend_name, team, context)
     extra = {}
     if cluster is not None:
@@ -242,7 +242,8 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
         study = load_existing(name, _storage(name, storage))
     found = rows(study)
     if output is Output.json:
-        typer.echo(json.dumps({"sweep": name, "direction": study.direction.name.lower(), "trials": [asdict(r) for r in found],
+        typer.echo(json.dumps({"sweep": name, "direction": primary_direction(study), "directions": [d.name.lower() for d in study.directions],
+                               "trials": [asdict(r) for r in found],
                                "finished_because": study.user_attrs.get("finished_because"), **extra}, indent=2, default=str))
         return
     views.sweep_table(name, study, found)
@@ -272,28 +273,40 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
 def best(name: str, write: Optional[Path] = typer.Option(None, help="write the best trial's job spec here (submit it as a job)"),
          storage: Optional[str] = typer.Option(None), output: Output = typer.Option(Output.table, "--output", "-o"),
          backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
-         context: Optional[str] = CONTEXT_OPTION) -> None:
-    """The best trial: its value, parameters, job, checkpoint and MLflow run."""
+         context: Optional[str] = CONTEXT_OPTION,
+         pick: Optional[int] = typer.Option(None, "--trial", help="with a second objective: which trial of the Pareto front")) -> None:
+    """The best trial (with a second objective, the Pareto front): its value, parameters, job, checkpoint and MLflow run."""
     import yaml
 
     from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweeps.controller import load_existing
+    from trainforge.trainer.sweeps.controller import best_trials, is_multi_objective, load_existing, second_objective_name
     from trainforge.trainer.sweeps.spec import load_sweep, trial_job
     cluster = _in_cluster(name, backend_name, team, context)
     study = _cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
-    try:
-        trial = study.best_trial
-    except ValueError:
-        raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=1) from None
+    front = best_trials(study)
+    if not front:
+        raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=1)
+    trial = front[0]  # the best, or on a Pareto front the best primary value
+    if pick is not None:
+        chosen = [t for t in front if t.number == pick]
+        if not chosen:
+            raise TrainforgeError("", [f"--trial {pick}: not " + ("on the Pareto front" if is_multi_objective(study) else "the best trial")
+                                       + f" (it holds {[t.number for t in front]}). Fix: one of those"])
+        trial = chosen[0]
     job = trial.user_attrs.get("job")
     record = _record(name)
     team = cluster[0].team if cluster is not None else record.get("team")
     checkpoint = (str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR) if cluster is None and record.get("backend", "local") == "local"
                   else f"/fsx/teams/{team}/jobs/{job}/checkpoints")
-    found = {"trial": trial.number, "value": trial.value, "params": trial.params, "job": job, "checkpoint": checkpoint,
+    found = {"trial": trial.number, "value": trial.values[0], "params": trial.params, "job": job, "checkpoint": checkpoint,
              "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
              "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
+    if is_multi_objective(study):
+        second = second_objective_name(study)
+        found[second] = trial.values[1]
+        found["pareto_front"] = [{"trial": t.number, "value": t.values[0], second: t.values[1], "params": t.params,
+                                  "job": t.user_attrs.get("job")} for t in front]
     if write is not None:
         if cluster is not None:
             from trainforge.trainer.sweeps.cluster import payload_of, sweep_of

@@ -323,18 +323,23 @@ class SweepProgress:
 
 
 def sweep_table(name: str, study, found) -> None:
-    direction = study.direction.name.lower()
-    table = Table(title=f"sweep {name} ({direction}){': ' + study.user_attrs['finished_because'] if study.user_attrs.get('finished_because') else ''}",
+    from trainforge.trainer.sweeps.controller import best_trials, is_multi_objective, primary_direction, second_objective_name
+    direction = primary_direction(study)
+    second = second_objective_name(study) if is_multi_objective(study) else None
+    title = f"sweep {name} ({direction}" + (f"; {second} minimised: the Pareto front in green" if second else "") + ")"
+    if second == "cost_usd":
+        second = None  # the cost column shows it already
+    table = Table(title=title + (f": {study.user_attrs['finished_because']}" if study.user_attrs.get("finished_because") else ""),
                   title_justify="left")
-    for column in ("trial", "state", "value", "params", "last step", "cost $", "duration s", "job"):
+    for column in ("trial", "state", "value", *([second] if second else []), "params", "last step", "cost $", "duration s", "job"):
         table.add_column(column)
-    values = [r.value for r in found if r.value is not None]
-    best = (max if direction == "maximize" else min)(values) if values else None
+    front = {t.number for t in best_trials(study)}
     for r in found:
-        mark = "[green]" if r.value is not None and r.value == best else ""
+        mark = "[green]" if r.number in front else ""
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.params.items())
         state = r.state + (f" (retry of {r.retry_of})" if r.retry_of is not None else "") + (f": {r.stopped}" if r.stopped else "")
-        table.add_row(str(r.number), state, f"{mark}{r.value:.5g}" if r.value is not None else "-", params,
+        table.add_row(str(r.number), state, f"{mark}{r.value:.5g}" if r.value is not None else "-",
+                      *([f"{mark}{r.second:.5g}" if r.second is not None else "-"] if second else []), params,
                       str(r.last_step) if r.last_step is not None else "-", f"{r.cost_usd:.4f}" if r.cost_usd is not None else "-",
                       f"{r.duration_s:.1f}" if r.duration_s is not None else "-", r.job or "-")
     import sys
@@ -349,9 +354,15 @@ def sweep_summary(controller, why: str) -> None:
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(f"sweep {sweep.name}: {why}; ${controller.spent_usd():,.4f} spent"
                   + (f" of ${sweep.spec.budget.usd:,.2f}" if sweep.spec.budget.usd else ""))
-    try:
-        best = study.best_trial
-        console.print(f"best: trial {best.number} ({best.user_attrs.get('job')}) {sweep.spec.objective.metric} = {best.value:.5g} "
-                      f"with {best.params}. `trainforge sweep best {sweep.name} --write best.yaml` gives its job spec")
-    except ValueError:
+    from trainforge.trainer.sweeps.controller import best_trials
+    front = best_trials(study)
+    if not front:
         console.print("no complete trial")
+    elif sweep.spec.second_objective is None:
+        best = front[0]
+        console.print(f"best: trial {best.number} ({best.user_attrs.get('job')}) {sweep.spec.objective.metric} = {best.values[0]:.5g} "
+                      f"with {best.params}. `trainforge sweep best {sweep.name} --write best.yaml` gives its job spec")
+    else:
+        console.print(f"Pareto front ({sweep.spec.objective.metric} vs {sweep.spec.second_objective.metric}): "
+                      + "; ".join(f"trial {t.number}: {t.values[0]:.5g} at {t.values[1]:.5g}" for t in front)
+                      + f". `trainforge sweep best {sweep.name} --trial N --write best.yaml` gives one's job spec")

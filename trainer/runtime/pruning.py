@@ -19,6 +19,9 @@ from trainforge import contract
 from trainforge.trainer.runtime.config import SweepTrialConfig
 
 log = logging.getLogger("trainforge.runtime")
+# A sweep with a second objective (its trials' cost or run time, known only when they end): the worker records its
+# metric here and the controller tells the study both values (trainer/sweeps/controller.py).
+OBJECTIVE_VALUE_ATTR = "objective_value"
 
 
 class TrialReporter:
@@ -38,6 +41,7 @@ class TrialReporter:
         self.study = optuna.load_study(study_name=cfg.study, storage=self.storage,
                                        pruner=make_pruner(self.storage.get_study_user_attrs(study_id).get("pruner", {"type": "none"})))
         self.trial = optuna.trial.Trial(self.study, cfg.trial_id)
+        self.multi_objective = len(self.study.directions) > 1  # no pruning there; the controller tells the outcome
         self.last_value: float | None = None
         self._stop = threading.Event()
         self._beat()
@@ -59,6 +63,8 @@ class TrialReporter:
         if not math.isfinite(value):
             return "pruned"  # a diverged trial: nothing to learn from continuing it
         self.last_value = value
+        if self.multi_objective:
+            return None
         self.trial.report(value, step)
         return "pruned" if self.trial.should_prune() else None
 
@@ -75,6 +81,9 @@ class TrialReporter:
         if value is None or not math.isfinite(float(value)):
             self.study.tell(self.trial, state=optuna.trial.TrialState.FAIL)
             return "failed"
+        if self.multi_objective:
+            self.trial.set_user_attr(OBJECTIVE_VALUE_ATTR, float(value))
+            return "complete"
         self.study.tell(self.trial, float(value))
         return "complete"
 

@@ -106,7 +106,9 @@ def status_document(controller) -> dict[str, Any]:
     study, sweep = controller.study, controller.sweep
     curves = {t.number: t.intermediate_values for t in study.get_trials(deepcopy=False)}
     trials = [{**asdict(r), "intermediate": {str(k): v for k, v in curves.get(r.number, {}).items()}} for r in rows(study)]
+    second = sweep.spec.second_objective
     return {"sweep": sweep.name, "direction": sweep.direction, "metric": sweep.spec.objective.metric,
+            "directions": [d.name.lower() for d in study.directions], "second_metric": second.metric if second else None,
             "space": {k: v.model_dump(mode="json") for k, v in sweep.spec.space.items()},
             "planned": sweep.planned_trials, "counted": counted(study), "running": len(controller.running),
             "spent_usd": round(controller.spent_usd(), 6), "budget_usd": sweep.spec.budget.usd,
@@ -220,14 +222,20 @@ def study_from(document: dict[str, Any]):
     space = SweepSpec.model_validate({"name": document["sweep"], "base": "-", "space": document["space"],
                                       "objective": {"metric": document["metric"]}, "max_trials": 1}).space
     every = distributions_of(space)
-    study = optuna.create_study(study_name=document["sweep"], direction=document["direction"])
+    directions = document.get("directions") or [document["direction"]]
+    study = optuna.create_study(study_name=document["sweep"], directions=directions)
+    # What the views and the report read of the spec: the metrics' names.
+    study.set_user_attr("spec", json.dumps({"objective": {"metric": document["metric"]},
+                                            "second_objective": {"metric": document["second_metric"]} if document.get("second_metric") else None}))
     states = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "fail": TrialState.FAIL, "cancelled": TrialState.FAIL,
               "running": TrialState.RUNNING, "waiting": TrialState.WAITING}
     for row in document["trials"]:
         state = states[row["state"]]
         params = row["params"]
         curve = {int(k): v for k, v in row.get("intermediate", {}).items()}  # empty where it did not fit
-        study.add_trial(create_trial(state=state, value=row["value"] if state is TrialState.COMPLETE else None, params=params,
+        complete = state is TrialState.COMPLETE
+        values = ([row["value"], row.get("second")] if len(directions) > 1 else [row["value"]]) if complete else None
+        study.add_trial(create_trial(state=state, values=values, params=params,
                                      distributions={k: every[k] for k in params}, intermediate_values=curve,
                                      user_attrs={k: v for k, v in (("job", row["job"]), ("retry_of", row["retry_of"])) if v is not None}))
         number = study.trials[-1].number

@@ -12,6 +12,7 @@ study's pruner. The controller only launches, watches, prices and reconciles.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from trainforge import contract
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
 from trainforge.trainer.backends import NoSuchJob
-from trainforge.trainer.runtime.pruning import engine_kwargs, make_pruner
+from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR, engine_kwargs, make_pruner
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.spec import Sweep, trial_job
 
@@ -73,6 +74,38 @@ def sampler_for(sweep: Sweep, trials_so_far: int = 0) -> optuna.samplers.BaseSam
             "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)}[sweep.spec.sampler]()
 
 
+def directions_of(sweep: Sweep) -> list[str]:
+    """The objective's direction, and the second objective's (its cost or run time: minimised) where there is one."""
+    second = sweep.spec.second_objective
+    return [sweep.direction] + ([second.direction] if second else [])
+
+
+def is_multi_objective(study: optuna.Study) -> bool:
+    return len(study.directions) > 1
+
+
+def primary_direction(study: optuna.Study) -> str:
+    return study.directions[0].name.lower()
+
+
+def second_objective_name(study: optuna.Study) -> str | None:
+    """The second objective's metric, as the spec recorded in the study says."""
+    try:
+        return (json.loads(study.user_attrs["spec"]).get("second_objective") or {}).get("metric")
+    except (KeyError, TypeError, ValueError):
+        return "second" if is_multi_objective(study) else None
+
+
+def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The best trial, or with a second objective the Pareto front (best primary value first); [] before any completes."""
+    if not any(t.state is TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+        return []
+    if not is_multi_objective(study):
+        return [study.best_trial]
+    sign = -1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    return sorted(study.best_trials, key=lambda t: (sign * t.values[0], t.values[1]))
+
+
 def pruner_config(sweep: Sweep) -> dict[str, Any]:
     """Recorded in the study, so the controller and every trial's rank 0 build the same pruner (runtime/pruning.py)."""
     p = sweep.spec.pruner
@@ -106,7 +139,9 @@ SEARCH_FIELDS = ("space", "objective", "sampler", "pruner", "seed")
 
 def search_fingerprint(sweep: Sweep) -> str:
     spec = sweep.spec.model_dump(mode="json")
-    return json.dumps({**{k: spec[k] for k in SEARCH_FIELDS}, "base": sweep.base.model_dump(mode="json")}, sort_keys=True)
+    # A second objective changes what is searched for; absent, the fingerprint is as it was before there was one.
+    second = {"second_objective": spec["second_objective"]} if spec.get("second_objective") else {}
+    return json.dumps({**{k: spec[k] for k in SEARCH_FIELDS}, **second, "base": sweep.base.model_dump(mode="json")}, sort_keys=True)
 
 
 def _changes(recorded: str, now: str) -> list[str]:
@@ -129,7 +164,7 @@ def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optun
     as resolved) is another sweep. A cancelled sweep opens only with `resume`, which lifts the cancel."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=sweep.name, storage=storage_for(storage_url), sampler=sampler_for(sweep),
-                                pruner=make_pruner(pruner_config(sweep)), direction=sweep.direction, load_if_exists=True)
+                                pruner=make_pruner(pruner_config(sweep)), directions=directions_of(sweep), load_if_exists=True)
     fingerprint = search_fingerprint(sweep)
     recorded = study.user_attrs.get("search")
     if recorded is None and study.user_attrs.get("spec") is not None:  # a study from before searches were fingerprinted
@@ -249,6 +284,7 @@ class TrialRow:
     retry_of: int | None
     last_step: int | None
     stopped: str | None = None  # why it was stopped on purpose (cancel, wall time): not a failure of its own
+    second: float | None = None  # the second objective's value (the trial's cost or run time), where the sweep has one
 
 
 def rows(study: optuna.Study) -> list[TrialRow]:
@@ -258,9 +294,11 @@ def rows(study: optuna.Study) -> list[TrialRow]:
         duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
         stopped = attrs.get(f"trial.{t.number}.stopped")
         state = "cancelled" if stopped and t.state is TrialState.FAIL else t.state.name.lower()
-        out.append(TrialRow(t.number, state, t.value if t.state is TrialState.COMPLETE else None, dict(t.params),
+        values = t.values if t.state is TrialState.COMPLETE and t.values else [None, None]
+        out.append(TrialRow(t.number, state, values[0], dict(t.params),
                             attrs.get(f"trial.{t.number}.cost_usd"), duration, t.user_attrs.get("job"), t.user_attrs.get("retry_of"),
-                            max(t.intermediate_values) if t.intermediate_values else None, stopped))
+                            max(t.intermediate_values) if t.intermediate_values else None, stopped,
+                            values[1] if len(values) > 1 else None))
     return out
 
 
@@ -513,12 +551,17 @@ class SweepController:
         if self.study.user_attrs.get(f"trial.{number}.settled"):
             return
         trial = self.study._storage.get_trial(trial_id)
-        if trial.state is TrialState.RUNNING:
-            # The worker tells the study how its trial ended; a job that ended without telling it failed.
-            self.study.tell(number, state=TrialState.FAIL)
-            log.warning("trial %d: job %s ended %s without reporting an outcome: failed", number, job, job_state)
         kill_point("settling")
         cost, seconds = self._cost(job, trial)
+        if trial.state is TrialState.RUNNING:
+            reported = trial.user_attrs.get(OBJECTIVE_VALUE_ATTR)
+            if is_multi_objective(self.study) and reported is not None and job_state == "succeeded":
+                # The worker reported its metric; what it cost is known only now, so the controller tells both.
+                self.study.tell(number, [float(reported), self._second_value(cost, seconds, trial)])
+            else:
+                # The worker tells the study how its trial ended; a job that ended without telling it failed.
+                self.study.tell(number, state=TrialState.FAIL)
+                log.warning("trial %d: job %s ended %s without reporting an outcome: failed", number, job, job_state)
         self.study.set_user_attr(f"trial.{number}.cost_usd", round(cost, 6))
         if seconds is not None:
             self.study.set_user_attr(f"trial.{number}.run_s", round(seconds, 3))
@@ -527,6 +570,13 @@ class SweepController:
             if run_id:
                 self.study.set_user_attr(f"trial.{number}.mlflow_run_id", run_id)
         self._mark_settled(number)
+
+    def _second_value(self, cost: float, seconds: float | None, trial: optuna.trial.FrozenTrial) -> float:
+        if self.sweep.spec.second_objective.metric == "cost_usd":
+            return round(cost, 6)
+        if seconds is not None:
+            return round(seconds, 3)
+        return round((time.time() - trial.datetime_start.timestamp()), 3) if trial.datetime_start else 0.0
 
     def _cost(self, job: str | None, trial: optuna.trial.FrozenTrial) -> tuple[float, float | None]:
         """What the trial's job cost: the backend's own figure where it keeps one (local: node-hours x price), else
@@ -543,7 +593,8 @@ class SweepController:
         if priced is not None:
             return float(priced), details.get("run_seconds")
         estimate = float(trial.user_attrs.get("estimate_usd", 0.0))
-        ran = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete and trial.datetime_start else None
+        ended = trial.datetime_complete or (datetime.datetime.now() if trial.datetime_start else None)  # a trial the controller tells
+        ran = (ended - trial.datetime_start).total_seconds() if ended and trial.datetime_start else None
         max_runtime_s = self.sweep.base.limits.max_runtime_hours * 3600
         return (estimate * min(1.0, ran / max_runtime_s) if ran is not None else estimate), ran
 
@@ -566,9 +617,15 @@ class SweepController:
         return sum(float(self.study._storage.get_trial(tid).user_attrs.get("estimate_usd", 0.0)) for tid, _ in self.running.values())
 
     def per_trial_usd(self) -> float:
-        """A trial's most: every trial runs the base's instance type, nodes, capacity and max_runtime."""
+        """A trial's most: its max_runtime on the dearest instance type and capacity it could draw (the base's, unless
+        the sweep searches them)."""
         if self._per_trial is None:
-            self._per_trial = trial_estimate(self.sweep.base, self.admit(self.sweep.base))
+            import itertools
+
+            from trainforge.trainer.sweeps.spec import INFRA_FIELDS, infra_job
+            searched = {k: p.choices for k, p in self.sweep.spec.space.items() if k in INFRA_FIELDS}
+            placements = [infra_job(self.sweep.base, dict(zip(searched, c))) for c in itertools.product(*searched.values())]
+            self._per_trial = max(trial_estimate(spec, self.admit(spec)) for spec in placements)
         return self._per_trial
 
     def _budget_room(self) -> str:
@@ -641,24 +698,25 @@ class _Tracking:
     def trial_finished(self, trial: optuna.trial.FrozenTrial, job: str | None, cost: float) -> str | None:
         """Log the trial on the parent run and tag its own run; the trial's run id, where it has one."""
         self.client.log_metric(self.parent_run_id, "trial_cost_usd", cost, step=trial.number)
-        if trial.value is not None:
-            self.client.log_metric(self.parent_run_id, "trial_value", trial.value, step=trial.number)
+        value = trial.values[0] if trial.values else None
+        if value is not None:
+            self.client.log_metric(self.parent_run_id, "trial_value", value, step=trial.number)
         found = self.client.search_runs([self.client.get_run(self.parent_run_id).info.experiment_id],
                                         filter_string=f"tags.`{contract.TRACKING_JOB_TAG}` = '{job}' and "
                                                       f"tags.`{contract.TRACKING_TEAM_TAG}` = '{self.team}'", max_results=1) if job else []
         for run in found:
             for key, value in {"trainforge.trial.number": trial.number, "trainforge.trial.state": trial.state.name.lower(),
-                               "trainforge.trial.cost_usd": f"{cost:.6f}", "trainforge.trial.value": trial.value}.items():
+                               "trainforge.trial.cost_usd": f"{cost:.6f}", "trainforge.trial.value": value}.items():
                 self.client.set_tag(run.info.run_id, key, str(value))
         return found[0].info.run_id if found else None
 
     def sweep_finished(self, study: optuna.Study, spent: float, why: str) -> None:
         self.client.set_tag(self.parent_run_id, "trainforge.sweep.finished_because", why)
         self.client.log_metric(self.parent_run_id, "spent_usd", spent)
-        complete = [t for t in study.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE]
-        if complete:
-            best = study.best_trial
-            self.client.log_metric(self.parent_run_id, "best_value", best.value)
+        front = best_trials(study)
+        if front:
+            best = front[0]
+            self.client.log_metric(self.parent_run_id, "best_value", best.values[0])
             self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_trial", str(best.number))
             self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_job", str(best.user_attrs.get("job")))
         self.client.set_terminated(self.parent_run_id, "FINISHED")

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 PLOTS = ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values")
 TARGET_NAMED = {"optimization_history", "param_importances", "parallel_coordinate"}  # the plots that take target_name
 COST_AND_TIME = "cost_and_time"
+PARETO_FRONT = "pareto_front"  # a sweep with a second objective: the trade-off, the non-dominated trials marked
 
 
 def objective_name(study: optuna.Study) -> str:
@@ -34,12 +35,12 @@ def plot_cost_and_time(study: optuna.Study, path: Path) -> bool:
                        and t.state in (TrialState.COMPLETE, TrialState.PRUNED)), key=lambda t: t.datetime_complete)
     if not finished:
         return False
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
     started = min(t.datetime_start for t in finished if t.datetime_start)
     cost, best, xs_cost, xs_time, ys_best, points = 0.0, None, [], [], [], []
     for t in finished:
         cost += float(study.user_attrs.get(f"trial.{t.number}.cost_usd") or 0.0)
-        value = t.value if t.state is TrialState.COMPLETE else (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
+        value = t.values[0] if t.state is TrialState.COMPLETE else (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
         if t.state is TrialState.COMPLETE and value is not None:
             best = value if best is None else (max if maximize else min)(best, value)
         seconds = (t.datetime_complete - started).total_seconds()
@@ -76,14 +77,21 @@ def write_report(study: optuna.Study, out: Path) -> dict[str, list[str]]:
     from optuna import visualization
     from optuna.visualization import matplotlib as static
 
+    from trainforge.trainer.sweeps.controller import best_trials, is_multi_objective, second_objective_name
+
     out.mkdir(parents=True, exist_ok=True)
     metric = objective_name(study)
+    multi = is_multi_objective(study)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE]
     with_steps = [t for t in study.get_trials(deepcopy=False) if t.intermediate_values]
     written: list[str] = []
     skipped: list[str] = []
-    for name in PLOTS:
-        if name == "param_importances" and (len(complete) < 2 or not study.best_trial.params):
+    plots = (*PLOTS, PARETO_FRONT) if multi else PLOTS
+    for name in plots:
+        if name == PARETO_FRONT and not complete:
+            skipped.append(f"{name}: no complete trial yet")
+            continue
+        if name == "param_importances" and (len(complete) < 2 or not best_trials(study)[0].params):
             skipped.append(f"{name}: needs 2 or more complete trials")
             continue
         if name in ("optimization_history", "parallel_coordinate") and not complete:
@@ -95,6 +103,10 @@ def write_report(study: optuna.Study, out: Path) -> dict[str, list[str]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # optuna marks its matplotlib backend experimental
             named = {"target_name": metric} if name in TARGET_NAMED else {}
+            if multi and name in TARGET_NAMED:
+                named["target"] = lambda t: t.values[0]  # the objective; the second has the Pareto front
+            if name == PARETO_FRONT:
+                named = {"target_names": [metric, second_objective_name(study) or "second"]}
             axes = getattr(static, f"plot_{name}")(study, **named)
             figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
             figure.set_size_inches(10, 6)

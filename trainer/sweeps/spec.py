@@ -30,6 +30,8 @@ from trainforge import errors
 from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS, BUNDLED_TASKS, RunConfig
 from trainforge.trainer.spec import JobSpec, SpecError, parse_spec, read_yaml, run_config_problems
 
+# Where a trial runs, searchable beside its run config: what a trial costs is decided here (categorical only).
+INFRA_FIELDS = {"instance_type": "resources.instance_type", "capacity": "capacity"}
 # Fields the submitter sets from the job spec itself, or the sweep sets per trial: not searchable.
 NOT_SEARCHABLE = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics", "sweep", "step_sleep_s"}
 DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
@@ -109,6 +111,12 @@ class Objective(_Model):
     direction: Literal["minimize", "maximize"] | None = Field(None, description="default: the task's own direction for its default metric")
 
 
+class SecondObjective(_Model):
+    """What a trial cost, as a second objective: the controller knows it when the trial ends (no task reports it)."""
+    metric: Literal["cost_usd", "run_s"] = Field(..., description="the trial's own cost in USD, or its run time in seconds")
+    direction: Literal["minimize"] = "minimize"
+
+
 class Pruner(_Model):
     type: Literal["median", "hyperband", "successive_halving", "none"] = "median"
     startup_trials: int = Field(3, ge=0, description="median: trials that run to the end before any is pruned")
@@ -140,6 +148,8 @@ class SweepSpec(_Model):
     base: str | dict[str, Any] = Field(..., description="the base job spec: a path (relative to the sweep file) or inline")
     space: dict[str, Param] = Field(..., description="run-config fields (or task_args.<arg>) and their ranges")
     objective: Objective
+    second_objective: SecondObjective | None = Field(None, description="e.g. {metric: cost_usd}: search the trade-off; "
+                                                                        "`best` and `report` show the Pareto front")
     sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
     pruner: Pruner = Pruner()
     max_trials: int = Field(..., ge=1, le=10_000)
@@ -218,7 +228,7 @@ def parse_sweep(raw: Any, source: str, relative_to: Path = Path(".")) -> Sweep:
     except ValidationError as exc:
         raise SweepSpecError(source, errors.problems(exc, {"literal_error": " Fix: use one of the listed values."})) from None
     base = _base(spec, source, relative_to)
-    problems = _space_problems(spec, base) + _objective_problems(spec, base)
+    problems = _space_problems(spec, base) + _objective_problems(spec, base) + _second_objective_problems(spec)
     if not problems:
         problems += _combination_problems(spec, base) + _pruner_problems(spec, base)
     if spec.sampler == "grid":
@@ -279,10 +289,61 @@ def _base(spec: SweepSpec, source: str, relative_to: Path) -> JobSpec:
     return base
 
 
+def _second_objective_problems(spec: SweepSpec) -> list[str]:
+    if spec.second_objective is None:
+        return []
+    problems = []
+    if spec.pruner.type != "none":
+        problems.append("pruner: a sweep with a second objective cannot prune (Optuna prunes single-objective studies only: a "
+                        "trial's cost is known when it ends). Fix: pruner: {type: none}")
+    if spec.sampler == "cmaes":
+        problems.append("sampler: cmaes searches one objective. Fix: tpe (multi-objective TPE), random or grid")
+    return problems
+
+
+def _infra_problems(name: str, param: Any, base: JobSpec) -> list[str]:
+    """A searched instance type or capacity: categorical, and each choice a job the spec accepts."""
+    if param.type != "categorical":
+        return [f"space.{name}: where a trial runs is a choice, not a range. Fix: type: categorical with choices"]
+    problems = []
+    for choice in param.choices:
+        try:
+            infra_job(base, {name: choice})
+        except SpecError as exc:
+            problems.append(f"space.{name}: the choice {choice!r} is refused: {'; '.join(exc.problems)}")
+            continue
+        if name == "instance_type":
+            from trainforge.pricing import PriceUnknown, price_table
+            table = price_table()
+            try:
+                table.hourly(choice, "on-demand", table.regions[0])
+            except PriceUnknown:
+                problems.append(f"space.instance_type: the choice {choice!r} is refused: it has no price in the dated price table, "
+                                "and the search trades what a trial costs. Fix: a priced type (`trainforge prices`)")
+    return problems
+
+
+def infra_job(base: JobSpec, params: dict[str, Any]) -> JobSpec:
+    """The base job placed as a trial's instance type and capacity say (validated as a job spec)."""
+    chosen = {k: v for k, v in params.items() if k in INFRA_FIELDS}
+    if not chosen:
+        return base
+    raw = base.model_dump(mode="json", exclude_none=True)
+    if "instance_type" in chosen:
+        raw["resources"] = {**{k: v for k, v in raw.get("resources", {}).items() if k not in ("gpu_type", "gpus_per_node")},
+                            "instance_type": chosen["instance_type"]}
+    if "capacity" in chosen:
+        raw["capacity"] = chosen["capacity"]
+    return parse_spec(raw, "trial")
+
+
 def _space_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
     problems = []
     task = base.entry.task
     for name, param in spec.space.items():
+        if name in INFRA_FIELDS:
+            problems += _infra_problems(name, param, base)
+            continue
         if name.startswith("task_args."):
             arg = name.split(".", 1)[1]
             accepted = BUNDLED_TASKS.get(task)
@@ -318,6 +379,8 @@ def _with(base: JobSpec, params: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     """The base's task arguments and hyperparameters with a trial's parameters applied."""
     args, hyper = dict(base.entry.args), dict(base.hyperparameters)
     for name, value in params.items():
+        if name in INFRA_FIELDS:
+            continue  # where it runs, not what it runs (infra_job)
         if name.startswith("task_args."):
             args[name.split(".", 1)[1]] = value
         else:
@@ -328,8 +391,9 @@ def _with(base: JobSpec, params: dict[str, Any]) -> tuple[dict[str, Any], dict[s
 def trial_job(base: JobSpec, name: str, params: dict[str, Any], link: dict[str, Any] | None) -> JobSpec:
     """The base job with a trial's parameters and the sweep's link to its study (the runtime's `sweep` settings)."""
     args, hyper = _with(base, params)
-    return base.model_copy(update={"name": name, "entry": base.entry.model_copy(update={"args": args}),
-                                   "hyperparameters": hyper, "sweep": link or None})
+    placed = infra_job(base, params)
+    return placed.model_copy(update={"name": name, "entry": base.entry.model_copy(update={"args": args}),
+                                     "hyperparameters": hyper, "sweep": link or None})
 
 
 def _objective_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
