@@ -793,3 +793,78 @@ def test_the_budget_holds_a_trial_to_its_dearest_possible_placement(tmp_path):
     dearest = trial_estimate(*(lambda s: (s, unchecked(s)))(infra_job(sweep.base, {"instance_type": "g6e.xlarge", "capacity": "on-demand"})))
     cheapest = trial_estimate(*(lambda s: (s, unchecked(s)))(infra_job(sweep.base, {"instance_type": "g6.xlarge", "capacity": "spot"})))
     assert controller.per_trial_usd() == pytest.approx(dearest) and dearest > cheapest > 0
+
+
+# ---- warm start and promotion -----------------------------------------------------------------------------------
+
+def test_a_sweep_warm_starts_from_the_best_trials_of_earlier_ones(tmp_path):
+    """Issue 25, 'warm start': the earlier sweep's best three complete trials that fit this space run first (a value
+    outside its ranges leaves a trial out; a field it does not search is dropped); an unknown earlier sweep is refused
+    before this one's study exists."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.trial import create_trial
+
+    from trainforge.trainer.sweeps.controller import SweepError, open_study
+    from trainforge.trainer.sweeps.spec import load_sweep
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    earlier = open_study(load_sweep(write_sweep(tmp_path, name="earlier")), url)
+    space = {"lr": FloatDistribution(1e-4, 0.3, log=True), "warmup_steps": IntDistribution(0, 40, step=10),
+             "task_args.width": CategoricalDistribution([32, 64, 128])}
+    for value, lr, width in ((0.91, 0.01, 64), (0.95, 0.02, 128), (0.97, 0.2, 32), (0.80, 0.001, 64), (0.99, 0.03, 128)):
+        earlier.add_trial(create_trial(value=value, params={"lr": lr, "warmup_steps": 10, "task_args.width": width}, distributions=space))
+    narrower = {"lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}, "task_args.width": {"type": "categorical", "choices": [64, 128]}}
+    later = open_study(load_sweep(write_sweep(tmp_path, name="later", space=narrower, warm_start=["earlier"])), url)
+    waiting = later.get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs["warm_start"] for t in waiting] == ["earlier#4", "earlier#1"], "the best three, less the one out of range"
+    assert waiting[0].system_attrs["fixed_params"] == {"lr": 0.03, "task_args.width": 128}, "warmup_steps is not searched here: dropped"
+    with pytest.raises(SweepError) as refused:
+        open_study(load_sweep(write_sweep(tmp_path, name="third", warm_start=["nope"])), url)
+    assert "warm_start: no sweep named 'nope'" in str(refused.value)
+    assert "third" not in optuna.get_all_study_names(url), "nothing created"
+    assert open_study(load_sweep(write_sweep(tmp_path, name="later", space=narrower, warm_start=["earlier"])), url) \
+        .get_trials(states=(TrialState.WAITING,)) == waiting, "opened again: not enqueued twice"
+
+
+def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_path, tracking):
+    """Issue 25, 'promotion': `sweep best --promote --steps N` submits the best trial's job trained on to N steps
+    from the trial's newest checkpoint (weights, optimizer, step), limits scaled, its MLflow run nested under the
+    sweep's and tagged with the trial it continues; the trial's own checkpoints are untouched."""
+    from mlflow.tracking import MlflowClient
+    home = tmp_path / "home"
+    env = {"MLFLOW_TRACKING_URI": tracking}
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20}}
+    spec = write_sweep(tmp_path, name="promo", base=base, max_trials=2, max_parallel=2, pruner={"type": "none"})
+    assert cli(home, "sweep", str(spec), env=env).returncode == 0
+    too_short = cli(home, "sweep", "best", "promo", "--promote", "--steps", "60")
+    assert too_short.returncode == 2 and "not beyond the trial's own 60 steps" in too_short.stderr
+    promoted = cli(home, "sweep", "best", "promo", "--promote", "--steps", "100", "-o", "json", env=env)
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    found = json.loads(promoted.stdout)
+    trial_job = found["job"]
+    assert found["promoted"]["job"] == "promo-best" and found["promoted"]["starts_from"] == trial_job
+    wait_until(lambda: json.loads((home / "jobs" / "promo-best" / "state.json").read_text())["state"] in ("succeeded", "failed"), 240)
+    state = json.loads((home / "jobs" / "promo-best" / "state.json").read_text())
+    result = json.loads((home / "jobs" / "promo-best" / "run" / "result.json").read_text())
+    assert state["state"] == "succeeded" and result["step"] == 100, (state, result)
+    log = (home / "jobs" / "promo-best" / "supervisor.log").read_text() if (home / "jobs" / "promo-best" / "supervisor.log").exists() else ""
+    trial_checkpoints = sorted(p.name for p in (home / "jobs" / trial_job / "checkpoints").iterdir())
+    assert trial_checkpoints == ["step-00000060"], "the trial's own checkpoints untouched"
+    assert (home / "jobs" / "promo-best" / "checkpoints" / "step-00000100" / "COMMITTED").exists()
+    client = MlflowClient(tracking)
+    study = study_of(home, "promo")
+    (run,) = client.search_runs([client.get_run(study.user_attrs["mlflow_run_id"]).info.experiment_id],
+                                filter_string="tags.`trainforge.job_id` = 'promo-best'")
+    assert run.data.tags["mlflow.parentRunId"] == study.user_attrs["mlflow_run_id"]
+    assert run.data.tags["trainforge.lineage.trial_job"] == trial_job and run.data.tags["trainforge.lineage.sweep"] == "promo"
+    history = client.get_metric_history(run.info.run_id, "eval_accuracy")
+    assert history and min(m.step for m in history) > 60, "it went on from the trial's step 60, not from scratch" + log[-500:]
+
+
+def test_starting_from_a_job_without_checkpoints_is_a_user_error_naming_the_fix(tmp_path):
+    from trainforge.trainer.runtime.checkpoint import start_from
+    from trainforge.trainer.runtime.config import UserError
+    (tmp_path / "source" / "step-00000060").mkdir(parents=True)  # a save that never committed
+    with pytest.raises(UserError) as refused:
+        start_from(tmp_path / "source", tmp_path / "own")
+    assert "holds no sound committed checkpoint" in str(refused.value) and "Fix:" in str(refused.value)
+    assert not (tmp_path / "own").exists(), "nothing half-made"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from trainforge import contract
@@ -46,6 +47,12 @@ def runtime_args(spec: JobSpec, *, output_dir: str | None = None, checkpoint_dir
         values.update({f"task_args.{k}": v for k, v in spec.entry.args.items()})
     if spec.checkpoint.s3_uri:
         values["checkpoint.s3_uri"] = spec.checkpoint.s3_uri
+    if spec.checkpoint.start_from:
+        # The other job's checkpoints beside this one's, in the same team's jobs directory (local home or FSx).
+        own = PurePosixPath(values["checkpoint.dir"])
+        values["checkpoint.start_from"] = str(own.parent.parent / spec.checkpoint.start_from / own.name)
+    # Quoted: the runtime reads each value as YAML, and a trial number is text here, not an int.
+    values.update({f"tracking.lineage.{k}": json.dumps(v) for k, v in spec.tracking.lineage.items()})
     values.update(dotted(spec.hyperparameters))
     if spec.sweep:
         values.update(dotted({"sweep": spec.sweep}))

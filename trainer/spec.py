@@ -115,10 +115,15 @@ class Checkpointing(_Model):
     interval_steps: int = Field(100, ge=1)
     keep_last: int = Field(2, ge=1)
     s3_uri: str | None = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+    start_from: str | None = Field(None, pattern=DNS_LABEL, max_length=40,
+                                   description="another job of the team: this job starts from its newest checkpoint (weights, "
+                                               "optimizer, step) when it has none of its own, e.g. a sweep's best trial")
 
 
 class Tracking(_Model):
     experiment: str = "trainforge"
+    lineage: dict[str, str] = Field({}, description="where the job comes from, tagged trainforge.lineage.<key> on its MLflow run "
+                                                    "(parent_run_id nests it under that run)")
 
 
 class Limits(_Model):

@@ -274,7 +274,11 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
          storage: Optional[str] = typer.Option(None), output: Output = typer.Option(Output.table, "--output", "-o"),
          backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
          context: Optional[str] = CONTEXT_OPTION,
-         pick: Optional[int] = typer.Option(None, "--trial", help="with a second objective: which trial of the Pareto front")) -> None:
+         pick: Optional[int] = typer.Option(None, "--trial", help="with a second objective: which trial of the Pareto front"),
+         promote: bool = typer.Option(False, "--promote", help="continue the trial from its checkpoint as a full job (with --steps)"),
+         steps: Optional[int] = typer.Option(None, "--steps", min=1, help="--promote: the full job's max_steps"),
+         stack: Optional[Path] = typer.Option(None, help="--promote on the cluster: the stack it is admitted against "
+                                              "(default: the one the sweep ran with)")) -> None:
     """The best trial (with a second objective, the Pareto front): its value, parameters, job, checkpoint and MLflow run."""
     import yaml
 
@@ -307,20 +311,69 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
         found[second] = trial.values[1]
         found["pareto_front"] = [{"trial": t.number, "value": t.values[0], second: t.values[1], "params": t.params,
                                   "job": t.user_attrs.get("job")} for t in front]
-    if write is not None:
+    if promote and steps is None:
+        raise TrainforgeError("", ["--promote: how long the full job trains. Fix: --steps N (beyond the trial's own max_steps)"])
+    if write is not None or promote:
         if cluster is not None:
             from trainforge.trainer.sweeps.cluster import payload_of, sweep_of
             sweep = sweep_of(payload_of(cluster[1]))  # the base as the controller ran it
         elif not record.get("source"):
-            raise TrainforgeError("", [f"--write: this machine did not start sweep {name!r}, so its base spec is unknown here"])
+            raise TrainforgeError("", [f"--write/--promote: this machine did not start sweep {name!r}, so its base spec is unknown here. "
+                                       f"Fix: run it where the sweep was started, or --backend kubernetes --team T for a cluster sweep"])
         else:
             sweep = load_sweep(record["source"])
         spec = trial_job(sweep.base, f"{name}-best", trial.params, None)
-        raw = spec.model_dump(mode="json", exclude_none=True)
-        write.write_text(yaml.safe_dump(raw, sort_keys=False))
-        found["written"] = str(write)
+        if promote:
+            spec = promoted(spec, sweep, trial, steps, study, name)
+            found["promoted"] = {"job": spec.name, "max_steps": steps, "starts_from": job}
+        if write is not None:
+            raw = spec.model_dump(mode="json", exclude_none=True)
+            write.write_text(yaml.safe_dump(raw, sort_keys=False))
+            found["written"] = str(write)
+        if promote:
+            found["promoted"]["submitted"] = _submit_promoted(spec, cluster, stack)
     typer.echo(json.dumps(found, indent=2, default=str) if output is Output.json else
                "\n".join(f"{k}: {v}" for k, v in found.items()))
+
+
+def promoted(spec, sweep, trial, steps: int, study, name: str):
+    """The trial's job spec trained on to `steps` from the trial's newest checkpoint (weights, optimizer, step), its
+    time and cost limits scaled with its steps, its MLflow run tagged with where it comes from and nested under the
+    sweep's run."""
+    import math
+
+    from trainforge.errors import TrainforgeError
+    trial_steps = sweep.max_steps(trial.params)
+    if steps <= trial_steps:
+        raise TrainforgeError("", [f"--steps: {steps} is not beyond the trial's own {trial_steps} steps; the promoted job continues "
+                                   f"from its checkpoint. Fix: --steps above {trial_steps}"])
+    scale = steps / trial_steps
+    minutes = math.ceil(spec.limits.max_runtime_hours * 60 * scale)
+    limits = spec.limits.model_copy(update={"max_runtime": f"{minutes // 60}h{minutes % 60}m" if minutes >= 60 else f"{minutes}m",
+                                            "max_cost_usd": None if spec.limits.max_cost_usd is None else round(spec.limits.max_cost_usd * scale, 2)})
+    lineage = {"sweep": name, "trial": str(trial.number), "trial_job": str(trial.user_attrs.get("job")),
+               "trial_run_id": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
+               "parent_run_id": study.user_attrs.get("mlflow_run_id")}
+    return spec.model_copy(update={
+        "hyperparameters": {**spec.hyperparameters, "max_steps": steps}, "limits": limits,
+        "checkpoint": spec.checkpoint.model_copy(update={"start_from": trial.user_attrs.get("job")}),
+        "tracking": spec.tracking.model_copy(update={"lineage": {k: v for k, v in lineage.items() if v}})})
+
+
+def _submit_promoted(spec, cluster, stack: Optional[Path]) -> str:
+    """Submit the promoted job where the sweep ran, admitted like `submit`."""
+    from trainforge.trainer.admission import admit, unchecked
+    from trainforge.trainer.spec import parse_spec, with_image
+    spec = parse_spec(spec.model_dump(mode="json", exclude_none=True), "the promoted job")  # validated whole, like a file
+    if cluster is None:
+        from trainforge.trainer.backends.local import LocalBackend
+        return LocalBackend().submit(spec, unchecked(spec), detach=True).summary
+    from trainforge.trainer.cli.common import load_platform
+    from trainforge.trainer.sweeps.cluster import payload_of, platform_of
+    target, job = cluster
+    platform = load_platform(stack) if stack is not None else platform_of(payload_of(job))
+    spec = with_image(spec, platform)
+    return target.submit(spec, admit(spec, platform, live_queue=target.live_queue(target.team))).summary
 
 
 @app.command()

@@ -117,6 +117,29 @@ def scan(directory: Path) -> tuple[list[Committed], list[tuple[Path, str]]]:
     return committed, rejected
 
 
+def start_from(source: Path, directory: Path) -> Committed | None:
+    """A job that starts from another's checkpoint (a sweep's best trial, promoted): when `directory` has no committed
+    checkpoint of its own, the newest sound one in `source` is copied in (under a temporary name, renamed when whole),
+    and the run resumes from it like from its own. A job that has checkpoints of its own continues from those."""
+    if scan(directory)[0]:
+        return None
+    committed, _ = scan(source)
+    while committed and content_problem(committed[-1].path):
+        committed.pop()
+    if not committed:
+        raise UserError(f"checkpoint.start_from: {source} holds no sound committed checkpoint. Fix: start from a job that "
+                        "checkpointed (its checkpoint.interval_steps below its max_steps), or drop start_from")
+    chosen = committed[-1]
+    directory.mkdir(parents=True, exist_ok=True)
+    incoming = directory / f".incoming-{chosen.path.name}"
+    shutil.rmtree(incoming, ignore_errors=True)
+    shutil.copytree(chosen.path, incoming)
+    os.rename(incoming, directory / chosen.path.name)
+    _fsync_dir(directory)
+    log.info("starting from %s (step %d)", chosen.path, chosen.step)
+    return chosen
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

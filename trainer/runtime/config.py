@@ -56,6 +56,8 @@ class CheckpointConfig(_Model):
     s3_endpoint_url: str | None = Field(None, description="any S3-compatible endpoint; default: AWS for the region")
     s3_max_concurrency: int = Field(8, ge=1, le=64)
     s3_close_timeout_s: float = Field(120.0, ge=0, description="at the end of a run, how long to wait for the last upload")
+    start_from: Path | None = Field(None, description="another job's checkpoint directory: its newest committed checkpoint is "
+                                                      "copied here when this job has none, and the run continues from it")
 
 
 class MetricsConfig(_Model):
@@ -67,6 +69,7 @@ class TrackingConfig(_Model):
     uri: str | None = Field(None, description="MLflow tracking URI, e.g. http://mlflow.mlflow:5000; None disables tracking")
     experiment: str = "trainforge"
     close_timeout_s: float = Field(30.0, ge=0)
+    lineage: dict[str, str] = Field({}, description="tagged trainforge.lineage.<key>; parent_run_id nests the run under that run")
 
 
 class SweepTrialConfig(_Model):

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from trainforge import contract
 from trainforge.trainer.runtime import build, hooks, precision
-from trainforge.trainer.runtime.checkpoint import CheckpointManager
+from trainforge.trainer.runtime.checkpoint import CheckpointManager, start_from
 from trainforge.trainer.runtime.config import RunConfig, UserError
 from trainforge.trainer.runtime.data import ResumableDistributedSampler, micro_batches
 from trainforge.trainer.runtime.metrics import RuntimeMetrics
@@ -234,7 +234,9 @@ class Trainer:
                 "trainforge.team": cfg.team, "trainforge.world_size": str(env.world_size), "trainforge.task": self.task.name,
                 "trainforge.precision": f"{self.precision.chosen} ({self.precision.reason})",
                 "trainforge.git_commit": git_commit(), "trainforge.data_checksum": data_checksum(self.task),
-                "trainforge.image": os.environ.get("TRAINFORGE_IMAGE", "local")}
+                "trainforge.image": os.environ.get("TRAINFORGE_IMAGE", "local"),
+                **{f"trainforge.lineage.{k}": v for k, v in cfg.tracking.lineage.items()},
+                **({"mlflow.parentRunId": cfg.tracking.lineage["parent_run_id"]} if "parent_run_id" in cfg.tracking.lineage else {})}
         tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, job_id=cfg.job_id, team=cfg.team, run_name=cfg.job_id,
                           params=flatten(cfg.model_dump(mode="json")), tags=tags)
 
@@ -280,6 +282,16 @@ class Trainer:
     def resume(self) -> int | None:
         if self.s3 is not None:
             self.s3.sync_down(self.checkpoints.directory)
+        if self.cfg.checkpoint.start_from is not None:
+            problem = [None]
+            if self.env.is_main:
+                try:
+                    start_from(self.cfg.checkpoint.start_from, self.checkpoints.directory)
+                except UserError as exc:
+                    problem = [str(exc)]
+            dist.broadcast_object_list(problem, src=0, group=self.env.checkpoint_group)  # every rank fails alike
+            if problem[0]:
+                raise UserError(problem[0])
         dist.barrier(group=self.env.checkpoint_group)  # nobody scans the local tier while it is being filled
         latest = self.checkpoints.latest()
         if latest is None:

@@ -163,7 +163,10 @@ def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optun
     budget or a longer wall time extend it. Another search (space, objective, sampler, pruner, seed, or the base job
     as resolved) is another sweep. A cancelled sweep opens only with `resume`, which lifts the cancel."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=sweep.name, storage=storage_for(storage_url), sampler=sampler_for(sweep),
+    storage = storage_for(storage_url)
+    exists = sweep.name in optuna.get_all_study_names(storage)
+    seeds = [] if exists else warm_start_seeds(sweep, storage, storage_url)  # refused before anything is created
+    study = optuna.create_study(study_name=sweep.name, storage=storage, sampler=sampler_for(sweep),
                                 pruner=make_pruner(pruner_config(sweep)), directions=directions_of(sweep), load_if_exists=True)
     fingerprint = search_fingerprint(sweep)
     recorded = study.user_attrs.get("search")
@@ -173,6 +176,8 @@ def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optun
         study.set_user_attr("search", fingerprint)
         study.set_user_attr("started_at", time.time())
         study.set_user_attr("pruner", pruner_config(sweep))
+        for params, origin in seeds:
+            study.enqueue_trial(params, user_attrs={"warm_start": origin}, skip_if_exists=True)
     elif recorded != fingerprint:
         raise SweepError(f"a sweep named {sweep.name!r} already exists in {storage_url} searching otherwise (changed: "
                          f"{', '.join(_changes(recorded, fingerprint)) or 'the spec'}). Fix: give the new sweep another name "
@@ -189,6 +194,38 @@ def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optun
     if study.trials:
         study.sampler = sampler_for(sweep, len(study.trials))
     return study
+
+
+WARM_START_BEST = 3  # trials taken from each earlier sweep
+
+
+def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage_url: str) -> list[tuple[dict[str, Any], str]]:
+    """The best complete trials of the earlier sweeps the spec names (up to WARM_START_BEST each, best first), as
+    parameters this sweep can run: fields it does not search are dropped (its sampler fills the rest), values outside
+    its ranges leave the trial out."""
+    space = distributions(sweep)
+    seeds: list[tuple[dict[str, Any], str]] = []
+    names = optuna.get_all_study_names(storage)
+    for name in sweep.spec.warm_start:
+        if name not in names:
+            raise SweepError(f"warm_start: no sweep named {name!r} in {storage_url}. Fix: one of {sorted(names)}, "
+                             "or drop it (a warm start reads earlier sweeps in this sweep's own storage)")
+        earlier = optuna.load_study(study_name=name, storage=storage)
+        complete = [t for t in earlier.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE]
+        maximize = earlier.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+        complete.sort(key=lambda t: t.values[0], reverse=maximize)
+        for t in complete[:WARM_START_BEST]:
+            params = {k: v for k, v in t.params.items() if k in space}
+            if params and all(_fits(space[k], v) for k, v in params.items()):
+                seeds.append((params, f"{name}#{t.number}"))
+    return seeds
+
+
+def _fits(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    try:
+        return distribution._contains(distribution.to_internal_repr(value))
+    except ValueError:  # a choice the categorical lacks
+        return False
 
 
 def _same_search_as_recorded_spec(recorded_spec: str, sweep: Sweep) -> bool:

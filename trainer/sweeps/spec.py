@@ -156,6 +156,8 @@ class SweepSpec(_Model):
     max_parallel: int = Field(1, ge=1, le=256)
     budget: Budget = Budget()
     seed: int = 0
+    warm_start: list[Annotated[str, Field(pattern=r"^[a-z]([a-z0-9-]*[a-z0-9])?$", max_length=32)]] = Field(
+        [], max_length=16, description="earlier sweeps in the same storage: their best trials (up to 3 each) run first")
 
     def grid(self) -> dict[str, list[Any]]:
         return {name: param.values() for name, param in self.space.items()}
@@ -229,6 +231,8 @@ def parse_sweep(raw: Any, source: str, relative_to: Path = Path(".")) -> Sweep:
         raise SweepSpecError(source, errors.problems(exc, {"literal_error": " Fix: use one of the listed values."})) from None
     base = _base(spec, source, relative_to)
     problems = _space_problems(spec, base) + _objective_problems(spec, base) + _second_objective_problems(spec)
+    if spec.name in spec.warm_start:
+        problems.append(f"warm_start: {spec.name!r} is this sweep. Fix: name earlier sweeps (continuing this one needs no warm start)")
     if not problems:
         problems += _combination_problems(spec, base) + _pruner_problems(spec, base)
     if spec.sampler == "grid":
