@@ -37,3 +37,11 @@ def test_the_benchmark_runs_in_quick_mode(script, tmp_path):
                           cwd=tmp_path, timeout=600, env={**os.environ, "COLUMNS": "200", "TRAINFORGE_HOME": str(tmp_path / "home")})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert BENCHMARKS[script] in done.stdout, done.stdout[-3000:]
+
+
+def test_the_char_lm_search_benchmark_and_the_start_up_measurement_run_in_quick_mode(tmp_path):
+    pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
+    for extra, shows in ((["--task", "char_lm"], "steps to target, random / tpe+hyperband"), (["--startup"], "start-up, torchrun / direct")):
+        done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_sweep.py"), "--quick", *extra], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=600, env={**os.environ, "TRAINFORGE_HOME": str(tmp_path / "home")})
+        assert done.returncode == 0 and shows in done.stdout, (done.stdout + done.stderr)[-3000:]

@@ -150,3 +150,18 @@ def test_the_metrics_a_sweep_may_optimise_are_the_ones_each_task_reports():
         task = factory()
         assert BUNDLED_TASK_METRICS[name] == tuple(task.metrics), name
         assert BUNDLED_DEFAULT_METRIC[name] == tuple(task.default_metric), name
+
+
+def test_one_standalone_worker_is_launched_without_torchrun_and_anything_else_through_it(monkeypatch):
+    """Trial start-up (issue 25): torchrun's agent costs a second of every short trial; one worker on a standalone node
+    runs directly (with the environment torchrun would give it), every other shape through torchrun."""
+    import sys
+
+    from trainforge.trainer.launch import VIA_TORCHRUN_ENV, worker_directly
+    runtime = ["-m", "trainforge.trainer.runtime", "--set", "max_steps=1"]
+    assert worker_directly(["--standalone", "--nnodes=1", *runtime], 1) == [sys.executable, *runtime]
+    assert worker_directly(["--standalone", "--nnodes=1", *runtime], 2) is None, "two workers need their agent"
+    assert worker_directly(["--nnodes=2", "--rdzv-backend=c10d", *runtime], 1) is None, "a multi-node rendezvous needs torchrun"
+    assert worker_directly(runtime, 1) is None, "a pod's node (its PET_* rendezvous) goes through torchrun"
+    monkeypatch.setenv(VIA_TORCHRUN_ENV, "1")
+    assert worker_directly(["--standalone", "--nnodes=1", *runtime], 1) is None

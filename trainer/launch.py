@@ -131,11 +131,36 @@ class SignalForwarder:
                 self._child.send_signal(signum)
 
 
+STANDALONE = ["--standalone", "--nnodes=1"]
+VIA_TORCHRUN_ENV = "TRAINFORGE_LAUNCH_VIA_TORCHRUN"  # 1: always through torchrun (the benchmark's baseline)
+
+
+def worker_directly(torchrun_args: list[str], nproc_per_node: int) -> list[str] | None:
+    """One worker on one standalone node (a local job or sweep trial of one process) needs no elastic agent: its
+    command, run as torchrun would run it, without torchrun's own interpreter and torch import before it (a
+    second or more of every short trial). None where torchrun is needed."""
+    if nproc_per_node != 1 or torchrun_args[:2] != STANDALONE or os.environ.get(VIA_TORCHRUN_ENV) == "1":
+        return None
+    return [sys.executable, *torchrun_args[2:]]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | None = None) -> int:
     """Run torchrun with `nproc_per_node` workers; return the node's exit code (see the module doc)."""
     exit_dir = exit_dir or Path(tempfile.mkdtemp(prefix="trainforge-exit-"))
     env = {**os.environ, EXIT_DIR_ENV: str(exit_dir)}
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *torchrun_args]
+    direct = worker_directly(torchrun_args, nproc_per_node)
+    if direct is not None:  # the environment torchrun gives its one worker
+        command = direct
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(_free_port()))
     signals = SignalForwarder()
     returncode = signals.start(command, env=env).wait()
     code = node_exit_code(returncode, exit_dir, nproc_per_node, told_to_stop=bool(signals.received))
