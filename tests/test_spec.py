@@ -36,7 +36,7 @@ def test_example_specs_are_valid(path):
     ({"resources": {"instance_type": "g6.xlarge", "gpus_per_node": 4}}, "gpus_per_node: g6.xlarge has 1 GPUs, asked for 4. Fix: at most 1"),
     ({"resources": {"gpu_type": "K80"}}, "resources.gpu_type: 'K80' is not a GPU trainforge knows"),
     ({"entry": {"task": "char_lm", "command": ["python"]}}, "entry: give exactly one of entry.task or entry.command"),
-    ({"limits": {"max_runtime": "two hours"}}, "limits.max_runtime: 'two hours' is not a duration. Fix: e.g. 45m, 2h or 1h30m"),
+    ({"limits": {"max_runtime": "two hours"}}, "limits.max_runtime: 'two hours' is not a duration. Fix: a number and a unit, e.g. 45m, 2h, 1h30m or 1d"),
     ({"workers": {"nodes": 0}}, "workers.nodes: Input should be greater than or equal to 1 (got 0)"),
     ({"hyperparameters": {"job_id": "x"}}, "hyperparameters: ['job_id'] are set by the submitter"),
     ({"prioritty": "high"}, "prioritty: Extra inputs are not permitted (got 'high') Fix: remove it or correct the spelling."),

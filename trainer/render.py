@@ -19,8 +19,7 @@ from trainforge.trainer.spec import JobSpec
 Kind = Literal["trainjob", "pytorchjob"]
 CONTAINER = {"trainjob": contract.TRAINJOB_CONTAINER, "pytorchjob": "pytorch"}  # the container name each controller expects
 def job_paths(spec: JobSpec) -> dict[str, str]:
-    base = f"{contract.fsx_team_dir(spec.team)}/jobs/{spec.name}"
-    return {"output_dir": f"{base}/run", "checkpoint_dir": f"{base}/checkpoints"}
+    return contract.fsx_job_paths(spec.team, spec.name)
 
 
 def runtime_args(spec: JobSpec, *, output_dir: str | None = None, checkpoint_dir: str | None = None,

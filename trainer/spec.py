@@ -8,21 +8,19 @@ scaled up from zero.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainforge import catalog, contract
+from trainforge import catalog, contract, durations
 from trainforge import errors, yamlfile
 from trainforge.stackconfig import PlatformConfig
 from trainforge.trainer.runtime.config import RunConfig
 
 DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
-DURATION = re.compile(r"^(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
 GPU_TYPES = {row.gpu_model for row in catalog.CATALOG.values() if row.gpus}
 
 
@@ -127,25 +125,20 @@ class Tracking(_Model):
 
 
 class Limits(_Model):
-    max_runtime: str = Field("2h", description="e.g. 90m, 2h, 1h30m")
+    max_runtime: str = Field("2h", description="e.g. 90m, 2h, 1h30m, 1d")
     max_cost_usd: float | None = Field(None, gt=0)
     max_restarts: int = Field(5, ge=0, le=100, description="restarts after a worker dies or the job is preempted")
 
     @field_validator("max_runtime")
     @classmethod
     def _duration(cls, value: str) -> str:
-        m = DURATION.match(value)
-        if not value or m is None or not any(m.groupdict().values()):
-            raise ValueError(f"{value!r} is not a duration. Fix: e.g. 45m, 2h or 1h30m")
-        if not any(int(part) for part in m.groupdict().values() if part):
-            raise ValueError(f"{value!r} leaves the job no time to run. Fix: e.g. 45m, 2h or 1h30m")
+        if durations.seconds(value) == 0:
+            raise ValueError(f"{value!r} leaves the job no time to run. Fix: e.g. {durations.EXAMPLES}")
         return value
 
     @property
     def max_runtime_hours(self) -> float:
-        m = DURATION.match(self.max_runtime)
-        assert m is not None
-        return int(m["h"] or 0) + int(m["m"] or 0) / 60 + int(m["s"] or 0) / 3600
+        return durations.seconds(self.max_runtime) / 3600
 
 
 class JobSpec(_Model):

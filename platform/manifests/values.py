@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from trainforge import contract
+from trainforge import contract, durations
 from trainforge.contract import Flavour
 from trainforge.platform.manifests import storage, tracking
 from trainforge.stackconfig import PlatformConfig
@@ -107,8 +107,8 @@ def kueue_configuration(cfg: PlatformConfig) -> dict[str, Any]:
         "clientConnection": {"qps": 300, "burst": 500},
         # A job admitted but not running within the timeout (GPU nodes scaling from zero) is requeued, not stuck; one
         # that lost a pod (a spot node reclaimed) gets recoveryTimeout for its replacement node, a GPU scale-up.
-        "waitForPodsReady": {"timeout": cfg.kubernetes.kueue.wait_for_pods_ready_timeout,
-                             "recoveryTimeout": cfg.kubernetes.kueue.recovery_timeout,
+        "waitForPodsReady": {"timeout": durations.go(durations.seconds(cfg.kubernetes.kueue.wait_for_pods_ready_timeout)),
+                             "recoveryTimeout": durations.go(durations.seconds(cfg.kubernetes.kueue.recovery_timeout)),
                              "blockAdmission": False,
                              "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5, "backoffBaseSeconds": 60,
                                                    "backoffMaxSeconds": 3600}},
@@ -142,7 +142,7 @@ def cluster_autoscaler(cfg: PlatformConfig, role_arn: Any) -> dict[str, Any]:
         "resources": requests("100m", "300Mi", "1Gi"),
         "extraArgs": {
             "expander": cfg.kubernetes.autoscaler.expander,
-            "scale-down-unneeded-time": cfg.kubernetes.autoscaler.scale_down_unneeded_time,
+            "scale-down-unneeded-time": durations.go(durations.seconds(cfg.kubernetes.autoscaler.scale_down_unneeded_time)),
             "balance-similar-node-groups": True,
             "skip-nodes-with-system-pods": False,
         },

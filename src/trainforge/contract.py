@@ -90,6 +90,12 @@ def fsx_team_dir(team: str) -> str:
     return f"{FSX_MOUNT_PATH}/{FSX_TEAMS_DIR}/{team}"
 
 
+def fsx_job_paths(team: str, job: str) -> dict[str, str]:
+    """A cluster job's run directory and checkpoints, as its pods see them (the local layout is trainforge.paths')."""
+    base = f"{fsx_team_dir(team)}/jobs/{job}"
+    return {"output_dir": f"{base}/run", "checkpoint_dir": f"{base}/checkpoints"}
+
+
 FSX_DATASETS_MOUNT = f"{FSX_MOUNT_PATH}/{FSX_DATASETS_DIR}"
 
 

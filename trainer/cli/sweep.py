@@ -302,7 +302,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     record = _record(name)
     team = cluster[0].team if cluster is not None else record.get("team")
     checkpoint = (str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR) if cluster is None and record.get("backend", "local") == "local"
-                  else f"/fsx/teams/{team}/jobs/{job}/checkpoints")
+                  else contract.fsx_job_paths(team, job)["checkpoint_dir"])
     found = {"trial": trial.number, "value": trial.values[0], "params": trial.params, "job": job, "checkpoint": checkpoint,
              "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
              "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}

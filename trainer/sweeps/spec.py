@@ -20,13 +20,12 @@ its field, with the fix. Imports no torch and no optuna.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainforge import errors
+from trainforge import durations, errors
 from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS, BUNDLED_TASKS, RunConfig
 from trainforge.trainer.spec import JobSpec, SpecError, parse_spec, read_yaml, run_config_problems
 
@@ -34,8 +33,6 @@ from trainforge.trainer.spec import JobSpec, SpecError, parse_spec, read_yaml, r
 INFRA_FIELDS = {"instance_type": "resources.instance_type", "capacity": "capacity"}
 # Fields the submitter sets from the job spec itself, or the sweep sets per trial: not searchable.
 NOT_SEARCHABLE = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics", "sweep", "step_sleep_s"}
-DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
-SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class _Model(BaseModel):
@@ -131,16 +128,16 @@ class Budget(_Model):
 
     @model_validator(mode="after")
     def _duration(self) -> Budget:
-        if self.wall_time is not None and not DURATION.match(self.wall_time):
-            raise ValueError(f"wall_time: {self.wall_time!r} is not a duration. Fix: a number and a unit, e.g. 45m, 2h, 1d")
+        if self.wall_time is not None:
+            try:
+                durations.seconds(self.wall_time)
+            except ValueError as exc:
+                raise ValueError(f"wall_time: {exc}") from None
         return self
 
     @property
     def wall_time_s(self) -> float | None:
-        if self.wall_time is None:
-            return None
-        number, unit = DURATION.match(self.wall_time).groups()
-        return int(number) * SECONDS[unit]
+        return None if self.wall_time is None else durations.seconds(self.wall_time)
 
 
 class SweepSpec(_Model):
@@ -193,20 +190,15 @@ class Sweep:
 
 
 def duration(seconds: float) -> str:
-    """Seconds as the spec's duration grammar, in the largest unit that divides them."""
-    whole = int(round(seconds))
-    for unit in ("d", "h", "m"):
-        if whole and whole % SECONDS[unit] == 0:
-            return f"{whole // SECONDS[unit]}{unit}"
-    return f"{whole}s"
+    return durations.spelled(seconds)
 
 
 def parse_duration(text: str, field: str) -> int:
-    """A duration in the spec's grammar (45m, 2h, 1d), in seconds; a clear error naming `field` otherwise."""
-    found = DURATION.match(text.strip())
-    if not found:
-        raise SweepSpecError(field, [f"{text!r} is not a duration. Fix: a number and a unit, e.g. 45m, 2h, 1d"])
-    return int(found.group(1)) * SECONDS[found.group(2)]
+    """A duration in the one grammar (trainforge/durations.py), in seconds; a clear error naming `field` otherwise."""
+    try:
+        return durations.seconds(text)
+    except ValueError as exc:
+        raise SweepSpecError(field, [str(exc)]) from None
 
 
 def load_sweep(path: str | Path) -> Sweep:

@@ -9,9 +9,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from trainforge import durations
 from trainforge.stackconfig.fields import StrictModel as _Model
 
-DURATION = re.compile(r"^(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
 EXACT_VERSION = re.compile(r"^v?\d+\.\d+\.\d+$")
 # Charts a stack may re-pin (platform/manifests/charts.py has the table); Trainer and Kueue are pinned as a pair in
 # trainforge.versions and are not overridable here: a Kueue that does not manage the Trainer leaves every TrainJob
@@ -21,10 +21,7 @@ OVERRIDABLE_CHARTS = ("nvidia-device-plugin", "dcgm-exporter", "aws-efa-k8s-devi
 
 
 def duration_seconds(value: str) -> int:
-    m = DURATION.match(value)
-    if not value or m is None or not any(m.groupdict().values()):
-        raise ValueError(f"{value!r} is not a duration. Fix: e.g. 20m, 1h or 1h30m")
-    return int(m["h"] or 0) * 3600 + int(m["m"] or 0) * 60 + int(m["s"] or 0)
+    return durations.seconds(value)  # the one grammar (trainforge/durations.py); rendered as Go durations
 
 
 # A GPU node from nothing: EC2 launch (p5: minutes, longer in a placement group), the NVIDIA AMI's boot and driver
