@@ -310,3 +310,26 @@ def test_a_damaged_record_of_settled_days_is_asked_again(world):
     settings(kube).update({contract.SETTING_SPENT_MONTH: "2026-11", contract.SETTING_SPENT_DAYS: "not json"})
     (vision,) = [d for d in controller.run_once(dt.datetime(2026, 11, 2, 3, 0, tzinfo=dt.timezone.utc)) if d.team == "vision"]
     assert vision.spent_usd == 7.0 and json.loads(settings(kube)[contract.SETTING_SPENT_DAYS]) == {"2026-11-01": 7.0}
+
+
+@pytest.mark.parametrize("zone", ["America/Los_Angeles", "Pacific/Kiritimati", "UTC"])
+def test_a_laptop_and_the_cluster_count_the_same_month_in_any_time_zone(monkeypatch, zone):
+    """Issue 23: the local ledger began the month at local midnight, the budget controller at UTC midnight, so near a
+    month's end `check` on a laptop and the cluster disagreed. One month, the UTC one, for both."""
+    import datetime as dt
+    import time
+    from types import SimpleNamespace
+
+    from trainforge.trainer import budget, ledger
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        now = dt.datetime(2026, 12, 1, 3, 0, tzinfo=dt.timezone.utc)  # 30 November still, in Los Angeles
+        assert ledger.month_start(now) == budget.month_start(now).timestamp() == dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc).timestamp()
+        late_november = dt.datetime(2026, 11, 30, 23, 30, tzinfo=dt.timezone.utc).timestamp()
+        job = SimpleNamespace(name="j", team="vision", nodes=1, run_seconds=3600.0, started_at=late_november, created_at=late_november,
+                              instance_type="g6.xlarge", capacity="on-demand", region="us-west-2")
+        assert ledger.spent_this_month("vision", [job], now) == 0.0, "November's job is not December's spend"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

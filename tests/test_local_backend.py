@@ -139,3 +139,19 @@ def test_a_command_entry_gets_its_hyperparameters_as_json(tmp_path):
     for rank in (0, 1):
         seen = json.loads((home / "jobs" / "own-command" / f"hp-{rank}.json").read_text())
         assert seen == {"lr": 0.01, "layers": 4, "schedule": "cosine"}
+
+
+def test_a_local_job_gets_its_own_grace_class_not_always_spots(tmp_path, monkeypatch):
+    """Issue 23: a default argument gave every local job the spot notice's window (105 s of a 120 s grace); an
+    on-demand job's is a cancel's minute (45 s), as on the cluster."""
+    import yaml as _yaml
+
+    from trainforge import contract
+    from trainforge.trainer.backends.local import worker_command
+    from trainforge.trainer.spec import parse_spec
+    monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path))
+    from conftest import REPO
+    raw = _yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    for capacity, grace in (("on-demand", contract.ON_DEMAND_TERMINATION_GRACE_S), ("spot", contract.SPOT_TERMINATION_GRACE_S)):
+        command = worker_command(parse_spec({**raw, "capacity": capacity}), tmp_path)
+        assert f"checkpoint.preemption_grace_s={contract.preemption_window_s(grace)}" in command, (capacity, command)

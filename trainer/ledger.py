@@ -48,13 +48,15 @@ def started_at(job: Priced) -> float:
     return job.started_at or job.created_at
 
 
-def month_start(today: datetime.date | None = None) -> float:
-    first = (today or datetime.date.today()).replace(day=1)
-    return datetime.datetime.combine(first, datetime.time()).timestamp()
+def month_start(now: datetime.datetime | None = None) -> float:
+    """The start of this budget month as a timestamp: a UTC month, as the cluster's budget controller counts it
+    (trainer/budget.py), so `check` on a laptop and the cluster agree near a month's end whatever the local time zone."""
+    from trainforge.trainer.budget import month_start as utc_month_start
+    return utc_month_start(now or datetime.datetime.now(datetime.timezone.utc)).timestamp()
 
 
-def spent_this_month(team: str, jobs: Iterable[Priced]) -> float:
-    start = month_start()
+def spent_this_month(team: str, jobs: Iterable[Priced], now: datetime.datetime | None = None) -> float:
+    start = month_start(now)
     return sum(job_cost(j)["cost_usd"] or 0.0 for j in jobs if j.team == team and started_at(j) >= start)
 
 

@@ -24,7 +24,7 @@ def job_paths(spec: JobSpec) -> dict[str, str]:
 
 def runtime_args(spec: JobSpec, *, output_dir: str | None = None, checkpoint_dir: str | None = None,
                  tracking_uri: str | None = contract.MLFLOW_TRACKING_URI, metrics_port: int | None = contract.METRICS_PORT,
-                 termination_grace_s: int = contract.SPOT_TERMINATION_GRACE_S) -> list[str]:
+                 termination_grace_s: int) -> list[str]:
     """The runtime's --set arguments: identity, task, paths, checkpointing, tracking, hyperparameters.
 
     Defaults are the cluster's (FSx paths, in-cluster MLflow, the metrics port); the local backend passes its own.

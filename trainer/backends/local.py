@@ -31,6 +31,7 @@ from trainforge.trainer import ledger
 from trainforge.trainer.admission import Admission
 from trainforge.trainer.backends import JobReport, NoSuchJob, Progress
 from trainforge.trainer.launch import user_error_message
+from trainforge.trainer import placement as placing
 from trainforge.trainer.placement import Placement
 from trainforge.trainer.render import command_env, rank_command, runtime_args
 from trainforge.trainer.spec import JobSpec, parse_spec
@@ -256,9 +257,11 @@ def worker_command(spec: JobSpec, exit_dir: Path) -> list[str]:
                 "--", "--standalone", "--nnodes=1"]
     if spec.entry.command:
         return [*launcher, *rank_command(spec.entry.command)]
+    # The job's own grace class (spot: the EC2 notice's two minutes; on-demand: a cancel's minute), as on the cluster.
+    grace = placing.decide(spec, None).termination_grace_s
     return [*launcher, "-m", "trainforge.trainer.runtime",
             *runtime_args(spec, output_dir=str(directory / paths.JOB_RUN_DIR), checkpoint_dir=str(directory / paths.JOB_CHECKPOINT_DIR),
-                          tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), metrics_port=_metrics_port())]
+                          tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), metrics_port=_metrics_port(), termination_grace_s=grace)]
 
 
 def _metrics_port() -> int | None:
