@@ -12,7 +12,7 @@ from trainforge import contract
 from trainforge.infra.iam import Role, inline_policy, irsa_role
 from trainforge.infra.tags import named
 
-MLFLOW_ARTIFACT_PREFIX = "mlflow/"
+MLFLOW_ARTIFACT_PREFIX = f"{contract.MLFLOW_ARTIFACT_PATH}/"  # the chart's artifactRoot path, as a key prefix
 
 
 def autoscaler_policy(cluster_name: str, asg_arns: list[str]) -> str:

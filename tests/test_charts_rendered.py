@@ -6,6 +6,7 @@ DaemonSets land on every GPU node group the AWS layer creates."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import urllib.error
@@ -209,3 +210,19 @@ def test_the_releases_rendered_are_the_programs(rendered):
     assert set(objects) == set(program_releases(evaluation))
     assert all(_plain(r.inputs)["name"] in objects for r in evaluation.of_type("kubernetes:helm.sh/v3:Release"))
     assert not any(is_hook(o) for o in objects["kueue"])
+
+
+def test_mlflow_writes_artifacts_where_its_role_may(rendered):
+    """Issue 23: the chart's artifact path and the IRSA policy's prefix were two spellings of one fact (contract
+    .MLFLOW_ARTIFACT_PATH now): the server's rendered artifacts destination lies under what its role may write."""
+    evaluation, _, objects, _ = rendered
+    text = json.dumps(objects["mlflow"])
+    destinations = set(re.findall(r"s3://([^/\"\s]+)/([^\"\s]*)", text))
+    assert destinations, "the rendered server names its artifacts destination"
+    policies = [json.loads(r.inputs["policy"]) for r in evaluation.of_type("aws:iam/rolePolicy:RolePolicy") if "artifacts" in r.name]
+    writable = [s["Resource"] for p in policies for s in p["Statement"] if "s3:PutObject" in s.get("Action", [])]
+    assert writable
+    keys = [pattern.split("/", 1)[1] for pattern in writable if "/" in pattern]  # the mock engine names buckets its own way
+    for _, path in destinations:
+        key = f"{path.rstrip('/')}/run-1/artifacts/model.pkl"
+        assert any(fnmatch.fnmatch(key, pattern) for pattern in keys), (key, writable)

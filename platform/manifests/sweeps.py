@@ -63,7 +63,7 @@ def psql_job(name: str, labels: dict[str, str], *, host: Any, master_secret: str
              env: list[dict[str, Any]] = (), variables: str = "") -> dict[str, Any]:
     """A Job in the MLflow namespace running one SQL script from a ConfigMap as the master user (bootstrap only)."""
     # The maintenance database, which the master user owns: MLflow's own is its role's, and closed to others.
-    master = [{"name": "PGHOST", "value": host}, {"name": "PGPORT", "value": str(contract.POSTGRES_PORT)}, {"name": "PGDATABASE", "value": "postgres"},
+    master = [{"name": "PGHOST", "value": host}, {"name": "PGPORT", "value": str(contract.POSTGRES_PORT)}, {"name": "PGDATABASE", "value": contract.POSTGRES_MAINTENANCE_DATABASE},
               {"name": "PGSSLMODE", "value": "require"},
               {"name": "PGUSER", "valueFrom": {"secretKeyRef": {"name": master_secret, "key": "username"}}},
               {"name": "PGPASSWORD", "valueFrom": {"secretKeyRef": {"name": master_secret, "key": "password"}}}]

@@ -38,7 +38,7 @@ PASSWORD_ENV = "MLFLOW_SERVER_PASSWORD"
 DEFAULT_PERMISSION = "NO_PERMISSIONS"
 USER_ENV = contract.MLFLOW_USER_ENV
 # Closed to PUBLIC: MLflow's two databases, and the RDS maintenance database (nobody but the master user needs it).
-CLOSED_DATABASES = (contract.MLFLOW_DATABASE, AUTH_DATABASE, "postgres")
+CLOSED_DATABASES = (contract.MLFLOW_DATABASE, AUTH_DATABASE, contract.POSTGRES_MAINTENANCE_DATABASE)
 
 
 def _reown(database: str) -> list[str]:

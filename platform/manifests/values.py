@@ -136,7 +136,7 @@ def cluster_autoscaler(cfg: PlatformConfig, role_arn: Any) -> dict[str, Any]:
     return {
         "cloudProvider": "aws", "awsRegion": cfg.region,
         "autoDiscovery": {"clusterName": cfg.cluster_name},  # finds the node groups' ASGs by their discovery tags
-        "rbac": {"serviceAccount": {"name": "cluster-autoscaler", "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}}},
+        "rbac": {"serviceAccount": {"name": contract.AUTOSCALER_SERVICE_ACCOUNT, "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}}},
         "image": {"tag": f"v{minor}.0"},  # the autoscaler's minor follows the cluster's
         "nodeSelector": SYSTEM_NODES,
         "resources": requests("100m", "300Mi", "1Gi"),
@@ -197,13 +197,13 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
         # so the pod looks ready): the in-cluster names clients use must be allowed.
         "serverAllowedHosts": mlflow_hosts(),
         "resources": requests("250m", "512Mi", "2Gi"),
-        "serviceAccount": {"create": True, "name": "mlflow", "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}},
+        "serviceAccount": {"create": True, "name": contract.MLFLOW_SERVICE_ACCOUNT, "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}},
         "backendStore": {
             "databaseMigration": True,
             "postgres": {"enabled": True, "host": database_host, "port": contract.POSTGRES_PORT, "database": contract.MLFLOW_DATABASE},
             "existingDatabaseSecret": {"name": database_secret, "usernameKey": "username", "passwordKey": "password"},
         },
-        "artifactRoot": {"proxiedArtifactStorage": True, "s3": {"enabled": True, "bucket": artifacts_bucket, "path": "mlflow"}},
+        "artifactRoot": {"proxiedArtifactStorage": True, "s3": {"enabled": True, "bucket": artifacts_bucket, "path": contract.MLFLOW_ARTIFACT_PATH}},
         "postgresql": {"enabled": False},
         "nodeSelector": SYSTEM_NODES,
     }
@@ -212,7 +212,7 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
 def mlflow_hosts() -> list[str]:
     """Every Host header an in-cluster client sends: the service's short, namespaced and fully qualified names, each with
     and without the port (MLflow matches the header as sent)."""
-    service = "mlflow"
+    service = contract.MLFLOW_SERVICE_NAME
     names = [service, f"{service}.{contract.NAMESPACE_MLFLOW}", f"{service}.{contract.NAMESPACE_MLFLOW}.svc",
              f"{service}.{contract.NAMESPACE_MLFLOW}.svc.cluster.local"]
     return [*names, *(f"{n}:{contract.MLFLOW_PORT}" for n in names)]

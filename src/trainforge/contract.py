@@ -275,7 +275,8 @@ NAMESPACE_KUEUE = "kueue-system"
 NAMESPACE_MONITORING = "monitoring"
 NAMESPACE_MLFLOW = "mlflow"
 MLFLOW_PORT = 5000
-MLFLOW_TRACKING_URI = f"http://mlflow.{NAMESPACE_MLFLOW}.svc.cluster.local:{MLFLOW_PORT}"
+MLFLOW_SERVICE_NAME = "mlflow"  # the chart's Service (its release name, fullnameOverride-free)
+MLFLOW_TRACKING_URI = f"http://{MLFLOW_SERVICE_NAME}.{NAMESPACE_MLFLOW}.svc.cluster.local:{MLFLOW_PORT}"
 # A run is its job's within its team: two teams' jobs of one name are two runs, in two teams' experiments.
 TRACKING_JOB_TAG = "trainforge.job_id"
 TRACKING_TEAM_TAG = "trainforge.team"
@@ -299,6 +300,9 @@ PROMETHEUS_URL = f"http://kube-prometheus-stack-prometheus.{NAMESPACE_MONITORING
 GRAFANA_URL = f"http://kube-prometheus-stack-grafana.{NAMESPACE_MONITORING}.svc.cluster.local:80"
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 MLFLOW_SERVICE_ACCOUNT = "mlflow"
+# Where MLflow proxies artifacts in the artifacts bucket: the chart's artifactRoot path, and the prefix its IRSA role
+# may read and write (one name, or the server's writes are AccessDenied).
+MLFLOW_ARTIFACT_PATH = "mlflow"
 KUEUE_COHORT = "trainforge"  # every team's ClusterQueue borrows and lends within it
 
 
@@ -385,6 +389,7 @@ def sweep_controller_job(sweep: str) -> str:
     return f"{sweep}-ctl"  # a sweep name has at most 32 characters, a job's 40
 POSTGRES_PORT = 5432
 MLFLOW_DATABASE = "mlflow"  # the RDS instance's initial database: MLflow's tracking store
+POSTGRES_MAINTENANCE_DATABASE = "postgres"  # the master user's, where bootstrap Jobs connect; closed to PUBLIC
 
 
 def sweep_database(team: str) -> tuple[str, str]:

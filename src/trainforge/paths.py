@@ -21,6 +21,9 @@ RESULT_FILE = "result.json"
 PREEMPTED_FILE = "preempted.json"
 FINAL_MODEL_FILE = "final_model.pt"
 PIDS_DIR = "pids"
+# A checkpoint directory: one sub-directory per step, whole once its commit marker exists (runtime/checkpoint.py).
+CHECKPOINT_STEP_PREFIX = "step-"
+CHECKPOINT_COMMIT_MARKER = "COMMITTED"
 # Inside a local job's directory.
 JOB_SPEC_FILE = "spec.yaml"
 JOB_STATE_FILE = "state.json"

@@ -414,7 +414,7 @@ def progress(name: str) -> dict[str, Any]:
                 elif "eval" in record:
                     last["eval"] = record["eval"]
     checkpoint_dir = directory / paths.JOB_CHECKPOINT_DIR
-    checkpoints = sorted(p.name for p in checkpoint_dir.glob("step-*") if (p / "COMMITTED").exists()) if checkpoint_dir.exists() else []
+    checkpoints = sorted(p.name for p in checkpoint_dir.glob(f"{paths.CHECKPOINT_STEP_PREFIX}*") if (p / paths.CHECKPOINT_COMMIT_MARKER).exists()) if checkpoint_dir.exists() else []
     result = directory / paths.JOB_RUN_DIR / paths.RESULT_FILE
     return {**last, "checkpoints": checkpoints, "result": json.loads(result.read_text()) if result.exists() else None}
 

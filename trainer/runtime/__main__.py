@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from trainforge import contract
+from trainforge import contract, paths
 from trainforge import errors
 
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     result = train(load_task(cfg.task, **cfg.task_args), cfg, eval_hooks=(reporter,) if reporter else ())
     if rank == 0:
         log.info("finished: %s", json.dumps(result.__dict__))
-        Path(cfg.output_dir, "result.json").write_text(json.dumps(result.__dict__))
+        Path(cfg.output_dir, paths.RESULT_FILE).write_text(json.dumps(result.__dict__))
     if reporter is not None:
         told = reporter.finish(result.exit_code, result.stopped_because, result.last_eval)
         if told:

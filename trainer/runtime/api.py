@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainforge import contract
+from trainforge import contract, paths
 from trainforge.trainer.runtime.config import RunConfig
 from trainforge.trainer.runtime.hooks import EvalHook
 from trainforge.trainer.runtime.loop import RunResult, Trainer, init_distributed, leave_distributed
@@ -24,7 +24,7 @@ def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None, eval
 
     `eval_hooks` run after every evaluation on rank 0, after the run config's own stop rules (a sweep's pruner is one)."""
     guard = guard or PreemptionGuard(cfg.checkpoint.preemption_grace_s)
-    pids = Path(cfg.output_dir, "pids")
+    pids = Path(cfg.output_dir, paths.PIDS_DIR)
     pids.mkdir(parents=True, exist_ok=True)
     (pids / f"rank{os.environ.get('RANK', '0')}.pid").write_text(str(os.getpid()))
     env, result = None, None

@@ -41,11 +41,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from trainforge import paths
 from trainforge.trainer.runtime.config import CheckpointConfig, UserError
 
 log = logging.getLogger("trainforge.runtime")
-COMMIT_MARKER = "COMMITTED"
-STEP_PREFIX = "step-"
+COMMIT_MARKER = paths.CHECKPOINT_COMMIT_MARKER
+STEP_PREFIX = paths.CHECKPOINT_STEP_PREFIX
 
 
 def step_dir_name(step: int) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainforge import contract
+from trainforge import contract, paths
 from trainforge.trainer.runtime import build, hooks, precision
 from trainforge.trainer.runtime.checkpoint import CheckpointManager, start_from
 from trainforge.trainer.runtime.config import RunConfig, UserError
@@ -381,7 +381,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         resumed_from = self.resume()
         batches = micro_batches(self.task.train_set, self.sampler, cfg.batch_size)
-        metrics_file = open(self.output / "metrics.jsonl", "a") if env.is_main else None
+        metrics_file = open(self.output / paths.METRICS_FILE, "a") if env.is_main else None
         stopped = "max_steps"
         self.model.train()
         in_flight: _Agreement | None = None
@@ -508,7 +508,7 @@ class Trainer:
             elapsed = time.monotonic() - guard.received_at
             log.warning("preempted at step %d: %s in %.2f s after SIGTERM", self.state.step,
                         "committed checkpoint" if not recent else "recent checkpoint kept", elapsed)
-            (self.output / "preempted.json").write_text(json.dumps({"step": self.state.step, "sigterm_to_commit_s": elapsed,
+            (self.output / paths.PREEMPTED_FILE).write_text(json.dumps({"step": self.state.step, "sigterm_to_commit_s": elapsed,
                                                                     "emergency_checkpoint": not recent}))
         return RunResult(contract.EXIT_PREEMPTED, self.state.step, self.state.last_eval, resumed_from, "preempted",
                          *self._precision_record())
@@ -518,7 +518,7 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.env.is_main:
-            torch.save(full, self.output / "final_model.pt")
+            torch.save(full, self.output / paths.FINAL_MODEL_FILE)
 
 
 def default_eval_hooks(cfg: RunConfig) -> list[hooks.EvalHook]:
