@@ -9,6 +9,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from trainforge import contract
 from trainforge.stackconfig import ClusterConfig
 from trainforge.infra.iam import Role, inline_policy, irsa_role, service_role
 from trainforge.infra.tags import named
@@ -196,7 +197,7 @@ class Addons(pulumi.ComponentResource):
             service_account, policies = IRSA_ADDONS[addon]
             role = irsa_role(
                 f"{self._name}-{addon}", oidc_provider_arn=self._cluster.oidc_provider.arn,
-                oidc_issuer_url=self._cluster.oidc_issuer_url, namespace="kube-system", service_account=service_account,
+                oidc_issuer_url=self._cluster.oidc_issuer_url, namespace=contract.NAMESPACE_KUBE_SYSTEM, service_account=service_account,
                 policy_arns=policies, tags=named(self._tags, f"{self._name}-{addon}"), parent=self,
             )
             if addon in IRSA_INLINE_POLICIES:

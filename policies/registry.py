@@ -30,7 +30,7 @@ CONFIG_SCHEMA: dict[str, dict[str, Any]] = {
     "minSpotInstanceTypes": {"type": "integer", "minimum": 1, "default": 2,
                              "description": "instance types a spot node group spreads over (one reclaimed type must not empty it)"},
     "systemNamespaces": {"type": "array", "items": {"type": "string"},
-                         "default": ["kube-system", contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING],
+                         "default": [contract.NAMESPACE_KUBE_SYSTEM, contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING],
                          "description": "namespaces where privileged pods and host paths are allowed (node agents)"},
 }
 DEFAULTS = {key: spec["default"] for key, spec in CONFIG_SCHEMA.items()}

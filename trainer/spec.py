@@ -24,6 +24,11 @@ QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 GPU_TYPES = {row.gpu_model for row in catalog.CATALOG.values() if row.gpus}
 
 
+# Run-config fields the submitter sets from the job spec itself (identity, entry, paths, tracking) or a sweep sets per
+# trial: never hyperparameters, never searched.
+SUBMITTER_OWNED = frozenset({"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics", "sweep"})
+
+
 class SpecError(errors.TrainforgeError):
     """A job spec that must not run. str() is the whole message: one line per problem."""
 
@@ -159,8 +164,7 @@ class JobSpec(_Model):
     @field_validator("hyperparameters")
     @classmethod
     def _known_run_fields(cls, values: dict[str, Any]) -> dict[str, Any]:
-        reserved = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics", "sweep"}
-        clash = sorted(reserved & set(values))
+        clash = sorted(SUBMITTER_OWNED & set(values))
         if clash:
             raise ValueError(f"{clash} are set by the submitter from the spec itself. Fix: use entry, checkpoint or tracking instead")
         return values

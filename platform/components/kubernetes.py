@@ -85,7 +85,7 @@ class Monitoring(pulumi.ComponentResource):
         StorageClass it is claimed from."""
         super().__init__("trainforge:platform:Monitoring", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_MONITORING), parent=self)
-        self.release = helm_release(charts["kube-prometheus-stack"], values.kube_prometheus_stack(cfg), parent=self, depends_on=[ns, *after])
+        self.release = helm_release(charts[contract.PROMETHEUS_RELEASE], values.kube_prometheus_stack(cfg), parent=self, depends_on=[ns, *after])
         # The exporter's chart creates a ServiceMonitor: the operator's CRDs must exist first.
         self.dcgm = helm_release(charts["dcgm-exporter"], values.dcgm_exporter(cfg), parent=self, depends_on=[self.release])
         mon = cfg.kubernetes.monitoring

@@ -28,7 +28,7 @@ CHARTS: dict[str, Chart] = {c.release: c for c in (
     Chart("kubeflow-trainer", "oci://ghcr.io/kubeflow/charts", "kubeflow-trainer", versions.KUBEFLOW_TRAINER, contract.NAMESPACE_TRAINER),
     Chart("kueue", "oci://registry.k8s.io/kueue/charts", "kueue", versions.KUEUE, contract.NAMESPACE_KUEUE),
     Chart("cluster-autoscaler", "https://kubernetes.github.io/autoscaler", "cluster-autoscaler", "9.59.0", contract.NAMESPACE_AUTOSCALER),
-    Chart("kube-prometheus-stack", "https://prometheus-community.github.io/helm-charts", "kube-prometheus-stack", "88.5.3",
+    Chart(contract.PROMETHEUS_RELEASE, "https://prometheus-community.github.io/helm-charts", "kube-prometheus-stack", "88.5.3",
           contract.NAMESPACE_MONITORING),
     Chart("mlflow", "https://community-charts.github.io/helm-charts", "mlflow", "1.11.5", contract.NAMESPACE_MLFLOW),
     Chart("opencost", "https://opencost.github.io/opencost-helm-chart", "opencost", "2.5.17", contract.NAMESPACE_OPENCOST),

@@ -15,8 +15,7 @@ from typing import Any
 from trainforge import contract
 from trainforge.stackconfig import MonitoringConfig
 
-PROMETHEUS_RELEASE = "kube-prometheus-stack"
-SELECTED = {"release": PROMETHEUS_RELEASE}
+SELECTED = {"release": contract.PROMETHEUS_RELEASE}
 TRAINER_PODMONITOR = "trainforge-trainers"
 RULES_NAME = "trainforge-training"
 DASHBOARD_NAME = "trainforge-training-dashboard"

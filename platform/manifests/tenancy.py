@@ -150,7 +150,7 @@ def network_policies(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, An
         policy("allow-same-namespace", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
                                         "ingress": [{"from": [everyone]}], "egress": [{"to": [everyone]}]}),
         policy("allow-dns", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
-            "to": [{**namespace_peer("kube-system"), "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+            "to": [{**namespace_peer(contract.NAMESPACE_KUBE_SYSTEM), "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]}),
         policy("allow-metrics-scrape", {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{
             "from": [namespace_peer(contract.NAMESPACE_MONITORING)], "ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]}]}),
@@ -187,7 +187,7 @@ def claims(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
     return [claim(contract.FSX_CLAIM_NAME, "ReadWriteMany"), claim(contract.FSX_DATASETS_CLAIM_NAME, "ReadOnlyMany")]
 
 
-SWEEP_CONTROLLER_ROLE = "trainforge-sweep-controller"
+SWEEP_CONTROLLER_ROLE = contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT  # the Role is named as the ServiceAccount it binds
 
 
 def sweep_controller(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:

@@ -66,7 +66,7 @@ def dcgm_exporter(cfg: PlatformConfig) -> dict[str, Any]:
         # The chart's ServiceMonitor, selected by kube-prometheus-stack's Prometheus through its release label.
         # honorLabels: the exporter's `pod`/`namespace` are the training pod's (enablePodLabels); without it Prometheus
         # renames them exported_pod/exported_namespace and keeps the exporter's own.
-        "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+        "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": True, "additionalLabels": {"release": contract.PROMETHEUS_RELEASE}},
         "kubernetes": {"enablePodLabels": True},  # GPU series carry the training pod's labels (job, team)
     }
 
@@ -224,9 +224,9 @@ def opencost(cfg: PlatformConfig) -> dict[str, Any]:
     return {
         "opencost": {
             "exporter": {"defaultClusterId": cfg.cluster_name},
-            "prometheus": {"internal": {"enabled": True, "serviceName": "kube-prometheus-stack-prometheus",
+            "prometheus": {"internal": {"enabled": True, "serviceName": contract.PROMETHEUS_SERVICE_NAME,
                                         "namespaceName": contract.NAMESPACE_MONITORING, "port": 9090}},
-            "metrics": {"serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}}},
+            "metrics": {"serviceMonitor": {"enabled": True, "additionalLabels": {"release": contract.PROMETHEUS_RELEASE}}},
             "nodeSelector": SYSTEM_NODES,
         },
     }

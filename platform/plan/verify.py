@@ -20,7 +20,7 @@ from trainforge.stackconfig import PlatformConfig
 
 PLATFORM_NAMESPACES = (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_MLFLOW,
                        contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM)
-PROMETHEUS_SERVICE = (contract.NAMESPACE_MONITORING, "kube-prometheus-stack-prometheus:9090")
+PROMETHEUS_SERVICE = (contract.NAMESPACE_MONITORING, f"{contract.PROMETHEUS_SERVICE_NAME}:9090")
 MLFLOW_SERVICE = (contract.NAMESPACE_MLFLOW, f"{contract.MLFLOW_SERVICE_NAME}:{contract.MLFLOW_PORT}")
 # kube-prometheus-stack's always-firing heartbeat and its inhibitor: firing is their healthy state.
 HEARTBEAT_ALERTS = {"Watchdog", "InfoInhibitor"}

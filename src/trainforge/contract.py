@@ -268,11 +268,15 @@ METRICS_PORT_NAME = "metrics"
 NODE_PRICE_ENV = "TRAINFORGE_NODE_PRICE_USD_PER_HOUR"  # set by the submitter; exported for the dashboard's cost rate  # the container port name the trainer pods' PodMonitor scrapes
 
 # Where the platform's add-ons live (the Kubernetes half of the platform contract).
-NAMESPACE_GPU = "kube-system"  # device plugins run with the node-critical priority classes there
-NAMESPACE_AUTOSCALER = "kube-system"
+NAMESPACE_KUBE_SYSTEM = "kube-system"  # Kubernetes' own: DNS, EKS add-ons
+NAMESPACE_GPU = NAMESPACE_KUBE_SYSTEM  # device plugins run with the node-critical priority classes there
+NAMESPACE_AUTOSCALER = NAMESPACE_KUBE_SYSTEM
 NAMESPACE_TRAINER = "kubeflow-system"
 NAMESPACE_KUEUE = "kueue-system"
 NAMESPACE_MONITORING = "monitoring"
+# The kube-prometheus-stack release: its name labels what its Prometheus selects and names its Services.
+PROMETHEUS_RELEASE = "kube-prometheus-stack"
+PROMETHEUS_SERVICE_NAME = f"{PROMETHEUS_RELEASE}-prometheus"
 NAMESPACE_MLFLOW = "mlflow"
 MLFLOW_PORT = 5000
 MLFLOW_SERVICE_NAME = "mlflow"  # the chart's Service (its release name, fullnameOverride-free)
@@ -280,6 +284,7 @@ MLFLOW_TRACKING_URI = f"http://{MLFLOW_SERVICE_NAME}.{NAMESPACE_MLFLOW}.svc.clus
 # A run is its job's within its team: two teams' jobs of one name are two runs, in two teams' experiments.
 TRACKING_JOB_TAG = "trainforge.job_id"
 TRACKING_TEAM_TAG = "trainforge.team"
+TRACKING_SWEEP_TAG = "trainforge.sweep"  # on a sweep's parent run and on each of its trials' runs
 # Each team signs in to MLflow as its own user (MLflow's basic-auth app, default permission NO_PERMISSIONS): the
 # experiments a team creates are its own. The credentials: Secret MLFLOW_SECRET in the team's namespace.
 MLFLOW_SECRET = "trainforge-mlflow"

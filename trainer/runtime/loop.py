@@ -228,10 +228,10 @@ class Trainer:
             return None
         from trainforge.trainer.runtime.tracking import Tracker, flatten
         tags = {**({"mlflow.parentRunId": cfg.sweep.parent_run_id} if cfg.sweep and cfg.sweep.parent_run_id else {}),
-                **({"trainforge.sweep": cfg.sweep.study, "trainforge.trial_id": str(cfg.sweep.trial_id),
+                **({contract.TRACKING_SWEEP_TAG: cfg.sweep.study, "trainforge.trial_id": str(cfg.sweep.trial_id),
                     **({"trainforge.trial": str(cfg.sweep.trial_number)} if cfg.sweep.trial_number is not None else {})}
                    if cfg.sweep else {}),
-                "trainforge.team": cfg.team, "trainforge.world_size": str(env.world_size), "trainforge.task": self.task.name,
+                contract.TRACKING_TEAM_TAG: cfg.team, "trainforge.world_size": str(env.world_size), "trainforge.task": self.task.name,
                 "trainforge.precision": f"{self.precision.chosen} ({self.precision.reason})",
                 "trainforge.git_commit": git_commit(), "trainforge.data_checksum": data_checksum(self.task),
                 "trainforge.image": os.environ.get("TRAINFORGE_IMAGE", "local"),

@@ -50,7 +50,7 @@ class Tracker:
         self._cv = threading.Condition()
         self._closing = False
         self._status = "FINISHED"
-        self._thread = threading.Thread(target=self._run, name="trainforge-mlflow", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="trainforge-tracking", daemon=True)
         self._thread.start()
 
     # ---- called from the training loop (never blocks on the network) ----------------------------------

@@ -33,7 +33,7 @@ from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR, engine_kwar
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.spec import Sweep, trial_job
 
-log = logging.getLogger("trainforge.sweep")
+log = logging.getLogger("trainforge.sweeps")
 TERMINAL = {"succeeded", "failed", "cancelled", "deleted", "lost"}  # lost: a local supervisor gone
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 HEARTBEAT_S = 10.0
@@ -722,7 +722,7 @@ class _Tracking:
             experiment = self.client.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
             run = self.client.create_run(experiment_id, run_name=sweep.name,
-                                         tags={"trainforge.sweep": sweep.name, contract.TRACKING_TEAM_TAG: sweep.base.team})
+                                         tags={contract.TRACKING_SWEEP_TAG: sweep.name, contract.TRACKING_TEAM_TAG: sweep.base.team})
             self.parent_run_id = run.info.run_id
             study.set_user_attr("mlflow_run_id", self.parent_run_id)
             spec = sweep.spec

@@ -27,12 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trainforge import durations, errors
 from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS, BUNDLED_TASKS, RunConfig
-from trainforge.trainer.spec import JobSpec, SpecError, parse_spec, read_yaml, run_config_problems
+from trainforge.trainer.spec import SUBMITTER_OWNED, JobSpec, SpecError, parse_spec, read_yaml, run_config_problems
 
 # Where a trial runs, searchable beside its run config: what a trial costs is decided here (categorical only).
 INFRA_FIELDS = {"instance_type": "resources.instance_type", "capacity": "capacity"}
 # Fields the submitter sets from the job spec itself, or the sweep sets per trial: not searchable.
-NOT_SEARCHABLE = {"job_id", "team", "task", "task_args", "output_dir", "checkpoint", "tracking", "metrics", "sweep", "step_sleep_s"}
+NOT_SEARCHABLE = SUBMITTER_OWNED | {"step_sleep_s"}  # and the runtime's test hook
 
 
 class _Model(BaseModel):

@@ -1,0 +1,84 @@
+"""Every cross-layer fact is spelled once (issue 23): a name other code must agree on — a Secret, a ServiceAccount, a
+label, a tag, a file in a run directory — is a constant in its home (trainforge/contract.py, trainforge/paths.py),
+and every other module imports it. Read from the source's syntax tree: a string literal anywhere in the product code
+equal to a home's distinctive value is a second spelling, which a rename would silently leave behind.
+
+Distinctive: a value with '-', '.', '/', '_' or ':' in it. Plain words ('team', 'run', 'mlflow') are facts too, but as
+literals they are mostly dictionary keys and prose that happen to match; they are left to review. A real
+coincidence is allowed below, with why.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+HOMES = (REPO / "src" / "trainforge" / "contract.py", REPO / "src" / "trainforge" / "paths.py")
+PRODUCT = ("src/trainforge", "trainer", "platform", "infra", "policies")
+DISTINCTIVE = set("-./_:")
+
+# (value, module) -> why that literal is not the home's fact.
+COINCIDENCES = {
+    ("cluster-autoscaler", "src/trainforge/stackconfig/kubernetes.py"): "the chart's name (charts a stack may re-pin)",
+    ("cluster-autoscaler", "platform/manifests/charts.py"): "the chart's release and upstream name",
+    ("cluster-autoscaler", "platform/components/kubernetes.py"): "the chart table's key (charts.py)",
+    ("kube-prometheus-stack", "src/trainforge/stackconfig/kubernetes.py"): "the chart's name (charts a stack may re-pin)",
+    ("kube-prometheus-stack", "platform/manifests/charts.py"): "the upstream chart's own name",
+    ("spent_usd", "trainer/cli/sweep.py"): "a key of the sweep status document, not the team settings' key",
+    ("spent_usd", "trainer/sweeps/controller.py"): "an MLflow metric of the sweep's run",
+    ("spent_usd", "trainer/sweeps/cluster.py"): "a key of the sweep status document",
+    ("trainforge-sweeps", "platform/manifests/sweeps.py"): "the app label of the database bootstrap objects",
+}
+
+
+def facts() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for home in HOMES:
+        for node in ast.parse(home.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and target.id.isupper() and DISTINCTIVE & set(node.value.value):
+                        found.setdefault(node.value.value, []).append(f"{home.stem}.{target.id}")
+    return found
+
+
+def literals(path: Path):
+    """(value, line) of every string literal that is not a docstring."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.value, node.lineno
+
+
+def test_every_distinctive_fact_is_spelled_in_its_home_only():
+    known = facts()
+    assert len(known) >= 30, "the homes' facts were read"
+    second = []
+    for folder in PRODUCT:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path in HOMES:
+                continue
+            module = str(path.relative_to(REPO))
+            for value, line in literals(path):
+                if value in known and (value, module) not in COINCIDENCES:
+                    second.append(f"{module}:{line} spells {value!r}, which is {' / '.join(known[value])}")
+    assert second == [], "import the constant instead:\n" + "\n".join(second)
+
+
+def test_every_allowed_coincidence_is_still_there():
+    """An allowance whose literal is gone is stale: it would excuse the next real second spelling."""
+    present = {(value, str(path.relative_to(REPO))) for folder in PRODUCT for path in (REPO / folder).rglob("*.py")
+               for value, _ in literals(path)}
+    assert [c for c in COINCIDENCES if c not in present] == []
+
+
+def test_the_check_finds_a_second_spelling(tmp_path):
+    """The scan is not vacuous: a retyped Secret name is found."""
+    module = tmp_path / "retyped.py"
+    module.write_text('"""A docstring naming trainforge-mlflow is prose."""\nNAME = "trainforge-mlflow"\n')
+    assert [v for v, _ in literals(module) if v in facts()] == ["trainforge-mlflow"]
