@@ -16,8 +16,6 @@ from trainforge.infra.iam import Role
 from trainforge.infra.tags import named
 from trainforge.stackconfig import NodeGroupConfig
 
-# Kubernetes spells taint effects NoSchedule; the EKS API spells them NO_SCHEDULE.
-EKS_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "NoExecute": "NO_EXECUTE", "PreferNoSchedule": "PREFER_NO_SCHEDULE"}
 # What the launch template stamps onto everything a node group creates.
 PROPAGATED_TAG_RESOURCES = ("instance", "volume", "network-interface")
 ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs
@@ -28,7 +26,7 @@ def ami_type(group: NodeGroupConfig) -> str:
 
 
 def eks_taints(group: NodeGroupConfig) -> list[aws.eks.NodeGroupTaintArgs]:
-    return [aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=EKS_TAINT_EFFECT[t.effect])
+    return [aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=contract.EKS_TAINT_EFFECTS[t.effect])
             for t in contract.flavour_traits(group.flavour).taints]
 
 

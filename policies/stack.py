@@ -63,7 +63,7 @@ def _open_to_itself(props: dict[str, Any]) -> bool:
 
 @stack_rule("Every Kueue ResourceFlavor matches the nodes of some node group (labels present, taints the same).")
 def resource_flavours_match_node_groups(resources: list[StackResource], ctx: Context) -> Violations:
-    effects = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
+    effects = contract.KUBERNETES_TAINT_EFFECTS
     nodes = [({**(g.props.get("labels") or {})}, sorted((t.get("key"), t.get("value"), effects.get(t.get("effect"), t.get("effect")))
                                                         for t in g.props.get("taints") or []))
              for g in of_type(resources, "aws:eks/nodeGroup:NodeGroup")]

@@ -40,7 +40,7 @@ def job_cost(job: Priced) -> dict:
             return out
         on_demand, spot = quote.on_demand * hours, quote.spot * hours
         out.update(on_demand_usd=round(on_demand, 4), spot_usd=round(spot, 4),
-                   cost_usd=round(spot if job.capacity == "spot" else on_demand, 4), savings_usd=round(on_demand - spot, 4))
+                   cost_usd=round(quote.hourly(job.capacity) * hours, 4), savings_usd=round(on_demand - spot, 4))
     return out
 
 

@@ -189,7 +189,7 @@ def node_price(spec: JobSpec, where: Placement) -> float | None:
         return None
     table = price_table()
     try:
-        return table.hourly(where.instance_type, "spot" if spec.capacity == "spot" else "on-demand", where.region or table.regions[0])
+        return table.hourly(where.instance_type, spec.capacity, where.region or table.regions[0])
     except PriceUnknown:
         return None
 

@@ -109,7 +109,7 @@ def _node_group(cost: Cost, group, region, instances, services, hours, assume: A
     instance = group.instance_types[0]
     try:
         quote = instances.quote(instance, region)
-        hourly = quote.spot if group.capacity == "spot" else quote.on_demand
+        hourly = quote.hourly(group.capacity)
     except PriceUnknown:
         hourly = None
     if group.has_gpus:

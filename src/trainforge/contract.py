@@ -117,6 +117,11 @@ class Taint:
     effect: str = "NoSchedule"  # Kubernetes spelling
 
 
+# Kubernetes spells taint effects NoSchedule; the EKS node group API spells them NO_SCHEDULE.
+EKS_TAINT_EFFECTS = {"NoSchedule": "NO_SCHEDULE", "NoExecute": "NO_EXECUTE", "PreferNoSchedule": "PREFER_NO_SCHEDULE"}
+KUBERNETES_TAINT_EFFECTS = {eks: kubernetes for kubernetes, eks in EKS_TAINT_EFFECTS.items()}
+
+
 @dataclass(frozen=True)
 class FlavourTraits:
     """What every node of a flavour carries, whichever node group it comes from."""

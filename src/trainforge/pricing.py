@@ -47,6 +47,11 @@ class Quote:
     as_of: str
     refreshed: bool  # from a refresh, not the shipped table
 
+    def hourly(self, capacity: str) -> float:
+        """The price a node of this capacity is charged: spot at the spot price; on-demand, and spot-fallback as
+        submitted (it may land on on-demand: the worst case), at on-demand."""
+        return self.spot if capacity == "spot" else self.on_demand
+
 
 @dataclass(frozen=True)
 class PriceTable:
@@ -81,9 +86,8 @@ class PriceTable:
             spot = self.typical_spot(instance_type, on_demand)
         return Quote(on_demand, spot, fresh.as_of if fresh and used_fresh else self.as_of, used_fresh)
 
-    def hourly(self, instance_type: str, capacity: Literal["on-demand", "spot"], region: str) -> float:
-        quote = self.quote(instance_type, region)
-        return quote.spot if capacity == "spot" else quote.on_demand
+    def hourly(self, instance_type: str, capacity: str, region: str) -> float:
+        return self.quote(instance_type, region).hourly(capacity)
 
 
 @lru_cache(maxsize=1)

@@ -62,7 +62,7 @@ def run_summary(spec, report) -> None:
     """The end of a foreground run: wall time, steps, final eval, checkpoints, MLflow, AWS cost, and why it ended."""
     from trainforge.paths import JOB_CHECKPOINT_DIR, job_dir
     d = report.details
-    info, cost = d["progress"], d["cost"]
+    info = d["progress"]
     result = info.get("result") or {}
     table = Table(title=f"{spec.name}: {d['state']}", title_justify="left", show_header=False)
     table.add_column(style="bold")
@@ -99,7 +99,7 @@ def on_aws_line(spec, instance_type: str | None, region: str | None) -> str | No
     except PriceUnknown:
         return None
     nodes = spec.workers.nodes
-    hourly = (quote.spot if spec.capacity == "spot" else quote.on_demand) * nodes
+    hourly = quote.hourly(spec.capacity) * nodes
     bound = hourly * spec.limits.max_runtime_hours
     limit = f", max_cost_usd ${spec.limits.max_cost_usd:.2f}" if spec.limits.max_cost_usd else ""
     return (f"{nodes} x {instance_type}: ${quote.on_demand * nodes:.2f}/h on-demand, ${quote.spot * nodes:.2f}/h spot ({where} prices); "
