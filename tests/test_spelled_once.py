@@ -82,3 +82,9 @@ def test_the_check_finds_a_second_spelling(tmp_path):
     module = tmp_path / "retyped.py"
     module.write_text('"""A docstring naming trainforge-mlflow is prose."""\nNAME = "trainforge-mlflow"\n')
     assert [v for v, _ in literals(module) if v in facts()] == ["trainforge-mlflow"]
+
+
+def test_the_error_messages_explain_the_name_pattern_the_models_use():
+    """errors.py stays free of pydantic (the CLI's --help imports it), so it keys its explanation by the pattern's text."""
+    from trainforge import errors, models
+    assert models.DNS_LABEL in errors.PATTERN_MEANING

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainforge import catalog, contract, durations
 from trainforge import errors, yamlfile
+from trainforge.models import DNS_LABEL, S3_URI, StrictModel
 from trainforge.stackconfig import PlatformConfig
 from trainforge.trainer.runtime.config import RunConfig
 
-DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 GPU_TYPES = {row.gpu_model for row in catalog.CATALOG.values() if row.gpus}
 
@@ -35,8 +35,7 @@ class SpecError(errors.TrainforgeError):
     what = "invalid job spec"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf or nan is never a setting
+_Model = StrictModel
 
 
 class Entry(_Model):
@@ -117,7 +116,7 @@ class Resources(_Model):
 class Checkpointing(_Model):
     interval_steps: int = Field(100, ge=1)
     keep_last: int = Field(2, ge=1)
-    s3_uri: str | None = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+    s3_uri: str | None = Field(None, pattern=S3_URI)
     start_from: str | None = Field(None, pattern=DNS_LABEL, max_length=40,
                                    description="another job of the team: this job starts from its newest checkpoint (weights, "
                                                "optimizer, step) when it has none of its own, e.g. a sweep's best trial")

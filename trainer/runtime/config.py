@@ -10,9 +10,10 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainforge import contract
+from trainforge.models import RUN_ID, S3_URI, StrictModel
 from trainforge.errors import TrainforgeError
 
 # The bundled tasks and their factory arguments, known without importing torch. tasks.py builds them; a test
@@ -38,7 +39,7 @@ class UserError(TrainforgeError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf or nan is never a setting
+    model_config = StrictModel.model_config
 
 
 class CheckpointConfig(_Model):
@@ -51,7 +52,7 @@ class CheckpointConfig(_Model):
     emergency_skip_if_newer_than_s: float = Field(0.0, ge=0)
     # After SIGTERM, a worker that has not exited after this long (stuck in a collective or in C++) exits anyway.
     preemption_grace_s: float = Field(25.0, gt=0)
-    s3_uri: str | None = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+    s3_uri: str | None = Field(None, pattern=S3_URI,
                                description="durable tier, e.g. s3://<checkpoints bucket>/teams/<team>/<job>")
     s3_endpoint_url: str | None = Field(None, description="any S3-compatible endpoint; default: AWS for the region")
     s3_max_concurrency: int = Field(8, ge=1, le=64)
@@ -85,8 +86,8 @@ class SweepTrialConfig(_Model):
 
 
 class RunConfig(_Model):
-    job_id: str = Field("adhoc", pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=63)
-    team: str = Field("default", pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", max_length=63)
+    job_id: str = Field("adhoc", pattern=RUN_ID, max_length=63)
+    team: str = Field("default", pattern=RUN_ID, max_length=63)
     task: str = "classifier"
     task_args: dict[str, int | float | str] = Field({}, description="keyword arguments of the task factory, e.g. {width: 2048}")
     strategy: Literal["ddp", "fsdp"] = "ddp"

@@ -27,10 +27,11 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from trainforge import models
 from trainforge.trainer.runtime.checkpoint import COMMIT_MARKER, STEP_PREFIX, Committed, scan, step_dir_name
 
 log = logging.getLogger("trainforge.runtime")
-S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(?P<prefix>.*))?$")
+S3_URI = re.compile(models.S3_URI)
 # upload_file wraps S3's own errors (NoSuchBucket, AccessDenied...) in S3UploadFailedError, outside botocore's tree.
 TRANSFER_ERRORS = (BotoCoreError, ClientError, S3UploadFailedError, OSError)
 

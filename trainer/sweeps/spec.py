@@ -23,9 +23,10 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from trainforge import durations, errors
+from trainforge.models import DNS_LABEL, StrictModel
 from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS, BUNDLED_TASKS, RunConfig
 from trainforge.trainer.spec import SUBMITTER_OWNED, JobSpec, SpecError, parse_spec, read_yaml, run_config_problems
 
@@ -35,8 +36,7 @@ INFRA_FIELDS = {"instance_type": "resources.instance_type", "capacity": "capacit
 NOT_SEARCHABLE = SUBMITTER_OWNED | {"step_sleep_s"}  # and the runtime's test hook
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf or nan is never a setting
+_Model = StrictModel
 
 
 class FloatParam(_Model):
@@ -141,7 +141,7 @@ class Budget(_Model):
 
 
 class SweepSpec(_Model):
-    name: str = Field(..., pattern=r"^[a-z]([a-z0-9-]*[a-z0-9])?$", max_length=32)
+    name: str = Field(..., pattern=DNS_LABEL, max_length=32)
     base: str | dict[str, Any] = Field(..., description="the base job spec: a path (relative to the sweep file) or inline")
     space: dict[str, Param] = Field(..., description="run-config fields (or task_args.<arg>) and their ranges")
     objective: Objective
@@ -153,7 +153,7 @@ class SweepSpec(_Model):
     max_parallel: int = Field(1, ge=1, le=256)
     budget: Budget = Budget()
     seed: int = 0
-    warm_start: list[Annotated[str, Field(pattern=r"^[a-z]([a-z0-9-]*[a-z0-9])?$", max_length=32)]] = Field(
+    warm_start: list[Annotated[str, Field(pattern=DNS_LABEL, max_length=32)]] = Field(
         [], max_length=16, description="earlier sweeps in the same storage: their best trials (up to 3 each) run first")
 
     def grid(self) -> dict[str, list[Any]]:
