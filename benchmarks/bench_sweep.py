@@ -44,6 +44,7 @@ def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Pa
     from trainforge.trainer.runtime.pruning import TrialReporter
     from trainforge.trainer.runtime.tasks import load_task
     from trainforge.trainer.sweeps.controller import distributions, make_pruner, pruner_config, quiet_optuna, sampler_for
+    from trainforge.trainer.sweeps.optuna_access import trial_id
     from trainforge.trainer.sweeps.spec import _with, parse_sweep
 
     raw = yaml.safe_load(SWEEP_FILE.read_text())
@@ -66,7 +67,7 @@ def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Pa
     for _ in range(MAX_TRIALS):
         trial = study.ask(distributions(sweep))
         args, hyper = _with(sweep.base, trial.params)
-        link = {"storage": storage, "study": "bench", "trial_id": trial._trial_id, "metric": "accuracy", "heartbeat_s": 60}
+        link = {"storage": storage, "study": "bench", "trial_id": trial_id(trial), "metric": "accuracy", "heartbeat_s": 60}
         cfg = RunConfig.model_validate({**hyper, "task": sweep.base.entry.task, "task_args": args, "seed": seed * 1000 + trial.number,
                                         "output_dir": str(workdir / f"run-{sampler}-{seed}-{trial.number}"),
                                         "checkpoint": {"dir": str(workdir / f"ckpt-{sampler}-{seed}-{trial.number}"), "interval_steps": 10_000,
@@ -116,6 +117,7 @@ def char_lm_search(sampler: str, pruner: str, seed: int, target: float, trials: 
     from trainforge.trainer.runtime.pruning import TrialReporter
     from trainforge.trainer.runtime.tasks import load_task
     from trainforge.trainer.sweeps.controller import distributions, make_pruner, pruner_config, quiet_optuna, sampler_for
+    from trainforge.trainer.sweeps.optuna_access import trial_id
     from trainforge.trainer.sweeps.spec import _with
 
     sweep = char_lm_sweep(sampler, pruner, seed, trials)
@@ -128,7 +130,7 @@ def char_lm_search(sampler: str, pruner: str, seed: int, target: float, trials: 
     for number in range(trials):
         trial = study.ask(distributions(sweep))
         args, hyper = _with(sweep.base, trial.params)
-        link = {"storage": storage, "study": "bench", "trial_id": trial._trial_id, "metric": "loss", "heartbeat_s": 60}
+        link = {"storage": storage, "study": "bench", "trial_id": trial_id(trial), "metric": "loss", "heartbeat_s": 60}
         cfg = RunConfig.model_validate({**hyper, "task": "char_lm", "task_args": args, "seed": seed * 1000 + number,
                                         "output_dir": str(workdir / f"lm-{sampler}-{pruner}-{seed}-{number}"),
                                         "checkpoint": {"dir": str(workdir / f"lmc-{sampler}-{pruner}-{seed}-{number}"),

@@ -588,7 +588,7 @@ def test_extension_limits_are_floors_over_the_spec(tmp_path):
     study = open_study(sweep, url)
     before, after = extend(study, trials=16, usd=50, wall_time_s=7200)
     assert (before, after) == (Limits(4, 5.0, 1800), Limits(20, 55.0, 9000))
-    assert Limits.of(in_effect(sweep, study)) == after and in_effect(sweep, study).spec.budget.wall_time == "150m"
+    assert Limits.of(in_effect(sweep, study)) == after and in_effect(sweep, study).spec.budget.wall_time == "2h30m"
     more = load_sweep(write_sweep(tmp_path, name="floors", max_trials=30, budget={"usd": 5, "wall_time": "30m"}))
     assert Limits.of(in_effect(more, open_study(more, url))) == Limits(30, 55.0, 9000)
     unlimited = load_sweep(write_sweep(tmp_path, name="floors", max_trials=4, budget={}))

@@ -31,6 +31,7 @@ from trainforge.trainer.admission import Admission, NotAdmitted
 from trainforge.trainer.backends import NoSuchJob
 from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR, engine_kwargs, make_pruner
 from trainforge.trainer.spec import JobSpec
+from trainforge.trainer.sweeps import optuna_access as access
 from trainforge.trainer.sweeps.spec import Sweep, trial_job
 
 log = logging.getLogger("trainforge.sweeps")
@@ -216,16 +217,11 @@ def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage
         complete.sort(key=lambda t: t.values[0], reverse=maximize)
         for t in complete[:WARM_START_BEST]:
             params = {k: v for k, v in t.params.items() if k in space}
-            if params and all(_fits(space[k], v) for k, v in params.items()):
+            if params and all(access.fits(space[k], v) for k, v in params.items()):
                 seeds.append((params, f"{name}#{t.number}"))
     return seeds
 
 
-def _fits(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
-    try:
-        return distribution._contains(distribution.to_internal_repr(value))
-    except ValueError:  # a choice the categorical lacks
-        return False
 
 
 def _same_search_as_recorded_spec(recorded_spec: str, sweep: Sweep) -> bool:
@@ -483,10 +479,10 @@ class SweepController:
                 self._give_back(self.study, trial.number, trial.params)
                 self._mark_settled(trial.number)
             elif state in TERMINAL or state == "missing":
-                self._settle(trial.number, trial._trial_id, job, state)
+                self._settle(trial.number, access.trial_id(trial), job, state)
             else:
                 log.info("trial %d: adopted its job %s (%s)", trial.number, job, state)
-                self.running[trial.number] = (trial._trial_id, job)
+                self.running[trial.number] = (access.trial_id(trial), job)
         self._retry_failures()
 
     def requeue_stopped(self) -> None:
@@ -501,7 +497,7 @@ class SweepController:
 
     def poll(self) -> None:
         for number, (trial_id, job) in list(self.running.items()):
-            trial = self.study._storage.get_trial(trial_id)
+            trial = access.stored_trial(self.study, trial_id)
             state = self._job_state(job)
             if trial.state is TrialState.FAIL and state not in TERMINAL and state != "missing":
                 # Failed while its job runs on: a stale heartbeat (a worker hung or gone) or a diverged trial. End the job.
@@ -536,7 +532,7 @@ class SweepController:
         trial.set_user_attr("job", name)
         trial.set_user_attr("launch", "intended")
         kill_point("intended")
-        link = {"storage": self.trial_storage, "study": self.sweep.name, "trial_id": trial._trial_id, "trial_number": trial.number,
+        link = {"storage": self.trial_storage, "study": self.sweep.name, "trial_id": access.trial_id(trial), "trial_number": trial.number,
                 "metric": self.sweep.spec.objective.metric, "heartbeat_s": HEARTBEAT_S}
         if self.tracking:
             link["parent_run_id"] = self.tracking.parent_run_id
@@ -561,7 +557,7 @@ class SweepController:
         trial.set_user_attr("launch", "submitted")
         kill_point("recorded")
         log.info("trial %d: launched %s with %s", trial.number, name, json.dumps(trial.params))
-        self.running[trial.number] = (trial._trial_id, name)
+        self.running[trial.number] = (access.trial_id(trial), name)
         self._changed()
         return True
 
@@ -587,7 +583,7 @@ class SweepController:
         """Once per trial, whoever sees its job end: state, cost, MLflow."""
         if self.study.user_attrs.get(f"trial.{number}.settled"):
             return
-        trial = self.study._storage.get_trial(trial_id)
+        trial = access.stored_trial(self.study, trial_id)
         kill_point("settling")
         cost, seconds = self._cost(job, trial)
         if trial.state is TrialState.RUNNING:
@@ -603,7 +599,7 @@ class SweepController:
         if seconds is not None:
             self.study.set_user_attr(f"trial.{number}.run_s", round(seconds, 3))
         if self.tracking:
-            run_id = self.tracking.trial_finished(self.study._storage.get_trial(trial_id), job, cost)
+            run_id = self.tracking.trial_finished(access.stored_trial(self.study, trial_id), job, cost)
             if run_id:
                 self.study.set_user_attr(f"trial.{number}.mlflow_run_id", run_id)
         self._mark_settled(number)
@@ -651,7 +647,7 @@ class SweepController:
         return sum(v for k, v in self.study.user_attrs.items() if k.startswith("trial.") and k.endswith(".cost_usd"))
 
     def committed_usd(self) -> float:
-        return sum(float(self.study._storage.get_trial(tid).user_attrs.get("estimate_usd", 0.0)) for tid, _ in self.running.values())
+        return sum(float(access.stored_trial(self.study, tid).user_attrs.get("estimate_usd", 0.0)) for tid, _ in self.running.values())
 
     def per_trial_usd(self) -> float:
         """A trial's most: its max_runtime on the dearest instance type and capacity it could draw (the base's, unless
