@@ -5,6 +5,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*argv: str, home: Path | None = None, env: dict | None = None, cwd: Path = REPO, timeout: float = 300):
+    """The real `trainforge` CLI in a child process (this interpreter), as a user runs it: TRAINFORGE_HOME = `home`
+    when given, `env` over this process's environment."""
+    import os
+    import subprocess
+    import sys
+    environment = {**os.environ, **({"TRAINFORGE_HOME": str(home)} if home is not None else {}), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=cwd,
+                          env=environment, timeout=timeout)
 STACKS = REPO / "stacks"
 STACK_FILES = sorted(STACKS.glob("Pulumi.*.yaml"))
 

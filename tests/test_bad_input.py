@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_cli
 
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 DEV = str(REPO / "stacks" / "Pulumi.dev.yaml")
@@ -27,9 +26,7 @@ MAX_MESSAGE = 4000  # characters: a message quoting a pasted megabyte must not f
 
 
 def cli(home: Path, *argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "TRAINFORGE_HOME": str(home), "KUBECONFIG": str(home.parent / "no-kubeconfig")},
-                          timeout=120)
+    return run_cli(*argv, home=home, env={"KUBECONFIG": str(home.parent / "no-kubeconfig")}, cwd=cwd, timeout=120)
 
 
 def fingerprint(root: Path) -> dict[str, str]:

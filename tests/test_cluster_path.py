@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import subprocess
-import sys
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-from conftest import REPO, evaluation_of, member_groups, program_manifests
+from conftest import REPO, evaluation_of, member_groups, program_manifests, run_cli
 from kubeapi import MASTERS, Identity, KubeApi, serve
 
 from trainforge import contract, k8s_schema
@@ -49,9 +47,7 @@ def cluster(tmp_path):
 
 
 def cli(served, *argv: str, kubeconfig=None, home=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig or served.config), "TRAINFORGE_HOME": str(home or served.config.parent / "home")}
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=REPO,
-                          env=env, timeout=120)
+    return run_cli(*argv, home=home or served.config.parent / "home", env={"KUBECONFIG": str(kubeconfig or served.config)}, timeout=120)
 
 
 def submit(served, kind: str = "trainjob", spec: str = "examples/quickstart.yaml", *extra: str) -> subprocess.CompletedProcess:

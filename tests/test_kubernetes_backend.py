@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_cli
 
 
 def cli(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return run_cli(*argv, env=env, timeout=120)
 
 
 def test_kubernetes_submit_needs_the_stack_for_quota_and_budget():

@@ -15,6 +15,7 @@ import yaml
 
 pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 
+from conftest import run_cli  # noqa: E402
 from trainforge import contract  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -31,8 +32,7 @@ def spec_file(tmp: Path, name: str, **hyper) -> Path:
 
 
 def cli(home: Path, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True,
-                            env={**os.environ, "TRAINFORGE_HOME": str(home)}, timeout=300)
+    result = run_cli(*argv, home=home, timeout=300)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result

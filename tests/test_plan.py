@@ -6,11 +6,10 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 
 import pytest
 import yaml
-from conftest import REPO, STACK_FILES, deployable
+from conftest import REPO, STACK_FILES, deployable, run_cli
 
 from trainforge.pricing import price_table, service_prices
 from trainforge.stackconfig import CONFIG_KEY, read_stack_file
@@ -19,7 +18,7 @@ HOURS = 730
 
 
 def cli(*argv: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "plan", *argv], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return run_cli("plan", *argv, cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="module")

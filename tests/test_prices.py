@@ -17,8 +17,9 @@ from trainforge.trainer.price_refresh import summarise_spot
 
 
 def cli(*argv: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=REPO,
-                          env=env, timeout=120)
+    """`env` whole, not over this process's: the AWS settings it leaves out must stay out."""
+    import subprocess as sp
+    return sp.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
 
 
 @pytest.fixture

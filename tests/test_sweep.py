@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_cli
 from optuna.trial import TrialState
 from servers import mlflow_server
 from test_local_backend import wait_until
@@ -36,8 +36,7 @@ def write_sweep(tmp: Path, **changes) -> Path:
 
 
 def cli(home: Path, *argv: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "TRAINFORGE_HOME": str(home), **(env or {})}, timeout=timeout)
+    return run_cli(*argv, home=home, env=env, timeout=timeout)
 
 
 def study_of(home: Path, name: str) -> optuna.Study:

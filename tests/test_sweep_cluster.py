@@ -19,14 +19,14 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_cli
 from kubeapi import serve, service_account
 from optuna.trial import TrialState
 from pod_security import restricted_violations
 from test_cluster_path import STACK, VISION, raw_request, seeded
 from test_isolation import TRAINJOBS, Program
 from test_local_backend import wait_until
-from test_sweep import BASE, SWEEP
+from test_sweep import SWEEP
 
 from trainforge import contract
 from trainforge.trainer.sweeps.controller import counted, load_existing
@@ -53,9 +53,7 @@ class Cluster:
         self.storage.write_text(self.url)
 
     def cli(self, *argv: str, home: str = "member-home") -> subprocess.CompletedProcess:
-        env = {**os.environ, "KUBECONFIG": str(self.member), "TRAINFORGE_HOME": str(self.tmp / home)}
-        return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=REPO,
-                              env=env, timeout=300)
+        return run_cli(*argv, home=self.tmp / home, env={"KUBECONFIG": str(self.member)})
 
     def job(self, name: str) -> dict | None:
         return self.served.api.find(*TRAINJOBS, VISION, name)
