@@ -78,4 +78,9 @@ def stack(request, evaluations):
     from trainforge.stackconfig import CONFIG_KEY, parse, read_stack_file
 
     config = deployable(request.param)[CONFIG_KEY]
-    return evaluations(request.param), parse(config, environment=read_stack_file(request.param).environment, source=str(request.param))
+    cfg = parse(config, environment=read_stack_file(request.param).environment, source=str(request.param))
+    # The tests loop over the stack's teams, node groups and GPU groups: a stack without them would pass them all
+    # vacuously. A stack that means to have none needs tests of its own.
+    assert cfg.teams and cfg.node_groups and any(g.has_gpus for g in cfg.node_groups), \
+        f"{request.param.name}: the stack tests assume teams and GPU node groups to check"
+    return evaluations(request.param), cfg

@@ -137,3 +137,17 @@ def test_the_cli_imports_no_torch_however_deep():
             todo += [m for m in _imports(by_name[module], module_level_only=True)]
     assert offenders == [], f"the CLI reaches {offenders}"
     assert "trainforge.trainer.spec" in seen and "trainforge.trainer.runtime.config" in seen, "the walk lost its way"
+
+
+def test_the_manifests_are_pure_data_and_only_the_plan_runs_the_policy_pack():
+    """platform/manifests builds plain dicts (so the tests, the plan and the CLI read them without an engine): no Pulumi
+    there. The policy pack is run by the plan alone: nothing else in the platform imports it."""
+    wrong = []
+    for layer, path in _sources():
+        relative = str(path.relative_to(REPO))
+        for module in _imports(path):
+            if relative.startswith("platform/manifests/") and module.split(".")[0].startswith("pulumi"):
+                wrong.append(f"{relative} imports {module}")
+            if layer == "platform" and _layer(module) == "policies" and not relative.startswith("platform/plan/"):
+                wrong.append(f"{relative} imports {module}")
+    assert wrong == []
