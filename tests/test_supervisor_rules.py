@@ -165,3 +165,19 @@ def test_one_standalone_worker_is_launched_without_torchrun_and_anything_else_th
     assert worker_directly(runtime, 1) is None, "a pod's node (its PET_* rendezvous) goes through torchrun"
     monkeypatch.setenv(VIA_TORCHRUN_ENV, "1")
     assert worker_directly(["--standalone", "--nnodes=1", *runtime], 1) is None
+
+
+
+def test_every_state_a_backend_reports_is_a_phase_the_controller_knows():
+    """One set of job states for both backends, the views and the sweep controller (issue 23): the Kubernetes
+    conditions map onto it, the local records' states are in it, and what counts as ended is decided once."""
+    from trainforge.trainer.backends import JobPhase
+    from trainforge.trainer.backends.kubernetes import job_state
+    from trainforge.trainer.backends.local import ACTIVE
+    from trainforge.trainer.sweeps.controller import TERMINAL
+    for conditions in ([], [("Suspended", "True")], [("Running", "True")], [("Restarting", "True")], [("Complete", "True")],
+                       [("Failed", "True")]):
+        assert isinstance(job_state("trainjob", {"status": {"conditions": [{"type": t, "status": v} for t, v in conditions]}}), JobPhase)
+    assert {JobPhase(s) for s in ACTIVE} <= set(JobPhase) and not any(JobPhase(s).ended for s in ACTIVE)
+    assert TERMINAL == {JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED, JobPhase.DELETED, JobPhase.LOST}
+    assert "succeeded" in TERMINAL and JobPhase.SUCCEEDED == "succeeded", "a record's string still compares"

@@ -6,6 +6,7 @@ neither backend prints.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Callable, Iterator, Protocol
 
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
@@ -13,11 +14,33 @@ from trainforge.trainer.admission import Admission
 from trainforge.trainer.spec import JobSpec
 
 
+class JobPhase(StrEnum):
+    """Every state a job is reported in, by either backend: what the views, `check`, the sweep controller and the
+    tests compare against (a StrEnum: it is its own string in JSON and in a record)."""
+
+    PENDING = "pending"  # local: recorded, its supervisor starting
+    QUEUED = "queued"  # cluster: suspended until Kueue admits it
+    CREATED = "created"  # cluster: created, no conditions yet
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DELETED = "deleted"  # cluster: deleted on request
+    LOST = "lost"  # local: the record says active, its supervisor is gone
+    DAMAGED = "damaged"  # local: a record that cannot be read
+
+    @property
+    def ended(self) -> bool:
+        """Nothing of the job runs any more, and nothing will unless it is submitted again."""
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED, JobPhase.DELETED, JobPhase.LOST)
+
+
 @dataclass
 class JobReport:
     name: str
     team: str
-    state: str
+    state: JobPhase
     summary: str  # one line for a person
     details: dict[str, Any] = field(default_factory=dict)  # everything, for `-o json`
 

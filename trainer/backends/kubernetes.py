@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from trainforge import contract
 from trainforge.errors import EXIT_BAD_INPUT, EXIT_FAILED, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
-from trainforge.trainer.backends import JobReport, NoSuchJob, Progress
+from trainforge.trainer.backends import JobReport, JobPhase, NoSuchJob, Progress
 from trainforge.trainer.budget import TeamBudget, is_held, month_of, rfc3339, team_budget
 from trainforge.trainer.render import Kind, render
 from trainforge.trainer.spec import JobSpec
@@ -244,7 +244,7 @@ class KubernetesBackend:
         line = (f"created {manifest['kind']} {manifest['metadata']['namespace']}/{spec.name} on {where}"
                 + (f"; estimate ${cost.expected_usd:,.2f} for {spec.limits.max_runtime}" if cost else "")
                 + ". Kueue admits it when the team's quota has room.")
-        return JobReport(spec.name, spec.team, "created", line, {"manifest": manifest})
+        return JobReport(spec.name, spec.team, JobPhase.CREATED, line, {"manifest": manifest})
 
     def live_queue(self, team: str) -> dict[str, Any]:
         """The team's ClusterQueue as the cluster has it: admission decides over it (trainforge.kueue.assign)."""
@@ -290,7 +290,7 @@ class KubernetesBackend:
         if not self.cluster.cancel(KIND_NAMES[self.kind], team, name):
             raise NoSuchJob(name, f"({KIND_NAMES[self.kind]}) in namespace {contract.namespace_name(team)}",
                             f"`trainforge list --backend kubernetes --team {team} --kind {self.kind}`")
-        return JobReport(name, team, "deleted", f"{name}: deleted; its pods checkpoint within their grace period")
+        return JobReport(name, team, JobPhase.DELETED, f"{name}: deleted; its pods checkpoint within their grace period")
 
     def list(self) -> list[JobReport]:
         team = self._namespace_team()
@@ -322,21 +322,21 @@ class TeamSpend:
                    recorded.held_for_budget, recorded.held)
 
 
-def job_state(kind: Kind, obj: dict[str, Any]) -> str:
+def job_state(kind: Kind, obj: dict[str, Any]) -> JobPhase:
     """queued (suspended: Kueue has not admitted it) -> running -> succeeded | failed, from the job's conditions."""
     status = obj.get("status", {})
     true = {c["type"] for c in status.get("conditions", []) if c.get("status") == "True"}
     if true & {"Complete", "Succeeded"}:
-        return "succeeded"
+        return JobPhase.SUCCEEDED
     if "Failed" in true:
-        return "failed"
+        return JobPhase.FAILED
     if "Suspended" in true or obj.get("spec", {}).get("suspend") is True and not true & {"Running"}:
-        return "queued"
+        return JobPhase.QUEUED
     if "Running" in true or any(j.get("active", 0) > 0 for j in status.get("jobsStatus", [])):
-        return "running"
+        return JobPhase.RUNNING
     if "Restarting" in true:
-        return "restarting"
-    return "created"
+        return JobPhase.RESTARTING
+    return JobPhase.CREATED
 
 
 def conditions(obj: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ from trainforge.errors import TrainforgeError
 from trainforge.paths import job_dir
 from trainforge.trainer import ledger
 from trainforge.trainer.admission import Admission
-from trainforge.trainer.backends import JobReport, NoSuchJob, Progress
+from trainforge.trainer.backends import JobPhase, JobReport, NoSuchJob, Progress
 from trainforge.trainer.launch import user_error_message
 from trainforge.trainer import placement as placing
 from trainforge.trainer.placement import Placement
@@ -427,7 +427,7 @@ class LocalBackend:
         state = prepare(spec, admission.placement)
         if detach:
             pid = start_detached(spec, state)
-            return JobReport(spec.name, spec.team, "pending", f"submitted {spec.name} (supervisor pid {pid}); "
+            return JobReport(spec.name, spec.team, JobPhase.PENDING, f"submitted {spec.name} (supervisor pid {pid}); "
                              f"`trainforge status {spec.name}`, `trainforge logs -f {spec.name}`", {"supervisor_pid": pid})
         supervisor = Supervisor(spec, state)
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -448,7 +448,7 @@ class LocalBackend:
                 f"{', step ' + str(info['step']) if info.get('step') else ''}"
                 f"{', exit ' + str(state.exit_code) if state.exit_code is not None else ''}"
                 f"{'  (' + state.reason + ')' if state.reason else ''}")
-        return JobReport(name, state.team, state.effective_state, line, details)
+        return JobReport(name, state.team, JobPhase(state.effective_state), line, details)
 
     def logs(self, name: str, *, follow: bool = False) -> Iterator[str]:
         load_state(name)
@@ -471,7 +471,7 @@ class LocalBackend:
         if state.effective_state not in ACTIVE:
             raise TrainforgeError("", [f"job {name!r} is {state.effective_state}; nothing to cancel"], exit_code=1)
         state = cancel(name)
-        return JobReport(name, state.team, state.state, f"{name}: {state.state}{' (' + state.reason + ')' if state.reason else ''}")
+        return JobReport(name, state.team, JobPhase(state.state), f"{name}: {state.state}{' (' + state.reason + ')' if state.reason else ''}")
 
     def list(self) -> list[JobReport]:
         reports = []
@@ -479,7 +479,7 @@ class LocalBackend:
             try:
                 reports.append(self.status(name))
             except TrainforgeError as damaged:  # shown, not hidden: a damaged record is the user's to clear
-                reports.append(JobReport(name, "?", "damaged", str(damaged)))
+                reports.append(JobReport(name, "?", JobPhase.DAMAGED, str(damaged)))
         return sorted(reports, key=lambda r: r.details.get("created_at", float("inf")))
 
 

@@ -28,14 +28,14 @@ from optuna.trial import TrialState
 from trainforge import contract
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
-from trainforge.trainer.backends import NoSuchJob
+from trainforge.trainer.backends import JobPhase, NoSuchJob
 from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR, engine_kwargs, make_pruner
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps import optuna_access as access
 from trainforge.trainer.sweeps.spec import Sweep, trial_job
 
 log = logging.getLogger("trainforge.sweeps")
-TERMINAL = {"succeeded", "failed", "cancelled", "deleted", "lost"}  # lost: a local supervisor gone
+TERMINAL = frozenset(s for s in JobPhase if s.ended)  # whoever reports it: local (lost: its supervisor gone) or cluster
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 HEARTBEAT_S = 10.0
 GRACE_S = 120  # a trial whose worker has not beaten for this long is failed (and retried once)
