@@ -43,7 +43,8 @@ def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Pa
     from trainforge.trainer.runtime.config import RunConfig
     from trainforge.trainer.runtime.pruning import TrialReporter
     from trainforge.trainer.runtime.tasks import load_task
-    from trainforge.trainer.sweeps.controller import distributions, make_pruner, pruner_config, quiet_optuna, sampler_for
+    from trainforge.trainer.runtime.pruning import make_pruner
+    from trainforge.trainer.sweeps.study import distributions, pruner_config, quiet_optuna, sampler_for
     from trainforge.trainer.sweeps.optuna_access import trial_id
     from trainforge.trainer.sweeps.spec import _with, parse_sweep
 
@@ -116,7 +117,8 @@ def char_lm_search(sampler: str, pruner: str, seed: int, target: float, trials: 
     from trainforge.trainer.runtime.config import RunConfig
     from trainforge.trainer.runtime.pruning import TrialReporter
     from trainforge.trainer.runtime.tasks import load_task
-    from trainforge.trainer.sweeps.controller import distributions, make_pruner, pruner_config, quiet_optuna, sampler_for
+    from trainforge.trainer.runtime.pruning import make_pruner
+    from trainforge.trainer.sweeps.study import distributions, pruner_config, quiet_optuna, sampler_for
     from trainforge.trainer.sweeps.optuna_access import trial_id
     from trainforge.trainer.sweeps.spec import _with
 

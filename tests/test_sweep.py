@@ -22,7 +22,7 @@ from test_local_backend import wait_until
 from trainforge import contract, k8s_schema
 from trainforge.errors import TrainforgeError
 from trainforge.platform.training.runtime import cluster_training_runtimes
-from trainforge.trainer.sweeps.controller import counted, load_existing
+from trainforge.trainer.sweeps.study import counted, load_existing
 
 BASE = yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())
 SWEEP = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-lr.yaml").read_text())
@@ -364,7 +364,7 @@ def test_a_missing_or_empty_study_database_file_names_the_secret(tmp_path, conte
 def test_a_restarted_controller_never_asks_the_parameters_it_asked_before(tmp_path, sampler):
     """Issue 25, item 2: each start of the controller opens the study again; a sampler seeded afresh replayed trial
     0's parameters (random search) and TPE's start-up trials."""
-    from trainforge.trainer.sweeps.controller import distributions, open_study
+    from trainforge.trainer.sweeps.study import distributions, open_study
     from trainforge.trainer.sweeps.spec import parse_sweep
     sweep = parse_sweep({**SWEEP, "base": str(REPO / "examples" / "sweep-base.yaml"), "sampler": sampler}, "s.yaml")
     url = f"sqlite:///{tmp_path / 'study.db'}"
@@ -446,7 +446,7 @@ def test_a_cancelled_sweep_says_so_everywhere(tmp_path):
 
 
 def test_cancelling_a_finished_sweep_says_it_finished(tmp_path):
-    from trainforge.trainer.sweeps.controller import open_study
+    from trainforge.trainer.sweeps.study import open_study
     from trainforge.trainer.sweeps.spec import load_sweep
     home = tmp_path / "home"
     (home / "sweeps" / "done").mkdir(parents=True)
@@ -561,7 +561,7 @@ def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next
 def test_a_sweep_can_be_extended_but_not_changed(tmp_path):
     """Issue 25, item 3: more trials, a larger budget or wall time, or the same base spelled inline, continue the
     study; an edited base job, or another space, objective, sampler, pruner or seed, is another sweep."""
-    from trainforge.trainer.sweeps.controller import SweepError, open_study
+    from trainforge.trainer.sweeps.study import open_study, SweepError
     from trainforge.trainer.sweeps.spec import load_sweep
     url = f"sqlite:///{tmp_path / 'study.db'}"
     first = load_sweep(write_sweep(tmp_path, name="grow", max_trials=4))
@@ -580,7 +580,8 @@ def test_a_sweep_can_be_extended_but_not_changed(tmp_path):
 def test_extension_limits_are_floors_over_the_spec(tmp_path):
     """`extend` raises the limits of the latest start; a later spec asking for more raises them further, one asking
     for less keeps the extension; a limit the sweep never had stays unlimited."""
-    from trainforge.trainer.sweeps.controller import Limits, extend, in_effect, open_study
+    from trainforge.trainer.sweeps.limits import extend, in_effect, Limits
+    from trainforge.trainer.sweeps.study import open_study
     from trainforge.trainer.sweeps.spec import load_sweep
     url = f"sqlite:///{tmp_path / 'study.db'}"
     sweep = load_sweep(write_sweep(tmp_path, name="floors", max_trials=4, budget={"usd": 5, "wall_time": "30m"}))
@@ -654,7 +655,8 @@ def test_a_running_controller_takes_up_an_extension(tmp_path, monkeypatch):
 
     from trainforge.trainer.admission import unchecked
     from trainforge.trainer.backends.local import LocalBackend
-    from trainforge.trainer.sweeps.controller import SweepController, controller_running, extend
+    from trainforge.trainer.sweeps.controller import SweepController
+    from trainforge.trainer.sweeps.limits import controller_running, extend
     from trainforge.trainer.sweeps.spec import load_sweep
     monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path / "home"))
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.1}}
@@ -803,7 +805,7 @@ def test_a_sweep_warm_starts_from_the_best_trials_of_earlier_ones(tmp_path):
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
     from optuna.trial import create_trial
 
-    from trainforge.trainer.sweeps.controller import SweepError, open_study
+    from trainforge.trainer.sweeps.study import open_study, SweepError
     from trainforge.trainer.sweeps.spec import load_sweep
     url = f"sqlite:///{tmp_path / 'study.db'}"
     earlier = open_study(load_sweep(write_sweep(tmp_path, name="earlier")), url)

@@ -29,7 +29,7 @@ from test_local_backend import wait_until
 from test_sweep import SWEEP
 
 from trainforge import contract
-from trainforge.trainer.sweeps.controller import counted, load_existing
+from trainforge.trainer.sweeps.study import counted, load_existing
 
 CONTROLLER_TOKEN = "sweep-controller-token"
 

@@ -108,7 +108,8 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
         bar.update(controller)
         why = controller.run()
     views.sweep_summary(controller, why)
-    from trainforge.trainer.sweeps.controller import CANCELLED, counted
+    from trainforge.trainer.sweeps.controller import CANCELLED
+    from trainforge.trainer.sweeps.study import counted
     if why == CANCELLED:
         raise typer.Exit(1)  # stopped before its plan: not a finished sweep (continue it under another name)
     if counted(controller.study) == 0 and controller.stopped_because:
@@ -231,7 +232,7 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
     from dataclasses import asdict
 
     from trainforge.trainer.cli import views
-    from trainforge.trainer.sweeps.controller import load_existing, primary_direction, rows
+    from trainforge.trainer.sweeps.study import load_existing, primary_direction, rows
     cluster = _in_cluster(name, backend_name, team, context)
     extra = {}
     if cluster is not None:
@@ -257,7 +258,7 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
            team: Optional[str] = TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Plots: optimisation history, parameter importances, parallel coordinates, intermediate values (PNG and HTML)."""
     from trainforge import paths
-    from trainforge.trainer.sweeps.controller import load_existing
+    from trainforge.trainer.sweeps.study import load_existing
     from trainforge.trainer.sweeps.report import write_report
     directory = out or paths.sweep_dir(name) / "report"
     cluster = _in_cluster(name, backend_name, team, context)
@@ -284,7 +285,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
 
     from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweeps.controller import best_trials, is_multi_objective, load_existing, second_objective_name
+    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, load_existing, second_objective_name
     from trainforge.trainer.sweeps.spec import load_sweep, trial_job
     cluster = _in_cluster(name, backend_name, team, context)
     study = _cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
@@ -384,7 +385,7 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name:
 
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.cli.common import backend
-    from trainforge.trainer.sweeps.controller import load_existing
+    from trainforge.trainer.sweeps.study import load_existing
     cluster = _in_cluster(name, backend_name, team, context)
     if cluster is not None:
         _cancel_in_cluster(name, *cluster)
@@ -486,7 +487,8 @@ def extend(name: str,
     """Raise a sweep's limits: more trials, budget or wall time (its search stays the same). A running controller takes
     them up at its next look; a finished one continues with `trainforge sweep resume NAME`."""
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweeps.controller import controller_running, extend as raise_limits, load_existing
+    from trainforge.trainer.sweeps.limits import controller_running, extend as raise_limits
+    from trainforge.trainer.sweeps.study import load_existing
     from trainforge.trainer.sweeps.spec import parse_duration
     seconds = parse_duration(wall_time.lstrip("+"), "--wall-time") if wall_time else 0
     if not (trials or usd or seconds):

@@ -304,7 +304,7 @@ class SweepProgress:
             self.bar.__exit__(*exc)
 
     def update(self, controller) -> None:
-        from trainforge.trainer.sweeps.controller import counted, rows
+        from trainforge.trainer.sweeps.study import counted, rows
         found = rows(controller.study)
         pruned = sum(1 for r in found if r.state == "pruned")
         values = [r.value for r in found if r.value is not None]
@@ -323,7 +323,7 @@ class SweepProgress:
 
 
 def sweep_table(name: str, study, found) -> None:
-    from trainforge.trainer.sweeps.controller import best_trials, is_multi_objective, primary_direction, second_objective_name
+    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, primary_direction, second_objective_name
     direction = primary_direction(study)
     second = second_objective_name(study) if is_multi_objective(study) else None
     title = f"sweep {name} ({direction}" + (f"; {second} minimised: the Pareto front in green" if second else "") + ")"
@@ -347,14 +347,14 @@ def sweep_table(name: str, study, found) -> None:
 
 
 def sweep_summary(controller, why: str) -> None:
-    from trainforge.trainer.sweeps.controller import rows
+    from trainforge.trainer.sweeps.study import rows
     study, sweep = controller.study, controller.sweep
     sweep_table(sweep.name, study, rows(study))
     import sys
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(f"sweep {sweep.name}: {why}; ${controller.spent_usd():,.4f} spent"
                   + (f" of ${sweep.spec.budget.usd:,.2f}" if sweep.spec.budget.usd else ""))
-    from trainforge.trainer.sweeps.controller import best_trials
+    from trainforge.trainer.sweeps.study import best_trials
     front = best_trials(study)
     if not front:
         console.print("no complete trial")

@@ -102,7 +102,7 @@ def status_document(controller) -> dict[str, Any]:
     """What `status`, `best` and `report` show, from the study: every trial (with its evaluations while they fit)."""
     from dataclasses import asdict
 
-    from trainforge.trainer.sweeps.controller import counted, rows
+    from trainforge.trainer.sweeps.study import counted, rows
     study, sweep = controller.study, controller.sweep
     curves = {t.number: t.intermediate_values for t in study.get_trials(deepcopy=False)}
     trials = [{**asdict(r), "intermediate": {str(k): v for k, v in curves.get(r.number, {}).items()}} for r in rows(study)]
@@ -154,7 +154,7 @@ class StatusObject:
 
     def look(self, controller) -> None:
         """Each look of the loop: a member's requests, then the status (when due)."""
-        from trainforge.trainer.sweeps.controller import extend
+        from trainforge.trainer.sweeps.limits import extend
         job = self.cluster.get(CONTROLLER_KIND, self.team, self.job) or {}
         asked = (job.get("metadata") or {}).get("annotations") or {}
         study = controller.study
@@ -215,10 +215,10 @@ def study_from(document: dict[str, Any]):
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from trainforge.trainer.sweeps.controller import quiet_optuna
+    from trainforge.trainer.sweeps.study import quiet_optuna
     from trainforge.trainer.sweeps.spec import SweepSpec
     quiet_optuna()
-    from trainforge.trainer.sweeps.controller import distributions_of
+    from trainforge.trainer.sweeps.study import distributions_of
     space = SweepSpec.model_validate({"name": document["sweep"], "base": "-", "space": document["space"],
                                       "objective": {"metric": document["metric"]}, "max_trials": 1}).space
     every = distributions_of(space)

@@ -18,331 +18,27 @@ import logging
 import os
 import signal
 import time
-import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import optuna
 from optuna.trial import TrialState
 
-from trainforge import contract
-from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
+from trainforge.errors import TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
 from trainforge.trainer.backends import JobPhase, NoSuchJob
-from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR, engine_kwargs, make_pruner
+from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps import optuna_access as access
+from trainforge.trainer.sweeps.limits import EXTENDED, in_effect
 from trainforge.trainer.sweeps.spec import Sweep, trial_job
+from trainforge.trainer.sweeps.study import HEARTBEAT_S, counted, distributions, is_multi_objective, open_study
+from trainforge.trainer.sweeps.tracking import SweepTracking
 
 log = logging.getLogger("trainforge.sweeps")
 TERMINAL = frozenset(s for s in JobPhase if s.ended)  # whoever reports it: local (lost: its supervisor gone) or cluster
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-HEARTBEAT_S = 10.0
-GRACE_S = 120  # a trial whose worker has not beaten for this long is failed (and retried once)
-
-
-class SweepError(TrainforgeError):
-    exit_code = EXIT_BAD_INPUT
-
-    def __init__(self, message: str):
-        super().__init__("", [message])
-
-
-def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistribution]:
-    return distributions_of(sweep.spec.space)
-
-
-def distributions_of(space: dict[str, Any]) -> dict[str, optuna.distributions.BaseDistribution]:
-    out: dict[str, optuna.distributions.BaseDistribution] = {}
-    for name, p in space.items():
-        if p.type == "float":
-            out[name] = optuna.distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
-        elif p.type == "int":
-            out[name] = optuna.distributions.IntDistribution(p.low, p.high, log=p.log, step=p.step)
-        else:
-            out[name] = optuna.distributions.CategoricalDistribution(p.choices)
-    return out
-
-
-def sampler_for(sweep: Sweep, trials_so_far: int = 0) -> optuna.samplers.BaseSampler:
-    """The spec's sampler, seeded from its seed and the trials the study already has: the same history gives the same
-    next parameters, and a restarted controller never replays the first start's (a sampler seeded afresh would ask
-    trial 0's parameters again; TPE its start-up trials)."""
-    seed = sweep.spec.seed + trials_so_far
-    return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, sweep.planned_trials // 4))),
-            "random": lambda: optuna.samplers.RandomSampler(seed=seed),
-            "grid": lambda: optuna.samplers.GridSampler(sweep.spec.grid(), seed=seed),
-            "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)}[sweep.spec.sampler]()
-
-
-def directions_of(sweep: Sweep) -> list[str]:
-    """The objective's direction, and the second objective's (its cost or run time: minimised) where there is one."""
-    second = sweep.spec.second_objective
-    return [sweep.direction] + ([second.direction] if second else [])
-
-
-def is_multi_objective(study: optuna.Study) -> bool:
-    return len(study.directions) > 1
-
-
-def primary_direction(study: optuna.Study) -> str:
-    return study.directions[0].name.lower()
-
-
-def second_objective_name(study: optuna.Study) -> str | None:
-    """The second objective's metric, as the spec recorded in the study says."""
-    try:
-        return (json.loads(study.user_attrs["spec"]).get("second_objective") or {}).get("metric")
-    except (KeyError, TypeError, ValueError):
-        return "second" if is_multi_objective(study) else None
-
-
-def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The best trial, or with a second objective the Pareto front (best primary value first); [] before any completes."""
-    if not any(t.state is TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
-        return []
-    if not is_multi_objective(study):
-        return [study.best_trial]
-    sign = -1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    return sorted(study.best_trials, key=lambda t: (sign * t.values[0], t.values[1]))
-
-
-def pruner_config(sweep: Sweep) -> dict[str, Any]:
-    """Recorded in the study, so the controller and every trial's rank 0 build the same pruner (runtime/pruning.py)."""
-    p = sweep.spec.pruner
-    if p.type == "median":
-        return {"type": "median", "startup_trials": p.startup_trials, "warmup_steps": p.warmup_steps}
-    if p.type == "hyperband":
-        return {"type": "hyperband", "min_resource": p.min_resource or sweep.eval_every(), "max_resource": sweep.max_steps(),
-                "reduction_factor": p.reduction_factor}
-    if p.type == "successive_halving":
-        return {"type": "successive_halving", "min_resource": p.min_resource or sweep.eval_every(), "reduction_factor": p.reduction_factor}
-    return {"type": "none"}
-
-
-def quiet_optuna() -> None:
-    """Heartbeats are an 'experimental' Optuna feature meant for Study.optimize; we drive trials ourselves on purpose."""
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def storage_for(url: str) -> optuna.storages.RDBStorage:
-    quiet_optuna()
-    return optuna.storages.RDBStorage(url, heartbeat_interval=int(HEARTBEAT_S), grace_period=GRACE_S, engine_kwargs=engine_kwargs(url))
-
-
-# What makes a sweep the same search: what it searches, for what, how, and the job each trial runs (the base as
-# resolved, so an edited base file is another search and the same base spelled another way is not). Its limits
-# (max_trials, max_parallel, budget) may change between starts: raising them extends the sweep.
-SEARCH_FIELDS = ("space", "objective", "sampler", "pruner", "seed")
-
-
-def search_fingerprint(sweep: Sweep) -> str:
-    spec = sweep.spec.model_dump(mode="json")
-    # A second objective changes what is searched for; absent, the fingerprint is as it was before there was one.
-    second = {"second_objective": spec["second_objective"]} if spec.get("second_objective") else {}
-    return json.dumps({**{k: spec[k] for k in SEARCH_FIELDS}, **second, "base": sweep.base.model_dump(mode="json")}, sort_keys=True)
-
-
-def _changes(recorded: str, now: str) -> list[str]:
-    before, after = json.loads(recorded), json.loads(now)
-    return [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
-
-
-class SweepCancelled(TrainforgeError):
-    """A cancelled sweep is not continued by accident: only on purpose (`trainforge sweep resume`)."""
-
-    def __init__(self, name: str):
-        super().__init__("", [f"sweep {name!r} was cancelled by `trainforge sweep cancel`. Fix: `trainforge sweep resume {name}` continues it on purpose "
-                              "(trials stopped by the cancel run again with their parameters), or give a new sweep another name"],
-                         exit_code=1)
-
-
-def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optuna.Study:
-    """Create the study, or open it again for the same search — with the limits as given now: more trials, a larger
-    budget or a longer wall time extend it. Another search (space, objective, sampler, pruner, seed, or the base job
-    as resolved) is another sweep. A cancelled sweep opens only with `resume`, which lifts the cancel."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = storage_for(storage_url)
-    exists = sweep.name in optuna.get_all_study_names(storage)
-    seeds = [] if exists else warm_start_seeds(sweep, storage, storage_url)  # refused before anything is created
-    study = optuna.create_study(study_name=sweep.name, storage=storage, sampler=sampler_for(sweep),
-                                pruner=make_pruner(pruner_config(sweep)), directions=directions_of(sweep), load_if_exists=True)
-    fingerprint = search_fingerprint(sweep)
-    recorded = study.user_attrs.get("search")
-    if recorded is None and study.user_attrs.get("spec") is not None:  # a study from before searches were fingerprinted
-        recorded = fingerprint if _same_search_as_recorded_spec(study.user_attrs["spec"], sweep) else "{}"
-    if recorded is None:
-        study.set_user_attr("search", fingerprint)
-        study.set_user_attr("started_at", time.time())
-        study.set_user_attr("pruner", pruner_config(sweep))
-        for params, origin in seeds:
-            study.enqueue_trial(params, user_attrs={"warm_start": origin}, skip_if_exists=True)
-    elif recorded != fingerprint:
-        raise SweepError(f"a sweep named {sweep.name!r} already exists in {storage_url} searching otherwise (changed: "
-                         f"{', '.join(_changes(recorded, fingerprint)) or 'the spec'}). Fix: give the new sweep another name "
-                         "(a changed search space, objective, sampler, pruner, seed or base job is a new study); max_trials, "
-                         "max_parallel and the budget may change to extend it")
-    if study.user_attrs.get("cancelled"):
-        if not resume:
-            raise SweepCancelled(sweep.name)
-        study.set_user_attr("cancelled", False)
-        study.set_user_attr("resumed", [*study.user_attrs.get("resumed", []), time.time()])
-    study.set_user_attr("search", fingerprint)
-    study.set_user_attr("spec", sweep.spec.model_dump_json())  # the limits as given this time
-    study.set_user_attr("planned_trials", sweep.planned_trials)
-    if study.trials:
-        study.sampler = sampler_for(sweep, len(study.trials))
-    return study
-
-
-WARM_START_BEST = 3  # trials taken from each earlier sweep
-
-
-def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage_url: str) -> list[tuple[dict[str, Any], str]]:
-    """The best complete trials of the earlier sweeps the spec names (up to WARM_START_BEST each, best first), as
-    parameters this sweep can run: fields it does not search are dropped (its sampler fills the rest), values outside
-    its ranges leave the trial out."""
-    space = distributions(sweep)
-    seeds: list[tuple[dict[str, Any], str]] = []
-    names = optuna.get_all_study_names(storage)
-    for name in sweep.spec.warm_start:
-        if name not in names:
-            raise SweepError(f"warm_start: no sweep named {name!r} in {storage_url}. Fix: one of {sorted(names)}, "
-                             "or drop it (a warm start reads earlier sweeps in this sweep's own storage)")
-        earlier = optuna.load_study(study_name=name, storage=storage)
-        complete = [t for t in earlier.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE]
-        maximize = earlier.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-        complete.sort(key=lambda t: t.values[0], reverse=maximize)
-        for t in complete[:WARM_START_BEST]:
-            params = {k: v for k, v in t.params.items() if k in space}
-            if params and all(access.fits(space[k], v) for k, v in params.items()):
-                seeds.append((params, f"{name}#{t.number}"))
-    return seeds
-
-
-
-
-def _same_search_as_recorded_spec(recorded_spec: str, sweep: Sweep) -> bool:
-    before = json.loads(recorded_spec)
-    now = sweep.spec.model_dump(mode="json")
-    return all(before.get(k) == now[k] for k in SEARCH_FIELDS)
-
-
-def load_existing(name: str, storage_url: str) -> optuna.Study:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.load_study(study_name=name, storage=storage_for(storage_url))
-    except KeyError:
-        raise SweepError(f"no sweep named {name!r} in {storage_url}. Fix: check the name, or --storage for where it was "
-                         "started") from None
-    except Exception as exc:  # the storage itself: SQLAlchemy's errors (bad URL, unreachable server, unreadable file)
-        if type(exc).__module__.split(".")[0] != "sqlalchemy":
-            raise
-        raise SweepError(f"cannot open the study storage {storage_url}: {str(exc).splitlines()[0]}. Fix: check --storage "
-                         "(and that its database answers)") from None
-
-
-# ---- extension: limits raised after the start ---------------------------------------------------------------------
-# `trainforge sweep extend` records the raised limits in the study; they are floors over the spec's own (a spec asking
-# for more raises them further), read by a running controller at its next look and by every later start.
-EXTENDED = "extended"
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_trials: int
-    usd: float | None
-    wall_time_s: float | None
-
-    @classmethod
-    def of(cls, sweep: Sweep) -> Limits:
-        return cls(sweep.spec.max_trials, sweep.spec.budget.usd, sweep.spec.budget.wall_time_s)
-
-    def raised_by(self, floor: dict[str, Any]) -> Limits:
-        def higher(mine: float | None, theirs: float | None) -> float | None:
-            if mine is None or theirs is None:
-                return mine  # unlimited stays unlimited; no extension leaves the spec's
-            return max(mine, theirs)
-        return Limits(max(self.max_trials, int(floor.get("max_trials") or 0)), higher(self.usd, floor.get("usd")),
-                      higher(self.wall_time_s, floor.get("wall_time_s")))
-
-
-def in_effect(sweep: Sweep, study: optuna.Study) -> Sweep:
-    """The sweep under the limits in effect: the spec's, raised by any extension recorded in the study."""
-    limits = Limits.of(sweep).raised_by(study.user_attrs.get(EXTENDED) or {})
-    if limits == Limits.of(sweep):
-        return sweep
-    return sweep.with_limits(max_trials=limits.max_trials, usd=limits.usd, wall_time_s=limits.wall_time_s)
-
-
-def recorded_limits(study: optuna.Study) -> Limits:
-    """The limits of the latest start (its spec), raised by extensions: what `extend` adds to."""
-    spec = json.loads(study.user_attrs.get("spec") or "{}")
-    budget = spec.get("budget") or {}
-    wall = budget.get("wall_time")
-    from trainforge.trainer.sweeps.spec import parse_duration
-    base = Limits(int(spec.get("max_trials", 0)), budget.get("usd"), None if wall is None else parse_duration(wall, "budget.wall_time"))
-    return base.raised_by(study.user_attrs.get(EXTENDED) or {})
-
-
-def extend(study: optuna.Study, *, trials: int = 0, usd: float = 0.0, wall_time_s: float = 0.0) -> tuple[Limits, Limits]:
-    """Raise the sweep's limits by these amounts (a limit the sweep never had stays unlimited); (before, after)."""
-    before = recorded_limits(study)
-    after = Limits(before.max_trials + trials, None if before.usd is None else before.usd + usd,
-                   None if before.wall_time_s is None else before.wall_time_s + wall_time_s)
-    study.set_user_attr(EXTENDED, {"max_trials": after.max_trials, "usd": after.usd, "wall_time_s": after.wall_time_s,
-                                   "at": time.time()})
-    return before, after
-
-
-CONTROLLER_SEEN_S = 30.0  # a controller that wrote its running time this recently is taken to be running
-
-
-def controller_running(study: optuna.Study) -> bool:
-    seen = study.user_attrs.get("controller_seen_at")
-    return seen is not None and time.time() - float(seen) < CONTROLLER_SEEN_S and not study.user_attrs.get("finished_because")
-
-
-@dataclass
-class TrialRow:
-    number: int
-    state: str
-    value: float | None
-    params: dict[str, Any]
-    cost_usd: float | None
-    duration_s: float | None
-    job: str | None
-    retry_of: int | None
-    last_step: int | None
-    stopped: str | None = None  # why it was stopped on purpose (cancel, wall time): not a failure of its own
-    second: float | None = None  # the second objective's value (the trial's cost or run time), where the sweep has one
-
-
-def rows(study: optuna.Study) -> list[TrialRow]:
-    attrs = study.user_attrs
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
-        stopped = attrs.get(f"trial.{t.number}.stopped")
-        state = "cancelled" if stopped and t.state is TrialState.FAIL else t.state.name.lower()
-        values = t.values if t.state is TrialState.COMPLETE and t.values else [None, None]
-        out.append(TrialRow(t.number, state, values[0], dict(t.params),
-                            attrs.get(f"trial.{t.number}.cost_usd"), duration, t.user_attrs.get("job"), t.user_attrs.get("retry_of"),
-                            max(t.intermediate_values) if t.intermediate_values else None, stopped,
-                            values[1] if len(values) > 1 else None))
-    return out
 
 
 CANCELLED = "cancelled"  # the controller's answer when `trainforge sweep cancel` stopped it
-
-
-def counted(study: optuna.Study) -> int:
-    """Trials that count towards the plan: finished ones, less failures that were retried (their retry counts)."""
-    trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
-    return sum(1 for t in trials if t.state in FINISHED and not (t.state is TrialState.FAIL and t.number in retried))
 
 
 def trial_estimate(spec: JobSpec, decision: Admission) -> float:
@@ -400,7 +96,7 @@ class SweepController:
         self.running: dict[int, tuple[int, str]] = {}  # trial number -> (trial id, job name)
         self.stopped_because = ""
         self._per_trial: float | None = None
-        self.tracking = _Tracking(tracking_uri, sweep, self.study) if tracking_uri else None
+        self.tracking = SweepTracking(tracking_uri, sweep, self.study) if tracking_uri else None
         # The wall time counts the time a controller ran the sweep, over every start: time with no controller up (a
         # crash, a laptop asleep) is not the sweep's. Kept in the study, saved every RAN_SAVE_S.
         self.ran_s = float(self.study.user_attrs.get("ran_s", 0.0))
@@ -705,51 +401,3 @@ class SweepController:
             self.on_change(self)
 
 
-class _Tracking:
-    """The sweep's parent run in MLflow; each trial's own run (created by its rank 0) is nested under it."""
-
-    def __init__(self, uri: str, sweep: Sweep, study: optuna.Study):
-        from mlflow.tracking import MlflowClient
-        self.client = MlflowClient(uri)
-        self.team = sweep.base.team
-        self.parent_run_id = study.user_attrs.get("mlflow_run_id")
-        if self.parent_run_id is None:
-            name = contract.team_experiment(sweep.base.team, sweep.base.tracking.experiment)  # where its trials' runs are
-            experiment = self.client.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-            run = self.client.create_run(experiment_id, run_name=sweep.name,
-                                         tags={contract.TRACKING_SWEEP_TAG: sweep.name, contract.TRACKING_TEAM_TAG: sweep.base.team})
-            self.parent_run_id = run.info.run_id
-            study.set_user_attr("mlflow_run_id", self.parent_run_id)
-            spec = sweep.spec
-            params = {"sampler": spec.sampler, "pruner": spec.pruner.type, "max_trials": spec.max_trials, "max_parallel": spec.max_parallel,
-                      "objective": f"{spec.objective.metric} ({sweep.direction})", "seed": spec.seed,
-                      "space": json.dumps({k: v.model_dump() for k, v in spec.space.items()})[:6000]}
-            for key, value in params.items():
-                self.client.log_param(self.parent_run_id, key, value)
-
-    def trial_finished(self, trial: optuna.trial.FrozenTrial, job: str | None, cost: float) -> str | None:
-        """Log the trial on the parent run and tag its own run; the trial's run id, where it has one."""
-        self.client.log_metric(self.parent_run_id, "trial_cost_usd", cost, step=trial.number)
-        value = trial.values[0] if trial.values else None
-        if value is not None:
-            self.client.log_metric(self.parent_run_id, "trial_value", value, step=trial.number)
-        found = self.client.search_runs([self.client.get_run(self.parent_run_id).info.experiment_id],
-                                        filter_string=f"tags.`{contract.TRACKING_JOB_TAG}` = '{job}' and "
-                                                      f"tags.`{contract.TRACKING_TEAM_TAG}` = '{self.team}'", max_results=1) if job else []
-        for run in found:
-            for key, value in {"trainforge.trial.number": trial.number, "trainforge.trial.state": trial.state.name.lower(),
-                               "trainforge.trial.cost_usd": f"{cost:.6f}", "trainforge.trial.value": value}.items():
-                self.client.set_tag(run.info.run_id, key, str(value))
-        return found[0].info.run_id if found else None
-
-    def sweep_finished(self, study: optuna.Study, spent: float, why: str) -> None:
-        self.client.set_tag(self.parent_run_id, "trainforge.sweep.finished_because", why)
-        self.client.log_metric(self.parent_run_id, "spent_usd", spent)
-        front = best_trials(study)
-        if front:
-            best = front[0]
-            self.client.log_metric(self.parent_run_id, "best_value", best.values[0])
-            self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_trial", str(best.number))
-            self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_job", str(best.user_attrs.get("job")))
-        self.client.set_terminated(self.parent_run_id, "FINISHED")

@@ -77,7 +77,7 @@ def write_report(study: optuna.Study, out: Path) -> dict[str, list[str]]:
     from optuna import visualization
     from optuna.visualization import matplotlib as static
 
-    from trainforge.trainer.sweeps.controller import best_trials, is_multi_objective, second_objective_name
+    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, second_objective_name
 
     out.mkdir(parents=True, exist_ok=True)
     metric = objective_name(study)

@@ -1,0 +1,62 @@
+"""A sweep in MLflow: its parent run (sampler, pruner, space, objective; the best trial, what was spent) and, on each
+trial's own run (created by the trial's rank 0, nested under the parent), its number, state, cost and value."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+
+from trainforge import contract
+from trainforge.trainer.sweeps.spec import Sweep
+from trainforge.trainer.sweeps.study import best_trials
+
+
+class SweepTracking:
+    """The sweep's parent run in MLflow; each trial's own run (created by its rank 0) is nested under it."""
+
+    def __init__(self, uri: str, sweep: Sweep, study: optuna.Study):
+        from mlflow.tracking import MlflowClient
+        self.client = MlflowClient(uri)
+        self.team = sweep.base.team
+        self.parent_run_id = study.user_attrs.get("mlflow_run_id")
+        if self.parent_run_id is None:
+            name = contract.team_experiment(sweep.base.team, sweep.base.tracking.experiment)  # where its trials' runs are
+            experiment = self.client.get_experiment_by_name(name)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            run = self.client.create_run(experiment_id, run_name=sweep.name,
+                                         tags={contract.TRACKING_SWEEP_TAG: sweep.name, contract.TRACKING_TEAM_TAG: sweep.base.team})
+            self.parent_run_id = run.info.run_id
+            study.set_user_attr("mlflow_run_id", self.parent_run_id)
+            spec = sweep.spec
+            params = {"sampler": spec.sampler, "pruner": spec.pruner.type, "max_trials": spec.max_trials, "max_parallel": spec.max_parallel,
+                      "objective": f"{spec.objective.metric} ({sweep.direction})", "seed": spec.seed,
+                      "space": json.dumps({k: v.model_dump() for k, v in spec.space.items()})[:6000]}
+            for key, value in params.items():
+                self.client.log_param(self.parent_run_id, key, value)
+
+    def trial_finished(self, trial: optuna.trial.FrozenTrial, job: str | None, cost: float) -> str | None:
+        """Log the trial on the parent run and tag its own run; the trial's run id, where it has one."""
+        self.client.log_metric(self.parent_run_id, "trial_cost_usd", cost, step=trial.number)
+        value = trial.values[0] if trial.values else None
+        if value is not None:
+            self.client.log_metric(self.parent_run_id, "trial_value", value, step=trial.number)
+        found = self.client.search_runs([self.client.get_run(self.parent_run_id).info.experiment_id],
+                                        filter_string=f"tags.`{contract.TRACKING_JOB_TAG}` = '{job}' and "
+                                                      f"tags.`{contract.TRACKING_TEAM_TAG}` = '{self.team}'", max_results=1) if job else []
+        for run in found:
+            for key, value in {"trainforge.trial.number": trial.number, "trainforge.trial.state": trial.state.name.lower(),
+                               "trainforge.trial.cost_usd": f"{cost:.6f}", "trainforge.trial.value": value}.items():
+                self.client.set_tag(run.info.run_id, key, str(value))
+        return found[0].info.run_id if found else None
+
+    def sweep_finished(self, study: optuna.Study, spent: float, why: str) -> None:
+        self.client.set_tag(self.parent_run_id, "trainforge.sweep.finished_because", why)
+        self.client.log_metric(self.parent_run_id, "spent_usd", spent)
+        front = best_trials(study)
+        if front:
+            best = front[0]
+            self.client.log_metric(self.parent_run_id, "best_value", best.values[0])
+            self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_trial", str(best.number))
+            self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_job", str(best.user_attrs.get("job")))
+        self.client.set_terminated(self.parent_run_id, "FINISHED")
