@@ -11,6 +11,8 @@ import typer
 from typer.core import TyperGroup
 
 from trainforge.trainer.cli.common import BackendName, Kind, Output
+from trainforge.trainer.cli.sweep_cluster import (cancel_in_cluster, cluster_study, extend_in_cluster, in_cluster, sweep_record,
+                                                  resume_in_cluster, start_in_cluster)
 
 
 class RunByDefault(TyperGroup):
@@ -26,17 +28,11 @@ app = typer.Typer(cls=RunByDefault, no_args_is_help=True,
                   help="Hyperparameter sweeps: `trainforge sweep sweep.yaml` runs (or continues) one; status, report, best, cancel.")
 
 
-def _record(name: str) -> dict:
-    from trainforge import paths
-    path = paths.sweep_dir(name) / "sweep.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def _storage(name: str, storage: Optional[str]) -> str:
     """Where the study lives: as given, else as recorded when this machine started the sweep, else the local default."""
     from trainforge import paths
     from trainforge.errors import TrainforgeError
-    found = storage or _record(name).get("storage")
+    found = storage or sweep_record(name).get("storage")
     if found:
         return found
     local = paths.sweep_dir(name) / "study.db"
@@ -78,7 +74,7 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
         if storage is not None:
             raise TrainforgeError("", ["--storage: a cluster sweep's controller runs in the cluster and reads the team's study "
                                        f"database from its {contract.SWEEP_STORAGE_SECRET} Secret. Fix: leave --storage out"])
-        _start_in_cluster(sweep, stack, kind, context, resume)
+        start_in_cluster(sweep, stack, kind, context, resume)
         return
     else:
         processes = sweep.base.workers.nodes * sweep.base.workers.procs_per_node * sweep.spec.max_parallel
@@ -87,7 +83,7 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
                                                     f"worker processes need {processes} cores; this machine has {os.cpu_count()}. "
                                                     f"Fix: max_parallel: {max(1, (os.cpu_count() or 1) // (processes // sweep.spec.max_parallel))}"])
     target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre(sweep.base, platform))
-    url = storage or _record(sweep.name).get("storage") or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
+    url = storage or sweep_record(sweep.name).get("storage") or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
     directory = paths.sweep_dir(sweep.name)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sweep.json").write_text(json.dumps({"storage": url, "backend": backend_name.value, "kind": kind.value,
@@ -116,100 +112,6 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
         raise typer.Exit(3)  # not one trial could start: the budget or the cluster refused them all
 
 
-def _start_in_cluster(sweep, stack: Path, kind: Kind, context: Optional[str], resume: bool) -> None:
-    """Submit the sweep's controller as a TrainJob of the team's, admitted like `submit`; return once it exists."""
-    from trainforge import contract, paths
-    from trainforge.trainer.admission import NotAdmitted, admit
-    from trainforge.trainer.cli.common import backend, cost_centre, load_platform
-    from trainforge.trainer.spec import with_image
-    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, controller_spec, stack_payload
-    platform = load_platform(stack)
-    target = backend(BackendName.kubernetes, team=sweep.base.team, kind=Kind.trainjob, context=context,
-                     cost_centre=cost_centre(sweep.base, platform))
-    team, job = sweep.base.team, contract.sweep_controller_job(sweep.name)
-    existing = target.cluster.get(CONTROLLER_KIND, team, job)
-    if existing is not None:
-        _refuse_second_controller(sweep.name, team, existing, resume)
-        target.cluster.cancel(CONTROLLER_KIND, team, job)  # a finished controller, replaced to continue the sweep
-        _wait_gone(target, team, job)
-    live = target.live_queue(team)
-    # Every trial has the base's shape: admitted now as a trial would be, so a sweep that could run nothing never starts.
-    trial = admit(with_image(sweep.base, platform), platform, live_queue=live)
-    if not trial.admitted:
-        raise NotAdmitted(sweep.base.name, trial.problems)
-    spec = with_image(controller_spec(sweep, stack=stack_payload(stack), trial_kind=kind.value, resume=resume), platform)
-    report = target.submit(spec, admit(spec, platform, live_queue=live))
-    directory = paths.sweep_dir(sweep.name)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sweep.json").write_text(json.dumps({"backend": "kubernetes", "kind": kind.value, "team": team, "context": context,
-                                                      "source": str(Path(sweep.source).resolve()), "stack": str(stack.resolve())}, indent=2))
-    typer.echo(report.summary)
-    typer.echo(f"sweep {sweep.name}: its controller runs in the cluster as TrainJob {contract.namespace_name(team)}/{job}; "
-               f"`trainforge sweep status {sweep.name}` follows it (a kubeconfig is all it needs)")
-
-
-def _refuse_second_controller(name: str, team: str, existing: dict, resume: bool) -> None:
-    from trainforge.errors import TrainforgeError
-    from trainforge.trainer.backends.kubernetes import job_state
-    from trainforge.trainer.sweeps.cluster import status_of
-    state = job_state("trainjob", existing)
-    document = status_of(existing) or {}
-    if state not in ("succeeded", "failed"):
-        raise TrainforgeError("", [f"sweep {name!r} already has a controller in the cluster ({state}). Fix: `trainforge sweep "
-                                   f"status {name} --backend kubernetes --team {team}` follows it; `extend` raises its limits"], exit_code=1)
-    if document.get("finished_because") == "cancelled" and not resume:
-        raise TrainforgeError("", [f"sweep {name!r} was cancelled by `trainforge sweep cancel`. Fix: `trainforge sweep resume {name}` "
-                                   "continues it on purpose, or give a new sweep another name"], exit_code=1)
-
-
-def _wait_gone(target, team: str, job: str, timeout_s: float = 120.0) -> None:
-    """Deletion is foreground (its pods go first): the name is free once the object is gone."""
-    import time
-    from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND
-    deadline = time.monotonic() + timeout_s
-    while target.cluster.get(CONTROLLER_KIND, team, job) is not None:
-        if time.monotonic() > deadline:
-            raise TrainforgeError("", [f"the finished controller {job} is still being deleted. Fix: try again in a minute"], exit_code=1)
-        time.sleep(1.0)
-
-
-def _in_cluster(name: str, backend_name: Optional[BackendName], team: Optional[str], context: Optional[str]):
-    """(backend, the controller's TrainJob) for a sweep that runs in the cluster; None for one on this machine."""
-    from trainforge import contract
-    from trainforge.errors import TrainforgeError
-    from trainforge.trainer.cli.common import backend
-    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND
-    record = _record(name)
-    chosen = backend_name or BackendName(record.get("backend", "local"))
-    if chosen is not BackendName.kubernetes:
-        return None
-    team = team or record.get("team")
-    if team is None:
-        raise TrainforgeError("", ["--team: a cluster sweep lives in its team's namespace. Fix: --team <team>"])
-    target = backend(BackendName.kubernetes, team=team, kind=Kind(record.get("kind", "trainjob")), context=context or record.get("context"))
-    job = target.cluster.get(CONTROLLER_KIND, team, contract.sweep_controller_job(name))
-    if job is None:
-        raise TrainforgeError("", [f"no sweep named {name!r} in namespace {contract.namespace_name(team)} (no TrainJob "
-                                   f"{contract.sweep_controller_job(name)}). Fix: check the name and --team; `trainforge sweep "
-                                   "SPEC.yaml --backend kubernetes --stack ...` starts one"])
-    return target, job
-
-
-def _cluster_study(name: str, job: dict):
-    """The in-memory study the controller's status object describes; exits 1 saying why where there is none."""
-    from trainforge.errors import TrainforgeError
-    from trainforge.trainer.backends.kubernetes import job_state
-    from trainforge.trainer.sweeps.cluster import status_of, study_from
-    document = status_of(job)
-    if document is None:
-        raise TrainforgeError("", [f"sweep {name!r}: its controller has not reported yet (its TrainJob is "
-                                   f"{job_state('trainjob', job)}). Fix: wait for Kueue to admit it, then ask again"], exit_code=1)
-    if document.get("error"):
-        raise TrainforgeError("", [f"sweep {name!r}: its controller could not start: {document['error']}"], exit_code=1)
-    return study_from(document), document
-
-
 BACKEND_OPTION = typer.Option(None, "--backend", help="default: where this machine started it; kubernetes: a sweep in the cluster")
 TEAM_OPTION = typer.Option(None, "--team", help="kubernetes: the sweep's team (default: as recorded on this machine)")
 CONTEXT_OPTION = typer.Option(None, "--context", help="kubernetes: kubeconfig context")
@@ -233,11 +135,11 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
 
     from trainforge.trainer.cli import views
     from trainforge.trainer.sweeps.study import load_existing, primary_direction, rows
-    cluster = _in_cluster(name, backend_name, team, context)
+    cluster = in_cluster(name, backend_name, team, context)
     extra = {}
     if cluster is not None:
         from trainforge.trainer.backends.kubernetes import job_state
-        study, document = _cluster_study(name, cluster[1])
+        study, document = cluster_study(name, cluster[1])
         extra = {"controller": job_state("trainjob", cluster[1]), "spent_usd": document["spent_usd"], "planned": document["planned"]}
     else:
         study = load_existing(name, _storage(name, storage))
@@ -261,8 +163,8 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
     from trainforge.trainer.sweeps.study import load_existing
     from trainforge.trainer.sweeps.report import write_report
     directory = out or paths.sweep_dir(name) / "report"
-    cluster = _in_cluster(name, backend_name, team, context)
-    study = _cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
+    cluster = in_cluster(name, backend_name, team, context)
+    study = cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
     done = write_report(study, directory)
     for file in done["written"]:
         typer.echo(f"wrote {directory / file}")
@@ -287,8 +189,8 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, load_existing, second_objective_name
     from trainforge.trainer.sweeps.spec import load_sweep, trial_job
-    cluster = _in_cluster(name, backend_name, team, context)
-    study = _cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
+    cluster = in_cluster(name, backend_name, team, context)
+    study = cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
     front = best_trials(study)
     if not front:
         raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=1)
@@ -300,7 +202,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
                                        + f" (it holds {[t.number for t in front]}). Fix: one of those"])
         trial = chosen[0]
     job = trial.user_attrs.get("job")
-    record = _record(name)
+    record = sweep_record(name)
     team = cluster[0].team if cluster is not None else record.get("team")
     checkpoint = (str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR) if cluster is None and record.get("backend", "local") == "local"
                   else contract.fsx_job_paths(team, job)["checkpoint_dir"])
@@ -325,6 +227,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
             sweep = load_sweep(record["source"])
         spec = trial_job(sweep.base, f"{name}-best", trial.params, None)
         if promote:
+            from trainforge.trainer.sweeps.promotion import promoted
             spec = promoted(spec, sweep, trial, steps, study, name)
             found["promoted"] = {"job": spec.name, "max_steps": steps, "starts_from": job}
         if write is not None:
@@ -335,30 +238,6 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
             found["promoted"]["submitted"] = _submit_promoted(spec, cluster, stack)
     typer.echo(json.dumps(found, indent=2, default=str) if output is Output.json else
                "\n".join(f"{k}: {v}" for k, v in found.items()))
-
-
-def promoted(spec, sweep, trial, steps: int, study, name: str):
-    """The trial's job spec trained on to `steps` from the trial's newest checkpoint (weights, optimizer, step), its
-    time and cost limits scaled with its steps, its MLflow run tagged with where it comes from and nested under the
-    sweep's run."""
-    import math
-
-    from trainforge.errors import TrainforgeError
-    trial_steps = sweep.max_steps(trial.params)
-    if steps <= trial_steps:
-        raise TrainforgeError("", [f"--steps: {steps} is not beyond the trial's own {trial_steps} steps; the promoted job continues "
-                                   f"from its checkpoint. Fix: --steps above {trial_steps}"])
-    scale = steps / trial_steps
-    minutes = math.ceil(spec.limits.max_runtime_hours * 60 * scale)
-    limits = spec.limits.model_copy(update={"max_runtime": f"{minutes // 60}h{minutes % 60}m" if minutes >= 60 else f"{minutes}m",
-                                            "max_cost_usd": None if spec.limits.max_cost_usd is None else round(spec.limits.max_cost_usd * scale, 2)})
-    lineage = {"sweep": name, "trial": str(trial.number), "trial_job": str(trial.user_attrs.get("job")),
-               "trial_run_id": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
-               "parent_run_id": study.user_attrs.get("mlflow_run_id")}
-    return spec.model_copy(update={
-        "hyperparameters": {**spec.hyperparameters, "max_steps": steps}, "limits": limits,
-        "checkpoint": spec.checkpoint.model_copy(update={"start_from": trial.user_attrs.get("job")}),
-        "tracking": spec.tracking.model_copy(update={"lineage": {k: v for k, v in lineage.items() if v}})})
 
 
 def _submit_promoted(spec, cluster, stack: Optional[Path]) -> str:
@@ -386,9 +265,9 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name:
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.cli.common import backend
     from trainforge.trainer.sweeps.study import load_existing
-    cluster = _in_cluster(name, backend_name, team, context)
+    cluster = in_cluster(name, backend_name, team, context)
     if cluster is not None:
-        _cancel_in_cluster(name, *cluster)
+        cancel_in_cluster(name, *cluster)
         return
     study = load_existing(name, _storage(name, storage))
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -398,7 +277,7 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name:
         raise TrainforgeError("", [f"sweep {name!r} already finished ({study.user_attrs['finished_because']}); nothing to cancel. "
                                    f"`trainforge sweep status {name}` shows its trials"], exit_code=1)
     study.set_user_attr("cancelled", True)  # a running controller stops launching and exits
-    record = _record(name)
+    record = sweep_record(name)
     target = backend(BackendName(record.get("backend", "local")), team=record.get("team"), kind=Kind(record.get("kind", "trainjob")))
     for trial in running:
         job = trial.user_attrs.get("job")
@@ -412,25 +291,6 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name:
                f"`trainforge sweep status {name}` shows what finished")
 
 
-def _cancel_in_cluster(name: str, target, job: dict) -> None:
-    """Asked through the controller's TrainJob; the controller stops its trials at its next look."""
-    import datetime
-
-    from trainforge import contract
-    from trainforge.errors import TrainforgeError
-    from trainforge.trainer.backends.kubernetes import job_state
-    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, status_of
-    document = status_of(job) or {}
-    if document.get("finished_because") or job_state("trainjob", job) in ("succeeded", "failed"):
-        raise TrainforgeError("", [f"sweep {name!r} already finished ({document.get('finished_because') or 'its controller ended'}); "
-                                   f"nothing to cancel. `trainforge sweep status {name}` shows its trials"], exit_code=1)
-    asked = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    target.cluster.patch(CONTROLLER_KIND, target.team, job["metadata"]["name"],
-                         {"metadata": {"annotations": {contract.SWEEP_CANCEL_ANNOTATION: asked}}})
-    typer.echo(f"sweep {name}: asked its controller to cancel (at {asked}); it stops launching and cancels running trials (each "
-               f"checkpoints first) at its next look. `trainforge sweep status {name}` shows when it has")
-
-
 @app.command()
 def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials"),
            backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
@@ -438,11 +298,11 @@ def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds bet
     """Continue a sweep this machine started, as it was started: a cancelled one on purpose (its stopped trials run
     again), one stopped by its budget or wall time after `extend`."""
     from trainforge.errors import TrainforgeError
-    cluster = _in_cluster(name, backend_name, team, context)
+    cluster = in_cluster(name, backend_name, team, context)
     if cluster is not None:
-        _resume_in_cluster(name, *cluster)
+        resume_in_cluster(name, *cluster)
         return
-    record = _record(name)
+    record = sweep_record(name)
     if not record.get("source"):
         raise TrainforgeError("", [f"no sweep named {name!r} was started on this machine. Fix: check the name "
                                    "(`ls $TRAINFORGE_HOME/sweeps`), or `trainforge sweep SPEC.yaml --resume` with its spec"])
@@ -451,29 +311,6 @@ def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds bet
                                    "`trainforge sweep SPEC.yaml --resume` with the same spec"])
     _run(Path(record["source"]), BackendName(record.get("backend", "local")), Path(record["stack"]) if record.get("stack") else None,
          record.get("storage"), Kind(record.get("kind", "trainjob")), record.get("context"), poll, True)
-
-
-def _resume_in_cluster(name: str, target, job: dict) -> None:
-    """A new controller TrainJob from the old one's sweep and stack (no file of this machine needed), resuming."""
-    from trainforge import contract
-    from trainforge.trainer.admission import admit
-    from trainforge.trainer.backends.kubernetes import job_state
-    from trainforge.trainer.spec import with_image
-    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, controller_spec, payload_of, platform_of, sweep_of
-    _refuse_second_controller(name, target.team, job, resume=True)
-    payload = payload_of(job)
-    sweep, platform = sweep_of(payload), platform_of(payload)
-    spec = with_image(controller_spec(sweep, stack=payload["stack"], trial_kind=payload.get("trial_kind", "trainjob"), resume=True), platform)
-    decision = admit(spec, platform, live_queue=target.live_queue(target.team))
-    was = job_state("trainjob", job)
-    target.cluster.cancel(CONTROLLER_KIND, target.team, job["metadata"]["name"])
-    _wait_gone(target, target.team, job["metadata"]["name"])
-    typer.echo(target.submit(spec, decision).summary)
-    pending = (job["metadata"].get("annotations") or {}).get(contract.SWEEP_EXTEND_ANNOTATION)
-    if pending:  # extensions asked of the old controller: the new one takes them up (each once)
-        target.cluster.patch(CONTROLLER_KIND, target.team, spec.name, {"metadata": {"annotations": {contract.SWEEP_EXTEND_ANNOTATION: pending}}})
-    typer.echo(f"sweep {name}: resumed (its last controller had {was}) as TrainJob {contract.namespace_name(target.team)}/"
-               f"{spec.name}; `trainforge sweep status {name}` follows it")
 
 
 @app.command()
@@ -493,9 +330,9 @@ def extend(name: str,
     seconds = parse_duration(wall_time.lstrip("+"), "--wall-time") if wall_time else 0
     if not (trials or usd or seconds):
         raise TrainforgeError("", ["nothing to extend. Fix: --trials +N, --usd +X or --wall-time +2h"])
-    cluster = _in_cluster(name, backend_name, team, context)
+    cluster = in_cluster(name, backend_name, team, context)
     if cluster is not None:
-        _extend_in_cluster(name, *cluster, trials=trials, usd=usd, wall_time_s=seconds)
+        extend_in_cluster(name, *cluster, trials=trials, usd=usd, wall_time_s=seconds)
         return
     study = load_existing(name, _storage(name, storage))
     before, after = raise_limits(study, trials=trials, usd=usd, wall_time_s=seconds)
@@ -517,16 +354,3 @@ def extend(name: str,
         typer.echo(f"no controller is running it: `trainforge sweep resume {name}` continues it")
 
 
-def _extend_in_cluster(name: str, target, job: dict, *, trials: int, usd: float, wall_time_s: float) -> None:
-    """Asked through the controller's TrainJob (the member has no database access); a finished controller is resumed
-    to take it up."""
-    from trainforge import contract
-    from trainforge.trainer.backends.kubernetes import job_state
-    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, extend_request
-    asked = extend_request(job, trials=trials, usd=usd, wall_time_s=wall_time_s)
-    target.cluster.patch(CONTROLLER_KIND, target.team, job["metadata"]["name"], {"metadata": {"annotations": {contract.SWEEP_EXTEND_ANNOTATION: asked}}})
-    if job_state("trainjob", job) in ("succeeded", "failed"):
-        typer.echo(f"sweep {name}: its controller has ended; `trainforge sweep resume {name}` continues it with the extension")
-    else:
-        typer.echo(f"sweep {name}: asked its controller to extend it (+{trials} trials, +${usd:,.2f}, +{wall_time_s:.0f} s of wall time); "
-                   "it takes it up at its next look")

@@ -1,0 +1,26 @@
+"""Promotion: a sweep trial trained on as a full job from its newest checkpoint (`trainforge sweep best --promote`)."""
+
+from __future__ import annotations
+
+def promoted(spec, sweep, trial, steps: int, study, name: str):
+    """The trial's job spec trained on to `steps` from the trial's newest checkpoint (weights, optimizer, step), its
+    time and cost limits scaled with its steps, its MLflow run tagged with where it comes from and nested under the
+    sweep's run."""
+    import math
+
+    from trainforge.errors import TrainforgeError
+    trial_steps = sweep.max_steps(trial.params)
+    if steps <= trial_steps:
+        raise TrainforgeError("", [f"--steps: {steps} is not beyond the trial's own {trial_steps} steps; the promoted job continues "
+                                   f"from its checkpoint. Fix: --steps above {trial_steps}"])
+    scale = steps / trial_steps
+    minutes = math.ceil(spec.limits.max_runtime_hours * 60 * scale)
+    limits = spec.limits.model_copy(update={"max_runtime": f"{minutes // 60}h{minutes % 60}m" if minutes >= 60 else f"{minutes}m",
+                                            "max_cost_usd": None if spec.limits.max_cost_usd is None else round(spec.limits.max_cost_usd * scale, 2)})
+    lineage = {"sweep": name, "trial": str(trial.number), "trial_job": str(trial.user_attrs.get("job")),
+               "trial_run_id": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
+               "parent_run_id": study.user_attrs.get("mlflow_run_id")}
+    return spec.model_copy(update={
+        "hyperparameters": {**spec.hyperparameters, "max_steps": steps}, "limits": limits,
+        "checkpoint": spec.checkpoint.model_copy(update={"start_from": trial.user_attrs.get("job")}),
+        "tracking": spec.tracking.model_copy(update={"lineage": {k: v for k, v in lineage.items() if v}})})
