@@ -869,3 +869,22 @@ def test_starting_from_a_job_without_checkpoints_is_a_user_error_naming_the_fix(
         start_from(tmp_path / "source", tmp_path / "own")
     assert "holds no sound committed checkpoint" in str(refused.value) and "Fix:" in str(refused.value)
     assert not (tmp_path / "own").exists(), "nothing half-made"
+
+
+def test_the_pruner_recorded_in_the_study_is_one_validated_model_for_both_sides(tmp_path):
+    """Issue 23: the controller wrote the pruner as a hand-made dict and the runtime read another hand-made dict; now
+    the controller records runtime/pruning.PrunerSettings and the trial validates the same record. A record from before
+    (only the keys its type used) still builds; a damaged one is refused."""
+    import optuna.pruners
+    from pydantic import ValidationError
+
+    from trainforge.trainer.runtime.pruning import PrunerSettings, make_pruner
+    from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.study import open_study, pruner_config
+    sweep = load_sweep(write_sweep(tmp_path, name="pruned"))
+    recorded = open_study(sweep, f"sqlite:///{tmp_path / 'study.db'}").user_attrs["pruner"]
+    assert recorded == pruner_config(sweep) and PrunerSettings.model_validate(recorded).max_resource == sweep.max_steps()
+    assert isinstance(make_pruner(recorded), optuna.pruners.HyperbandPruner)
+    assert isinstance(make_pruner({"type": "median", "startup_trials": 3, "warmup_steps": 0}), optuna.pruners.MedianPruner)
+    with pytest.raises(ValidationError):
+        make_pruner({"type": "hyperband", "reduction_factor": 1})

@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from trainforge import contract
+from trainforge.models import StrictModel
 from trainforge.trainer.runtime.config import SweepTrialConfig
 
 log = logging.getLogger("trainforge.runtime")
@@ -114,17 +117,29 @@ def storage_url(storage: str) -> str:
     return os.environ[name]
 
 
-def make_pruner(cfg: dict[str, Any]):
-    """An Optuna pruner from its recorded configuration (the sweep controller writes it into the study)."""
+class PrunerSettings(StrictModel):
+    """The study's pruner as the sweep controller resolved it from the spec (min_resource defaulting to the base's
+    eval_every, max_resource to its max_steps) and recorded in the study; every trial's rank 0 validates the same record
+    and builds the same pruner from it. One model for both sides, not two halves of a dict."""
+
+    type: Literal["median", "hyperband", "successive_halving", "none"] = "none"
+    startup_trials: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    min_resource: int | None = Field(None, ge=1)
+    max_resource: int | None = Field(None, ge=1)
+    reduction_factor: int = Field(3, ge=2)
+
+
+def make_pruner(settings: PrunerSettings | dict[str, Any]):
+    """An Optuna pruner from its settings (as recorded in the study: a dict, validated here)."""
     import optuna
-    kind = cfg.get("type", "none")
-    if kind == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=cfg["startup_trials"], n_warmup_steps=cfg["warmup_steps"])
-    if kind == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=cfg["min_resource"], max_resource=cfg["max_resource"],
-                                              reduction_factor=cfg["reduction_factor"])
-    if kind == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=cfg["min_resource"], reduction_factor=cfg["reduction_factor"])
+    s = settings if isinstance(settings, PrunerSettings) else PrunerSettings.model_validate(settings)
+    if s.type == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps)
+    if s.type == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=s.min_resource, max_resource=s.max_resource, reduction_factor=s.reduction_factor)
+    if s.type == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=s.min_resource, reduction_factor=s.reduction_factor)
     return optuna.pruners.NopPruner()
 
 

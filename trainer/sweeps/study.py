@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
-from trainforge.trainer.runtime.pruning import engine_kwargs, make_pruner
+from trainforge.trainer.runtime.pruning import PrunerSettings, engine_kwargs, make_pruner
 from trainforge.trainer.sweeps import optuna_access as access
 from trainforge.trainer.sweeps.spec import Sweep
 
@@ -90,16 +90,13 @@ def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 
 def pruner_config(sweep: Sweep) -> dict[str, Any]:
-    """Recorded in the study, so the controller and every trial's rank 0 build the same pruner (runtime/pruning.py)."""
+    """The spec's pruner resolved against the base job and recorded in the study, so the controller and every trial's
+    rank 0 build the same pruner (runtime/pruning.PrunerSettings validates both sides)."""
     p = sweep.spec.pruner
-    if p.type == "median":
-        return {"type": "median", "startup_trials": p.startup_trials, "warmup_steps": p.warmup_steps}
-    if p.type == "hyperband":
-        return {"type": "hyperband", "min_resource": p.min_resource or sweep.eval_every(), "max_resource": sweep.max_steps(),
-                "reduction_factor": p.reduction_factor}
-    if p.type == "successive_halving":
-        return {"type": "successive_halving", "min_resource": p.min_resource or sweep.eval_every(), "reduction_factor": p.reduction_factor}
-    return {"type": "none"}
+    settings = PrunerSettings(type=p.type, startup_trials=p.startup_trials, warmup_steps=p.warmup_steps,
+                              min_resource=(p.min_resource or sweep.eval_every()) if p.type in ("hyperband", "successive_halving") else None,
+                              max_resource=sweep.max_steps() if p.type == "hyperband" else None, reduction_factor=p.reduction_factor)
+    return settings.model_dump(mode="json")
 
 
 def quiet_optuna() -> None:
