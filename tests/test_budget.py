@@ -21,7 +21,7 @@ from kubeapi import serve
 from test_cluster_path import queue, seeded, settings
 
 from trainforge import contract
-from trainforge.trainer.backends.kubernetes import Cluster
+from trainforge.trainer.kube import Cluster
 from trainforge.trainer.budget import BudgetController, CostUnavailable, PrometheusMetrics, decide, month_to_date, team_budget
 
 NOV = dt.datetime(2026, 11, 22, 20, 0, tzinfo=dt.timezone.utc)

@@ -298,7 +298,7 @@ def test_every_cluster_command_of_the_readme_runs_as_a_team_member(cluster):
 
 
 def test_a_member_reads_its_teams_sweep_database_and_no_other(cluster, monkeypatch):
-    from trainforge.trainer.backends.kubernetes import Cluster, ClusterError
+    from trainforge.trainer.kube import Cluster, ClusterError
     secret = cluster.api.find("", "v1", "secrets", VISION, contract.SWEEP_STORAGE_SECRET)
     assert secret is not None, "the program creates the team's sweep Secret"
     monkeypatch.setenv("KUBECONFIG", str(cluster.config))

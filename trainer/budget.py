@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from trainforge import contract
 from trainforge.errors import EXIT_FAILED, TrainforgeError
+from trainforge.trainer.kube import rfc3339
 
 if TYPE_CHECKING:
-    from trainforge.trainer.backends.kubernetes import Cluster
+    from trainforge.trainer.kube import Cluster
 
 log = logging.getLogger("trainforge.budget")
 Action = Literal["hold", "release", "none"]
@@ -59,10 +60,6 @@ def month_of(moment: dt.datetime) -> str:
 def month_start(moment: dt.datetime) -> dt.datetime:
     utc = moment.astimezone(dt.timezone.utc)
     return utc.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
-def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 SETTLE_LAG = dt.timedelta(hours=1)

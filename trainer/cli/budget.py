@@ -20,7 +20,7 @@ def run(once: bool = typer.Option(False, "--once", help="one pass, then exit: 0 
     import threading
 
     from trainforge import contract
-    from trainforge.trainer.backends.kubernetes import Cluster
+    from trainforge.trainer.kube import Cluster
     from trainforge.trainer.budget import BudgetController, CostUnavailable, PrometheusMetrics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
