@@ -21,7 +21,7 @@ TEAM_LABEL = contract.LABEL_TEAM
 # else (SYS_ADMIN, NET_ADMIN, SYS_PTRACE...) reaches past the container.
 BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
                          "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
-COST_LABELS = (f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}", f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}")
+COST_LABELS = (contract.LABEL_COST_CENTRE, contract.LABEL_ENVIRONMENT)
 
 
 @resource_rule("kubernetes", HELM, "Every Helm release is pinned to an exact chart version.")

@@ -85,7 +85,7 @@ def labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
            contract.KUEUE_QUEUE_LABEL: contract.queue_name(spec.team),
            contract.KUEUE_PRIORITY_LABEL: contract.priority_class_name(spec.priority)}
     if cost_centre:
-        out[f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"] = contract.label_value(cost_centre)
+        out[contract.LABEL_COST_CENTRE] = contract.label_value(cost_centre)
     if spec.sweep:
         out[contract.SWEEP_NAME_LABEL] = contract.label_value(str(spec.sweep.get("controller") or spec.sweep.get("study", "")))
     if is_sweep_controller(spec):

@@ -26,7 +26,7 @@ from trainforge.platform.manifests import budget, guardrails, kueue, monitoring,
 from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.stackconfig import PlatformConfig
 
-MANAGED = {f"{contract.LABEL_DOMAIN}/{contract.TAG_MANAGED_BY}": "trainforge"}
+MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY_LABEL_VALUE}
 
 
 def namespace(name: str) -> dict[str, Any]:

@@ -18,14 +18,12 @@ from trainforge.platform.manifests import guardrails, storage
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 TEAM_LABEL = contract.LABEL_TEAM
-COST_CENTRE_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_COST_CENTRE}"
-ENVIRONMENT_LABEL = f"{contract.LABEL_DOMAIN}/{contract.TAG_ENVIRONMENT}"
 MEMBER_ROLE = "trainforge-team-member"
 SETTINGS_CONFIG_MAP = contract.TEAM_SETTINGS_CONFIG_MAP
 
 
 def cost_labels(team: TeamConfig, environment: str) -> dict[str, str]:
-    return {TEAM_LABEL: team.name, COST_CENTRE_LABEL: contract.label_value(team.cost_centre), ENVIRONMENT_LABEL: environment}
+    return {TEAM_LABEL: team.name, contract.LABEL_COST_CENTRE: contract.label_value(team.cost_centre), contract.LABEL_ENVIRONMENT: environment}
 
 
 def _meta(name: str, team: TeamConfig, environment: str, namespaced: bool = True) -> dict[str, Any]:

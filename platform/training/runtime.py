@@ -78,7 +78,7 @@ def cluster_training_runtime(default_image: str, max_restarts: int = 10, *, name
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "ClusterTrainingRuntime",
         "metadata": {"name": name,
-                     "labels": {FRAMEWORK_LABEL: "torch", f"{contract.LABEL_DOMAIN}/{contract.TAG_MANAGED_BY}": "trainforge"}},
+                     "labels": {FRAMEWORK_LABEL: "torch", contract.LABEL_MANAGED_BY: contract.MANAGED_BY_LABEL_VALUE}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {"spec": {

@@ -260,6 +260,11 @@ TRAINJOB_CONTAINER = "node"
 LABEL_JOB = f"{LABEL_DOMAIN}/job"
 # A team's namespace, its objects and its jobs' pods carry it: Kueue manages the namespaces that have it.
 LABEL_TEAM = f"{LABEL_DOMAIN}/{TAG_TEAM}"
+# The cost tags as Kubernetes labels (OpenCost and the budget read them), and what the program's own objects carry.
+LABEL_COST_CENTRE = f"{LABEL_DOMAIN}/{TAG_COST_CENTRE}"
+LABEL_ENVIRONMENT = f"{LABEL_DOMAIN}/{TAG_ENVIRONMENT}"
+LABEL_MANAGED_BY = f"{LABEL_DOMAIN}/{TAG_MANAGED_BY}"
+MANAGED_BY_LABEL_VALUE = PROJECT  # on Kubernetes objects; AWS resources' managed-by tag says MANAGED_BY_VALUE
 SPOT_TERMINATION_GRACE_S = 120  # the EC2 spot notice: time for the emergency checkpoint and its upload
 ON_DEMAND_TERMINATION_GRACE_S = 60  # an eviction or a cancel: the emergency checkpoint, a smaller upload window
 # The runtime must be done this long before the kubelet's SIGKILL: process exit, the launcher's own exit, slack.
