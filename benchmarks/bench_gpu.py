@@ -125,7 +125,7 @@ def main() -> None:
 
     import torch
 
-    from trainforge.trainer.runtime.loop import init_distributed
+    from trainforge.trainer.runtime.distributed import init_distributed
     from trainforge.trainer.runtime.preemption import PreemptionGuard
     from trainforge.trainer.runtime.tasks import load_task
     if not torch.cuda.is_available() and not args.dry_run:

@@ -94,7 +94,7 @@ def runtime_steps_per_s(task, cfg, env, guard, warmup: int) -> float:
 
 def bench_throughput(repeats: int) -> list[tuple]:
     from trainforge.trainer.runtime.config import RunConfig
-    from trainforge.trainer.runtime.loop import init_distributed
+    from trainforge.trainer.runtime.distributed import init_distributed
     from trainforge.trainer.runtime.preemption import PreemptionGuard
     from trainforge.trainer.runtime.tasks import load_task
 
@@ -128,7 +128,7 @@ def bench_checkpoint(repeats: int) -> list[tuple]:
 
     from trainforge.trainer.runtime.checkpoint import CheckpointManager
     from trainforge.trainer.runtime.config import CheckpointConfig
-    from trainforge.trainer.runtime.loop import init_distributed
+    from trainforge.trainer.runtime.distributed import init_distributed
     from trainforge.trainer.runtime.tasks import load_task
 
     env = init_distributed() if not dist.is_initialized() else None

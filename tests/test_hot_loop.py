@@ -14,6 +14,7 @@ COUNT_READS = r"""
 import collections, json, sys
 import torch
 import trainforge.trainer.runtime.loop as loop
+import trainforge.trainer.runtime.stop_agreement as stop_agreement
 from trainforge.trainer.runtime import RunConfig, train
 from trainforge.trainer.runtime.tasks import load_task
 
@@ -22,7 +23,7 @@ for name in ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__
     original = getattr(torch.Tensor, name)
     def counted(self, *args, __name=name, __original=original, **kwargs):
         caller = sys._getframe(1).f_code
-        if caller.co_filename == loop.__file__:
+        if caller.co_filename in (loop.__file__, stop_agreement.__file__):  # the loop and its per-step agreement
             reads[f"{caller.co_name} {__name} {self.device.type} {self.dtype}"] += 1
         return __original(self, *args, **kwargs)
     setattr(torch.Tensor, name, counted)
@@ -43,7 +44,7 @@ def test_the_loop_reads_the_device_only_at_log_steps(tmp_path, task):
     reads = json.loads(result.stdout.strip().splitlines()[-1])
     per_step = {k: n for k, n in reads.items() if not k.startswith(("_log_step ", "evaluate "))}
     # The agreement: one host read per step, of a host int64 tensor (it never waits on the GPU).
-    assert per_step == {"_land tolist cpu torch.int64": 40}, per_step
+    assert per_step == {"land tolist cpu torch.int64": 40}, per_step
     # The loss: read once per log step (10, 20, 30, 40), however many micro-batches each step has.
     assert reads["_log_step item cpu torch.float32"] == 4
     # The final evaluation reads its reduced sums once.

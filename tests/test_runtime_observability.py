@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="the runtime extra (torch) is not installed"
 from servers import free_port, mlflow_server, prometheus  # noqa: E402
 from test_runtime import result, run, start, wait_for_step  # noqa: E402
 
-from trainforge import contract  # noqa: E402
+from trainforge import run_tags  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ def runs_of(uri: str, job_id: str, team: str = "default"):
     """The job's runs, in its team's experiment (`<team>/trainforge`)."""
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name(contract.team_experiment(team, "trainforge"))
+    experiment = client.get_experiment_by_name(run_tags.team_experiment(team, "trainforge"))
     return client, client.search_runs([experiment.experiment_id], filter_string=f"tags.`trainforge.job_id` = '{job_id}'")
 
 

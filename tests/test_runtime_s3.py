@@ -90,7 +90,7 @@ def test_an_unreachable_endpoint_at_start_falls_back_to_the_local_tier(tmp_path,
 
 def test_the_uploader_survives_a_missing_bucket_and_uploads_once_it_exists(tmp_path, monkeypatch):
     """S3 answers but the bucket is not there yet (boto3 raises S3UploadFailedError): retried, never fatal."""
-    from trainforge.trainer.runtime.checkpoint import COMMIT_MARKER, Committed
+    from trainforge.trainer.runtime.checkpoint_files import COMMIT_MARKER, Committed
     from trainforge.trainer.runtime.s3 import S3Tier
 
     for k, v in CREDENTIALS.items():

@@ -862,7 +862,7 @@ def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_p
 
 
 def test_starting_from_a_job_without_checkpoints_is_a_user_error_naming_the_fix(tmp_path):
-    from trainforge.trainer.runtime.checkpoint import start_from
+    from trainforge.trainer.runtime.checkpoint_files import start_from
     from trainforge.trainer.runtime.config import UserError
     (tmp_path / "source" / "step-00000060").mkdir(parents=True)  # a save that never committed
     with pytest.raises(UserError) as refused:

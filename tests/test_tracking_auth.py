@@ -25,7 +25,7 @@ from servers import mlflow_server
 from test_platform_layer import kubernetes_objects, manifest
 from test_runtime import command
 
-from trainforge import contract
+from trainforge import contract, run_tags
 from trainforge.platform.manifests import tracking
 
 pytestmark = pytest.mark.slow
@@ -115,10 +115,10 @@ def train(workdir: Path, uri: str, team: str, login: tuple[str, str], job: str) 
 
 
 def runs_of(uri: str, login: tuple[str, str], team: str, job: str) -> list[dict]:
-    status, found = call(uri, "GET", f"/api/2.0/mlflow/experiments/get-by-name?experiment_name={contract.team_experiment(team, 'trainforge')}", login)
+    status, found = call(uri, "GET", f"/api/2.0/mlflow/experiments/get-by-name?experiment_name={run_tags.team_experiment(team, 'trainforge')}", login)
     assert status == 200, status
     status, runs = call(uri, "POST", "/api/2.0/mlflow/runs/search", login, {
-        "experiment_ids": [found["experiment"]["experiment_id"]], "filter": f"tags.`{contract.TRACKING_JOB_TAG}` = '{job}'"})
+        "experiment_ids": [found["experiment"]["experiment_id"]], "filter": f"tags.`{run_tags.JOB}` = '{job}'"})
     assert status == 200
     return runs.get("runs", [])
 
@@ -133,7 +133,7 @@ def test_teams_log_to_their_own_runs_and_cannot_read_or_delete_each_others(deplo
     (run_a,) = runs_of(uri, login_a, a, "shared")
     (run_b,) = runs_of(uri, login_b, b, "shared")
     assert run_a["info"]["run_id"] != run_b["info"]["run_id"], "two teams' jobs of one name are two runs"
-    assert {t["key"]: t["value"] for t in run_b["data"]["tags"]}[contract.TRACKING_TEAM_TAG] == b
+    assert {t["key"]: t["value"] for t in run_b["data"]["tags"]}[run_tags.TEAM] == b
     assert any(m["key"] == "loss" for m in run_b["data"]["metrics"])
     b_run = run_b["info"]["run_id"]
     # Team a, with its own valid credentials, cannot see, read, change or delete team b's run or experiment.
@@ -141,7 +141,7 @@ def test_teams_log_to_their_own_runs_and_cannot_read_or_delete_each_others(deplo
     assert call(uri, "POST", "/api/2.0/mlflow/runs/delete", login_a, {"run_id": b_run})[0] == 403
     assert call(uri, "POST", "/api/2.0/mlflow/runs/log-metric", login_a, {"run_id": b_run, "key": "loss", "value": 0.0, "timestamp": 0, "step": 0})[0] == 403
     status, listed = call(uri, "POST", "/api/2.0/mlflow/experiments/search", login_a, {"max_results": 100})
-    assert status == 200 and {e["name"] for e in listed["experiments"]} == {contract.team_experiment(a, "trainforge")}
+    assert status == 200 and {e["name"] for e in listed["experiments"]} == {run_tags.team_experiment(a, "trainforge")}
     # Nobody without credentials gets anything; a wrong password is no better.
     assert call(uri, "GET", f"/api/2.0/mlflow/runs/get?run_id={b_run}", None)[0] == 401
     assert call(uri, "GET", f"/api/2.0/mlflow/runs/get?run_id={b_run}", (login_b[0], "wrong"))[0] == 401

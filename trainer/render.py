@@ -12,7 +12,7 @@ import json
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from trainforge import contract
+from trainforge import contract, run_tags
 from trainforge.trainer.placement import Placement
 from trainforge.trainer.spec import JobSpec
 
@@ -197,7 +197,7 @@ def node_price(spec: JobSpec, where: Placement) -> float | None:
 def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
     out = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team}, {"name": "HOME", "value": HOME},
            {"name": "TRAINFORGE_IMAGE", "value": image(spec)}, {"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
-           {"name": "MLFLOW_EXPERIMENT_NAME", "value": contract.team_experiment(spec.team, spec.tracking.experiment)}]
+           {"name": "MLFLOW_EXPERIMENT_NAME", "value": run_tags.team_experiment(spec.team, spec.tracking.experiment)}]
     if spec.checkpoint.s3_uri:
         out.append({"name": "TRAINFORGE_CHECKPOINT_S3_URI", "value": spec.checkpoint.s3_uri})
     out += [{"name": k, "value": v} for k, v in command_env(spec).items()]

@@ -291,10 +291,7 @@ NAMESPACE_MLFLOW = "mlflow"
 MLFLOW_PORT = 5000
 MLFLOW_SERVICE_NAME = "mlflow"  # the chart's Service (its release name, fullnameOverride-free)
 MLFLOW_TRACKING_URI = f"http://{MLFLOW_SERVICE_NAME}.{NAMESPACE_MLFLOW}.svc.cluster.local:{MLFLOW_PORT}"
-# A run is its job's within its team: two teams' jobs of one name are two runs, in two teams' experiments.
-TRACKING_JOB_TAG = "trainforge.job_id"
-TRACKING_TEAM_TAG = "trainforge.team"
-TRACKING_SWEEP_TAG = "trainforge.sweep"  # on a sweep's parent run and on each of its trials' runs
+# Run tags and experiment names in MLflow: trainforge/run_tags.py.
 # Each team signs in to MLflow as its own user (MLflow's basic-auth app, default permission NO_PERMISSIONS): the
 # experiments a team creates are its own. The credentials: Secret MLFLOW_SECRET in the team's namespace.
 MLFLOW_SECRET = "trainforge-mlflow"
@@ -304,15 +301,12 @@ MLFLOW_USER_ENV = {"admin_username": "MLFLOW_ADMIN_USERNAME", "admin_password": 
                    "username": "MLFLOW_TEAM_USERNAME", "password": "MLFLOW_TEAM_PASSWORD"}
 
 
-def team_experiment(team: str, experiment: str) -> str:
-    """The MLflow experiment a team's `tracking.experiment` names: under the team's name, so teams never share one."""
-    return f"{team}/{experiment}"
-
-
 def mlflow_user(team: str) -> str:
     return f"team-{team}"
-PROMETHEUS_URL = f"http://kube-prometheus-stack-prometheus.{NAMESPACE_MONITORING}.svc.cluster.local:9090"
-GRAFANA_URL = f"http://kube-prometheus-stack-grafana.{NAMESPACE_MONITORING}.svc.cluster.local:80"
+
+
+PROMETHEUS_URL = f"http://{PROMETHEUS_SERVICE_NAME}.{NAMESPACE_MONITORING}.svc.cluster.local:9090"
+GRAFANA_URL = f"http://{PROMETHEUS_RELEASE}-grafana.{NAMESPACE_MONITORING}.svc.cluster.local:80"
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 MLFLOW_SERVICE_ACCOUNT = "mlflow"
 # Where MLflow proxies artifacts in the artifacts bucket: the chart's artifactRoot path, and the prefix its IRSA role

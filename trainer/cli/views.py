@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainforge import contract
+from trainforge import run_tags
 
 
 def admission_json(decision) -> dict[str, Any]:
@@ -76,8 +76,8 @@ def run_summary(spec, report) -> None:
         table.add_row("final eval", ", ".join(f"{k} {v:.4f}" for k, v in result["last_eval"].items()))
     table.add_row("checkpoints", f"{', '.join(info['checkpoints']) or 'none'} in {job_dir(spec.name) / JOB_CHECKPOINT_DIR}")
     if os.environ.get("MLFLOW_TRACKING_URI"):
-        table.add_row("MLflow", f"{os.environ['MLFLOW_TRACKING_URI']}, experiment {contract.team_experiment(spec.team, spec.tracking.experiment)!r}, "
-                      f"tag {contract.TRACKING_JOB_TAG}={spec.name}")
+        table.add_row("MLflow", f"{os.environ['MLFLOW_TRACKING_URI']}, experiment {run_tags.team_experiment(spec.team, spec.tracking.experiment)!r}, "
+                      f"tag {run_tags.JOB}={spec.name}")
     aws = on_aws_line(spec, d.get("instance_type"), d.get("region"))
     if aws:
         table.add_row("on AWS", aws)

@@ -12,7 +12,8 @@ from pathlib import Path
 from trainforge import contract, paths
 from trainforge.trainer.runtime.config import RunConfig
 from trainforge.trainer.runtime.hooks import EvalHook
-from trainforge.trainer.runtime.loop import RunResult, Trainer, init_distributed, leave_distributed
+from trainforge.trainer.runtime.distributed import init_distributed, leave_distributed
+from trainforge.trainer.runtime.loop import RunResult, Trainer
 from trainforge.trainer.runtime.preemption import PreemptionGuard
 from trainforge.trainer.runtime.tasks import Task
 

@@ -13,7 +13,7 @@ from torch import nn
 from trainforge.trainer.runtime.config import RunConfig
 
 if TYPE_CHECKING:
-    from trainforge.trainer.runtime.loop import Distributed
+    from trainforge.trainer.runtime.distributed import Distributed
     from trainforge.trainer.runtime.tasks import Task
 
 

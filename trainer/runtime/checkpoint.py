@@ -1,226 +1,56 @@
-"""Checkpoints with torch.distributed.checkpoint: one directory per step, visible only once committed.
-
-Layout of `<dir>/step-00000120/`:
-  .metadata, __<rank>_0.distcp   model + optimizer, sharded by DCP (reshardable: N ranks save, M ranks load)
-  trainer.pt                     scheduler, sampler position, step, metrics, best value (rank 0)
-  rng-rank<r>.pt                 each rank's RNG states (used when the world size is unchanged)
-  COMMITTED                      written last, atomically, by rank 0: a manifest of every file, its size and SHA-256
-
-A directory without COMMITTED, or whose files no longer match the manifest (truncated, missing), is not a
-checkpoint: discovery skips it with a warning, and rank 0 removes it. Before resuming, rank 0 also checks the content of
-the newest one against its checksums (a same-size corruption would otherwise load garbage weights or fail the job) and
-falls back to the one before, saying which; everyone resumes from rank 0's choice. The checksums of an async save are
-computed in the background, after its files are written and before it is committed.
-
-Loading never runs code from the files: tensors and trainer state through `torch.load(weights_only=True)` (data only:
-tensors, numbers, strings, lists, dicts), DCP's `.metadata` through an unpickler that builds only DCP's own metadata
-classes and torch's dtypes. A file that asks for anything else is refused (`UnsafeCheckpoint`), never executed: a
-checkpoint is input, and whoever could write it must not be able to run code in the job that reads it.
-"""
+"""The checkpointer: saves (async by default), commits, prunes and resumes with torch.distributed.checkpoint, and
+decides when — every `interval_steps`, at the end, and on preemption — as torchtitan's CheckpointManager does. What a
+checkpoint is on disk, and how it is read without running code: checkpoint_files.py."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import logging
-import os
-import pickle
-import random
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from trainforge import paths
+from trainforge.trainer.runtime.checkpoint_files import (Committed, SafeReader, content_problem, file_digests,
+                                                         load_data, rng_state, scan, saved_world_size, set_rng_state, start_from,
+                                                         step_dir_name, write_manifest)
 from trainforge.trainer.runtime.config import CheckpointConfig, UserError
+from trainforge.trainer.runtime.hooks import Stateful
 
 log = logging.getLogger("trainforge.runtime")
-COMMIT_MARKER = paths.CHECKPOINT_COMMIT_MARKER
-STEP_PREFIX = paths.CHECKPOINT_STEP_PREFIX
 
 
-def step_dir_name(step: int) -> str:
-    return f"{STEP_PREFIX}{step:08d}"
+@dataclass
+class Subject:
+    """What a checkpoint holds: the model and optimizer (sharded by DCP) and the named pieces saved beside them
+    (step counters, scheduler, sampler, stateful hooks). `pieces` is called at each save and load, so a piece added
+    after the checkpointer was made (an eval hook) is included."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    pieces: Callable[[], dict[str, Stateful]]
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {name: piece.state_dict() for name, piece in self.pieces().items()}
+
+    def load_trainer_state(self, saved: dict[str, Any]) -> None:
+        for name, piece in self.pieces().items():
+            if name in saved:  # a piece added since the checkpoint was written starts fresh
+                piece.load_state_dict(saved[name])
 
 
 @dataclass(frozen=True)
-class Committed:
+class Resumed:
     step: int
     path: Path
-    metric: float | None
-    committed_at: float
-
-
-def _manifest_problem(path: Path, manifest: dict[str, Any]) -> str | None:
-    for name, size in manifest["files"].items():
-        f = path / name
-        if not f.exists():
-            return f"{name} is missing"
-        if f.stat().st_size != size:
-            return f"{name} is {f.stat().st_size} bytes, the manifest says {size}"
-    return None
-
-
-def file_digests(path: Path) -> dict[str, str]:
-    """SHA-256 of every file of a checkpoint directory (DCP's .metadata included) but the commit marker."""
-    digests = {}
-    for f in sorted(path.iterdir()):
-        if f.is_file() and f.name not in (COMMIT_MARKER, f".{COMMIT_MARKER}.tmp"):
-            with open(f, "rb") as stream:
-                digests[f.name] = hashlib.file_digest(stream, "sha256").hexdigest()
-    return digests
-
-
-def content_problem(path: Path) -> str | None:
-    """Which file of a committed checkpoint no longer has the content its manifest recorded (None: all do, or the
-    manifest predates checksums)."""
-    recorded = json.loads((path / COMMIT_MARKER).read_text()).get("sha256")
-    if not recorded:
-        return None
-    for name, digest in recorded.items():
-        with open(path / name, "rb") as stream:
-            if hashlib.file_digest(stream, "sha256").hexdigest() != digest:
-                return f"{name} does not match its checksum (same size, other content)"
-    return None
-
-
-def scan(directory: Path) -> tuple[list[Committed], list[tuple[Path, str]]]:
-    """Committed checkpoints (oldest first) and rejected directories with the reason."""
-    committed, rejected = [], []
-    if not directory.exists():
-        return committed, rejected
-    for path in sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)):
-        marker = path / COMMIT_MARKER
-        if not marker.exists():
-            rejected.append((path, "no commit marker (the save never finished)"))
-            continue
-        try:
-            manifest = json.loads(marker.read_text())
-        except (OSError, ValueError) as exc:
-            rejected.append((path, f"unreadable commit marker ({exc})"))
-            continue
-        problem = _manifest_problem(path, manifest)
-        if problem:
-            rejected.append((path, f"damaged: {problem}"))
-            continue
-        committed.append(Committed(manifest["step"], path, manifest.get("metric"), manifest["committed_at"]))
-    committed.sort(key=lambda c: c.step)
-    return committed, rejected
-
-
-def start_from(source: Path, directory: Path) -> Committed | None:
-    """A job that starts from another's checkpoint (a sweep's best trial, promoted): when `directory` has no committed
-    checkpoint of its own, the newest sound one in `source` is copied in (under a temporary name, renamed when whole),
-    and the run resumes from it like from its own. A job that has checkpoints of its own continues from those."""
-    if scan(directory)[0]:
-        return None
-    committed, _ = scan(source)
-    while committed and content_problem(committed[-1].path):
-        committed.pop()
-    if not committed:
-        raise UserError(f"checkpoint.start_from: {source} holds no sound committed checkpoint. Fix: start from a job that "
-                        "checkpointed (its checkpoint.interval_steps below its max_steps), or drop start_from")
-    chosen = committed[-1]
-    directory.mkdir(parents=True, exist_ok=True)
-    incoming = directory / f".incoming-{chosen.path.name}"
-    shutil.rmtree(incoming, ignore_errors=True)
-    shutil.copytree(chosen.path, incoming)
-    os.rename(incoming, directory / chosen.path.name)
-    _fsync_dir(directory)
-    log.info("starting from %s (step %d)", chosen.path, chosen.step)
-    return chosen
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class UnsafeCheckpoint(UserError):
-    """A checkpoint file that would run code (or build objects other than data) when loaded: not retried, since
-    loading it again would meet the same file."""
-
-
-def rng_state() -> dict[str, Any]:
-    """Every generator's state as plain data (numpy's key array as a tensor), loadable with weights_only=True."""
-    name, key, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    numpy = state["numpy"]
-    np.random.set_state((numpy["name"], numpy["key"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
-                         numpy["cached_gaussian"]))
-
-
-def load_data(path: Path) -> Any:
-    """A torch.save'd file of data only; anything that would construct other objects is refused with the reason."""
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as e:
-        raise UnsafeCheckpoint(f"{path}: holds more than data (tensors, numbers, strings, lists, dicts), so it is not "
-                               f"loaded: {str(e).splitlines()[0]}. A trainforge job never writes such a file; if this "
-                               "checkpoint was written by an older trainforge or by anyone else, remove its directory to "
-                               "resume from the one before") from None
-
-
-# What DCP's .metadata pickle may build: DCP's own metadata classes (plain dataclasses), torch.Size and torch's dtype,
-# layout and memory-format singletons, and the path the writer recorded.
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-_METADATA_GLOBALS = {("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-                     ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if "." not in name:
-            if (module, name) in _METADATA_GLOBALS:
-                return super().find_class(module, name)
-            if module in _METADATA_MODULES:
-                found = super().find_class(module, name)
-                if isinstance(found, type) and found.__module__ == module:  # a class defined there, not an import
-                    return found
-            if module == "torch":
-                found = getattr(torch, name, None)
-                if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
-                    return found
-        raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in checkpoint metadata")
-
-
-class SafeReader(dcp.FileSystemReader):
-    """DCP's file reader with the metadata read by `_MetadataUnpickler` (tensors it already loads weights_only)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            try:
-                metadata = _MetadataUnpickler(io.BytesIO(stream.read())).load()
-            except pickle.UnpicklingError as e:
-                raise UnsafeCheckpoint(f"{path}: {e}; the checkpoint is not loaded (remove its directory to resume from "
-                                       "the one before)") from None
-        if getattr(metadata, "storage_meta", None) is None:
-            from torch.distributed.checkpoint.metadata import StorageMeta
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+    rng_restored: bool  # False when the world size changed: each rank's generators were reseeded instead
 
 
 @dataclass
@@ -233,10 +63,14 @@ class _Pending:
 
 
 class CheckpointManager:
-    """Saves, commits, prunes and finds checkpoints. Every rank calls every method; rank 0 does the bookkeeping."""
+    """Saves, commits, prunes and finds checkpoints, and decides when. Every rank calls every method; rank 0 does the
+    bookkeeping. With a `subject` it owns what is saved: the loop calls `maybe_save` each step, `final_save` at the
+    end, `emergency_save` on preemption and `load_latest` at start; `save`/`load` are the parts they are made of."""
 
-    def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, metric_mode: str, process_group: dist.ProcessGroup):
+    def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, metric_mode: str, process_group: dist.ProcessGroup,
+                 subject: Subject | None = None):
         self.cfg, self.rank, self.world_size, self.metric_mode = cfg, rank, world_size, metric_mode
+        self.subject = subject
         self.directory = Path(cfg.dir)
         # Checkpoint collectives run in a background thread; their own gloo group keeps them from
         # interleaving with the training loop's collectives on the default group.
@@ -248,6 +82,72 @@ class CheckpointManager:
         self.last_blocking_s = 0.0
         self.last_commit: Committed | None = None
         self.on_commit: list = []  # callbacks (Committed, seconds from save start or None), on every rank
+        self.on_blocked: list[Callable[[float], None]] = []  # seconds training waited on a checkpoint, per wait
+
+    # ---- cadence: what the training loop calls ----------------------------------------------------------------
+
+    def _of_subject(self) -> Subject:
+        if self.subject is None:
+            raise RuntimeError("this CheckpointManager was made without a subject: call save/load with the state instead")
+        return self.subject
+
+    def _blocked(self, seconds: float) -> float:
+        for callback in self.on_blocked:
+            callback(seconds)
+        return seconds
+
+    def maybe_save(self, step: int, metric: float | None) -> float:
+        """Each step: start a save at every `interval_steps`, and commit a finished one. Seconds training was blocked."""
+        blocked = 0.0
+        if step % self.cfg.interval_steps == 0:
+            subject = self._of_subject()
+            blocked = self._blocked(self.save(step, subject.model, subject.optimizer, subject.trainer_state(), metric, blocking=False))
+        self.poll()
+        return blocked
+
+    def final_save(self, step: int, metric: float | None) -> None:
+        """At the end of the run: the last step is committed (unless it already was) before the run reports success."""
+        self.wait()
+        if self.last_commit is None or self.last_commit.step != step:
+            subject = self._of_subject()
+            self._blocked(self.save(step, subject.model, subject.optimizer, subject.trainer_state(), metric, blocking=True))
+
+    def emergency_save(self, step: int, metric: float | None) -> bool:
+        """On preemption: commit what is in flight, then save this step unless a checkpoint of it, or one newer than
+        `emergency_skip_if_newer_than_s`, is already committed (the grace period is short). Whether it saved."""
+        self.wait()
+        last = self.last_commit
+        recent = last is not None and (last.step == step or time.time() - last.committed_at <= self.cfg.emergency_skip_if_newer_than_s)
+        if not recent:
+            subject = self._of_subject()
+            self._blocked(self.save(step, subject.model, subject.optimizer, subject.trainer_state(), metric, blocking=True))
+        return not recent
+
+    def adopt(self, source: Path | None) -> None:
+        """A job that starts from another's checkpoint: rank 0 copies it in (checkpoint_files.start_from); every rank
+        fails alike when it cannot."""
+        if source is None:
+            return
+        problem = [None]
+        if self.rank == 0:
+            try:
+                start_from(source, self.directory)
+            except UserError as exc:
+                problem = [str(exc)]
+        dist.broadcast_object_list(problem, src=0, group=self.pg)
+        if problem[0]:
+            raise UserError(problem[0])
+
+    def load_latest(self) -> Resumed | None:
+        """Resume the subject from the newest sound checkpoint, if there is one."""
+        dist.barrier(group=self.pg)  # nobody scans the local tier while it is being filled
+        latest = self.latest()
+        if latest is None:
+            return None
+        subject = self._of_subject()
+        saved, rng_restored = self.load(latest, subject.model, subject.optimizer)
+        subject.load_trainer_state(saved)
+        return Resumed(latest.step, latest.path, rng_restored)
 
     # ---- discovery ---------------------------------------------------------------------------------------
 
@@ -322,6 +222,10 @@ class CheckpointManager:
 
     def wait_for_staging(self) -> float:
         """Block until the in-flight save has copied the state; call before anything mutates it. Returns seconds."""
+        waited = self._wait_for_staging()
+        return self._blocked(waited) if waited else 0.0
+
+    def _wait_for_staging(self) -> float:
         if self._staging is None:
             return 0.0
         started = time.perf_counter()
@@ -348,7 +252,7 @@ class CheckpointManager:
             self._hash_pool = None
 
     def wait(self) -> None:
-        self.wait_for_staging()
+        self._wait_for_staging()
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
@@ -360,17 +264,7 @@ class CheckpointManager:
         # Rank 0's save finishes only after every rank reported its writes (DCP gathers them before writing
         # .metadata), and each rank wrote its rng file before joining the save: everything is on disk.
         if self.rank == 0:
-            files = {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file() and p.name != COMMIT_MARKER}
-            manifest = {"step": step, "metric": metric, "world_size": self.world_size, "committed_at": time.time(), "files": files,
-                        "sha256": digests if digests is not None else file_digests(path)}
-            tmp = path / f".{COMMIT_MARKER}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(manifest, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path / COMMIT_MARKER)
-            _fsync_dir(path)
-            committed = Committed(step, path, metric, manifest["committed_at"])
+            committed = write_manifest(path, step, metric, self.world_size, digests)
             self._prune()
         else:
             committed = Committed(step, path, metric, time.time())
@@ -389,6 +283,14 @@ class CheckpointManager:
             if c.step not in keep:
                 shutil.rmtree(c.path, ignore_errors=True)
 
+    def export_full_model(self, path: Path) -> None:
+        """The subject's full (unsharded) parameters in one file, written by rank 0 (every rank joins the gather): for
+        hand-off, and for tests that compare runs bit for bit."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(self._of_subject().model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            torch.save(full, path)
+
     # ---- load --------------------------------------------------------------------------------------------
 
     def load(self, checkpoint: Committed, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], bool]:
@@ -401,7 +303,7 @@ class CheckpointManager:
         dcp.load(state, storage_reader=reader, process_group=self.pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = checkpoint.path / f"rng-rank{self.rank}.pt"
-        same_world = json.loads((checkpoint.path / COMMIT_MARKER).read_text())["world_size"] == self.world_size
+        same_world = saved_world_size(checkpoint.path) == self.world_size
         if same_world and rng_file.exists():
             set_rng_state(load_data(rng_file))
         return trainer_state, same_world

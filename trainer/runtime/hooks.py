@@ -10,7 +10,12 @@ resume.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from trainforge.trainer.runtime.config import RunConfig, UserError
+
+if TYPE_CHECKING:
+    from trainforge.trainer.runtime.tasks import Task
 
 # Every reason a hook may give, in a fixed order: the collective carries its position (0 = keep going).
 STOP_REASONS: tuple[str, ...] = ("early_stopping", "target_metric", "pruned")
@@ -92,3 +97,24 @@ def first_stop(hooks: list[EvalHook], step: int, metrics: dict[str, float]) -> s
     """Every hook sees every evaluation (a stateful one must count it); the first reason given wins."""
     reasons = [hook.on_eval(step, metrics) for hook in hooks]
     return next((r for r in reasons if r is not None), None)
+
+
+def resolve_metric(cfg: RunConfig, task: Task) -> RunConfig:
+    """Fill in the task's default metric and mode; refuse a metric the task does not report."""
+    name, mode = task.default_metric
+    metric = cfg.metric or name
+    if metric not in task.metrics:
+        raise UserError(f"metric: task {task.name!r} reports {list(task.metrics)}, not {metric!r}. Fix: pick one of those")
+    if cfg.metric_mode is None and metric != name:
+        raise UserError(f"metric_mode: say whether {metric!r} is better when higher (max) or lower (min)")
+    return cfg.model_copy(update={"metric": metric, "metric_mode": cfg.metric_mode or mode})
+
+
+def default_eval_hooks(cfg: RunConfig) -> list[EvalHook]:
+    """The stop rules the run config asks for. A target reached wins over patience run out at the same evaluation."""
+    out: list[EvalHook] = []
+    if cfg.target_metric is not None:
+        out.append(TargetMetric(cfg.metric, cfg.metric_mode, cfg.target_metric))
+    if cfg.early_stopping_patience is not None:
+        out.append(EarlyStopping(cfg.metric, cfg.metric_mode, cfg.early_stopping_patience))
+    return out

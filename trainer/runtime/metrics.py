@@ -74,6 +74,18 @@ class RuntimeMetrics:
         elif name == "upload_seconds":
             self.s3_upload_seconds.observe(value)
 
+    def logged(self, step: int, loss: float, step_s: float, counts: dict[str, int], data_wait_s: float) -> None:
+        """A log step: the job's mean loss, the interval's mean step time (one observation per log interval) and the
+        job's throughput from `counts` (samples, tokens where the task counts them, summed over ranks)."""
+        self.step.set(step)
+        self.loss.set(loss)
+        self.step_seconds.observe(step_s)
+        self.samples_per_second.set(counts["samples"] / step_s)
+        if "tokens" in counts:
+            self.tokens_per_second.set(counts["tokens"] / step_s)
+        self.data_wait_seconds.inc(data_wait_s)
+        self.sample_gpu()
+
     def evaluated(self, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
             self.eval_metric.labels(*self._eval_labels, name).set(value)

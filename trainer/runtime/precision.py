@@ -12,6 +12,7 @@ checkpoint holds (fp32 master weights and optimizer state either way), so a run 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -85,3 +86,21 @@ def resolve(requested: str, device: torch.device, probe: tuple[bool, str] | None
     if device.type == "cuda":
         return Precision(requested, "fp16", f"auto: {why}; fp16 with loss scaling")
     return Precision(requested, "fp32", f"auto: {why}")
+
+
+def autocast(chosen: str, device: torch.device):
+    """The forward pass's context for a run computing in `chosen` (fp32: none)."""
+    if chosen == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if chosen == "bf16" else torch.float16)
+
+
+def agreed(requested: str, device: torch.device, group, *, announce: bool) -> Precision:
+    """The precision every rank of the job runs in (the bf16 probe agreed over `group`), logged once by `announce`."""
+    from trainforge.trainer.runtime.config import UserError
+    chosen = resolve(requested, device, agreed_probe(device, group) if requested in ("auto", "bf16") else None)
+    if announce:
+        log.info("precision: %s (%s)", chosen.chosen, chosen.reason)
+    if chosen.chosen == "fp16" and device.type != "cuda":
+        raise UserError("precision: fp16 needs a CUDA device (its grad scaler exists for GPU underflow). Fix: use bf16 or fp32 on CPU")
+    return chosen

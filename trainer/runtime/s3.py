@@ -28,7 +28,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from trainforge import models
-from trainforge.trainer.runtime.checkpoint import COMMIT_MARKER, STEP_PREFIX, Committed, scan, step_dir_name
+from trainforge.trainer.runtime.checkpoint_files import COMMIT_MARKER, STEP_PREFIX, Committed, scan, step_dir_name
 
 log = logging.getLogger("trainforge.runtime")
 S3_URI = re.compile(models.S3_URI)

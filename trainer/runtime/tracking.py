@@ -16,11 +16,11 @@ import threading
 import time
 from typing import Any
 
-from trainforge import contract
+from trainforge import run_tags
 
 log = logging.getLogger("trainforge.runtime")
-JOB_TAG = contract.TRACKING_JOB_TAG
-TEAM_TAG = contract.TRACKING_TEAM_TAG
+JOB_TAG = run_tags.JOB
+TEAM_TAG = run_tags.TEAM
 MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
 
 
@@ -41,7 +41,7 @@ class Tracker:
         # Our thread owns retrying: MLflow's own HTTP retries would hold the buffer hostage for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        self.uri, self.experiment, self.job_id, self.team, self.run_name = uri, contract.team_experiment(team, experiment), job_id, team, run_name
+        self.uri, self.experiment, self.job_id, self.team, self.run_name = uri, run_tags.team_experiment(team, experiment), job_id, team, run_name
         self._params, self._tags = dict(params), {**tags, JOB_TAG: job_id, TEAM_TAG: team}
         self._metrics: list[tuple[str, float, int, int]] = []
         self._pending_tags: dict[str, str] = {}

@@ -7,7 +7,7 @@ import json
 
 import optuna
 
-from trainforge import contract
+from trainforge import run_tags
 from trainforge.trainer.sweeps.spec import Sweep
 from trainforge.trainer.sweeps.study import best_trials
 
@@ -21,11 +21,11 @@ class SweepTracking:
         self.team = sweep.base.team
         self.parent_run_id = study.user_attrs.get("mlflow_run_id")
         if self.parent_run_id is None:
-            name = contract.team_experiment(sweep.base.team, sweep.base.tracking.experiment)  # where its trials' runs are
+            name = run_tags.team_experiment(sweep.base.team, sweep.base.tracking.experiment)  # where its trials' runs are
             experiment = self.client.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
             run = self.client.create_run(experiment_id, run_name=sweep.name,
-                                         tags={contract.TRACKING_SWEEP_TAG: sweep.name, contract.TRACKING_TEAM_TAG: sweep.base.team})
+                                         tags={run_tags.SWEEP: sweep.name, run_tags.TEAM: sweep.base.team})
             self.parent_run_id = run.info.run_id
             study.set_user_attr("mlflow_run_id", self.parent_run_id)
             spec = sweep.spec
@@ -42,21 +42,21 @@ class SweepTracking:
         if value is not None:
             self.client.log_metric(self.parent_run_id, "trial_value", value, step=trial.number)
         found = self.client.search_runs([self.client.get_run(self.parent_run_id).info.experiment_id],
-                                        filter_string=f"tags.`{contract.TRACKING_JOB_TAG}` = '{job}' and "
-                                                      f"tags.`{contract.TRACKING_TEAM_TAG}` = '{self.team}'", max_results=1) if job else []
+                                        filter_string=f"tags.`{run_tags.JOB}` = '{job}' and "
+                                                      f"tags.`{run_tags.TEAM}` = '{self.team}'", max_results=1) if job else []
         for run in found:
-            for key, value in {"trainforge.trial.number": trial.number, "trainforge.trial.state": trial.state.name.lower(),
-                               "trainforge.trial.cost_usd": f"{cost:.6f}", "trainforge.trial.value": value}.items():
+            for key, value in {run_tags.TRIAL: trial.number, run_tags.TRIAL_STATE: trial.state.name.lower(),
+                               run_tags.TRIAL_COST_USD: f"{cost:.6f}", run_tags.TRIAL_VALUE: value}.items():
                 self.client.set_tag(run.info.run_id, key, str(value))
         return found[0].info.run_id if found else None
 
     def sweep_finished(self, study: optuna.Study, spent: float, why: str) -> None:
-        self.client.set_tag(self.parent_run_id, "trainforge.sweep.finished_because", why)
+        self.client.set_tag(self.parent_run_id, run_tags.SWEEP_FINISHED_BECAUSE, why)
         self.client.log_metric(self.parent_run_id, "spent_usd", spent)
         front = best_trials(study)
         if front:
             best = front[0]
             self.client.log_metric(self.parent_run_id, "best_value", best.values[0])
-            self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_trial", str(best.number))
-            self.client.set_tag(self.parent_run_id, "trainforge.sweep.best_job", str(best.user_attrs.get("job")))
+            self.client.set_tag(self.parent_run_id, run_tags.SWEEP_BEST_TRIAL, str(best.number))
+            self.client.set_tag(self.parent_run_id, run_tags.SWEEP_BEST_JOB, str(best.user_attrs.get("job")))
         self.client.set_terminated(self.parent_run_id, "FINISHED")

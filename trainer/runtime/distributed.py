@@ -1,0 +1,84 @@
+"""The job's process group: join it (a lone process forms a group of one, so nothing downstream branches), leave it
+so the process can train again, and seed every generator alike."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Distributed:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    checkpoint_group: dist.ProcessGroup  # gloo: checkpoint collectives, some from DCP's background thread
+    control_group: dist.ProcessGroup  # gloo: the per-step stop agreement, a host-side collective that never waits on the GPU
+    owns_group: bool = True  # init_distributed made the default group (a caller's own group is left to the caller)
+    lone: bool = False  # no torchrun: init_distributed set RANK, WORLD_SIZE... itself
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+LONE_PROCESS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def init_distributed() -> Distributed:
+    """Join the job's process group; a lone process (no torchrun) forms a group of one, so nothing branches. A default
+    group the caller already made is used as it is."""
+    lone = "RANK" not in os.environ
+    if lone:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    checkpoint_group = dist.new_group(backend="gloo")
+    control_group = dist.new_group(backend="gloo")
+    return Distributed(rank, world, local, device, checkpoint_group, control_group, owns_group, lone)
+
+
+def leave_distributed(env: Distributed, *, clean: bool) -> None:
+    """Undo init_distributed, so the process can train again (a notebook, in-process trials). The group is destroyed
+    when the run ended cleanly or the process is alone; after a failure across ranks a peer may be gone, and
+    destroying would wait on it, so the process's exit does it."""
+    if env.owns_group and dist.is_initialized() and (clean or env.world_size == 1):
+        dist.destroy_process_group()
+    elif not env.owns_group:
+        for group in (env.checkpoint_group, env.control_group):
+            dist.destroy_process_group(group)
+    if env.lone and not dist.is_initialized():
+        for name in LONE_PROCESS_ENV:
+            os.environ.pop(name, None)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.backends.cudnn.benchmark = False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
