@@ -16,7 +16,7 @@ import yaml
 pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 
 from conftest import run_cli  # noqa: E402
-from trainforge import contract  # noqa: E402
+from trainforge import exits  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ def test_a_user_error_is_not_retried(tmp_path):
     outcome = cli(home, "submit", str(spec_file(tmp_path, "bad-precision", precision="fp16")), check=False)
     assert outcome.returncode == 1
     report = status(home, "bad-precision")
-    assert report["state"] == "failed" and report["restarts"] == 0 and report["exit_code"] == contract.EXIT_USER_ERROR
+    assert report["state"] == "failed" and report["restarts"] == 0 and report["exit_code"] == exits.EXIT_USER_ERROR
     assert "fp16 needs a CUDA device" in cli(home, "logs", "bad-precision").stdout
 
 

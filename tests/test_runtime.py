@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason="the runtime extra (torch) is not in
 
 from servers import free_port  # noqa: E402
 
-from trainforge import contract  # noqa: E402
+from trainforge import exits  # noqa: E402
 from trainforge.trainer.launch import EXIT_WORKER_LOST  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -138,7 +138,7 @@ def test_sigterm_exit_code_means_resume_me(tmp_path):
     job = start(tmp_path, "step_sleep_s=0.05", "max_steps=1000", nproc=None)
     wait_for_step(tmp_path, 5)
     job.send_signal(signal.SIGTERM)
-    assert job.wait(timeout=60) == contract.EXIT_PREEMPTED
+    assert job.wait(timeout=60) == exits.EXIT_PREEMPTED
 
 
 DAMAGE_SEEN = {"truncate": "damaged: __0_0.distcp is", "uncommit": "no commit marker",
@@ -176,12 +176,12 @@ def test_a_two_rank_fsdp_checkpoint_resumes_on_one_rank(tmp_path):
 
 def test_user_errors_exit_with_the_non_retryable_code(tmp_path):
     bad_precision = run(tmp_path, "precision=fp16", nproc=None, check=False)
-    assert bad_precision.returncode == contract.EXIT_USER_ERROR and "fp16 needs a CUDA device" in bad_precision.stderr
+    assert bad_precision.returncode == exits.EXIT_USER_ERROR and "fp16 needs a CUDA device" in bad_precision.stderr
     bad_field = run(tmp_path, "max_stepz=5", nproc=None, check=False)
-    assert bad_field.returncode == contract.EXIT_USER_ERROR
+    assert bad_field.returncode == exits.EXIT_USER_ERROR
     assert "max_stepz: Extra inputs are not permitted (got 5)" in bad_field.stderr
     bad_metric = run(tmp_path, "task=char_lm", "metric=accuracy", nproc=None, check=False)
-    assert bad_metric.returncode == contract.EXIT_USER_ERROR
+    assert bad_metric.returncode == exits.EXIT_USER_ERROR
     assert "task 'char_lm' reports ['loss', 'perplexity'], not 'accuracy'" in bad_metric.stderr
     assert "Traceback" not in bad_field.stderr + bad_precision.stderr + bad_metric.stderr
 
@@ -228,7 +228,7 @@ def test_a_researchers_own_model_and_data_run_through_module_factory(tmp_path, m
 
 def test_an_unloadable_task_is_a_user_error(tmp_path):
     outcome = run(tmp_path, "task=no_such_module:build", nproc=None, check=False)
-    assert outcome.returncode == contract.EXIT_USER_ERROR and "cannot load task factory 'no_such_module:build'" in outcome.stderr
+    assert outcome.returncode == exits.EXIT_USER_ERROR and "cannot load task factory 'no_such_module:build'" in outcome.stderr
 
 
 def descendants(pid: int) -> list[int]:
@@ -267,9 +267,9 @@ def test_a_lost_node_makes_the_survivors_retry_not_fail(tmp_path):
             except ProcessLookupError:
                 pass
     assert codes[1] == EXIT_WORKER_LOST, "the node whose worker vanished"
-    assert [p.read_text() for p in (tmp_path / "exit0").glob("rank*.code")] == [str(contract.EXIT_PEER_LOST)], \
+    assert [p.read_text() for p in (tmp_path / "exit0").glob("rank*.code")] == [str(exits.EXIT_PEER_LOST)], \
         (tmp_path / "node0.log").read_text()[-2000:]
-    assert contract.is_retryable(codes[0]), f"the surviving node exited {codes[0]}: the job would fail instead of resuming"
+    assert exits.is_retryable(codes[0]), f"the surviving node exited {codes[0]}: the job would fail instead of resuming"
 
 
 class _Payload:
@@ -302,7 +302,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_not_executed(tmp_path, plan
     (newest / "COMMITTED").write_text(json.dumps(manifest))
     resumed = run(tmp_path, "max_steps=40", nproc=None, check=False)
     assert not marker.exists(), "the planted pickle ran"
-    assert resumed.returncode == contract.EXIT_USER_ERROR, resumed.stderr[-2000:]
+    assert resumed.returncode == exits.EXIT_USER_ERROR, resumed.stderr[-2000:]
     assert f"step-00000030/{planted}" in resumed.stderr and "not loaded" in resumed.stderr
     assert "remove its directory to resume from" in resumed.stderr
     assert "Traceback" not in resumed.stderr

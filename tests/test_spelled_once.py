@@ -1,5 +1,6 @@
 """Every cross-layer fact is spelled once (issue 23): a name other code must agree on — a Secret, a ServiceAccount, a
-label, a tag, a file in a run directory — is a constant in its home (trainforge/contract.py, trainforge/paths.py),
+label, a tag, a file in a run directory — is a constant in its home (trainforge/contract.py, paths.py, run_tags.py,
+exits.py),
 and every other module imports it. Read from the source's syntax tree: a string literal anywhere in the product code
 equal to a home's distinctive value is a second spelling, which a rename would silently leave behind.
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from conftest import REPO
 
-HOMES = (REPO / "src" / "trainforge" / "contract.py", REPO / "src" / "trainforge" / "paths.py")
+HOMES = tuple(REPO / "src" / "trainforge" / name for name in ("contract.py", "paths.py", "run_tags.py", "exits.py"))
 PRODUCT = ("src/trainforge", "trainer", "platform", "infra", "policies")
 DISTINCTIVE = set("-./_:")
 

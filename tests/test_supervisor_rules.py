@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainforge import contract
+from trainforge import exits
 from trainforge.trainer.launch import EXIT_WORKER_LOST, classify, node_exit_code
 from trainforge.trainer.backends.local import outcome_of
 
@@ -25,12 +25,12 @@ def record(tmp_path, **codes):
 @pytest.mark.parametrize("codes, expected, node_code", [
     ({"rank0": 0, "rank1": 0}, ("ok", 0), 0),
     ({"rank0": 2, "rank1": 2}, ("user_error", 2), 2),
-    ({"rank0": 1, "rank1": contract.EXIT_PREEMPTED}, ("user_error", 1), 1),  # rank 0 crashed, torchrun stopped rank 1
-    ({"rank0": contract.EXIT_PREEMPTED, "rank1": contract.EXIT_PREEMPTED}, ("retry", contract.EXIT_PREEMPTED), 143),
+    ({"rank0": 1, "rank1": exits.EXIT_PREEMPTED}, ("user_error", 1), 1),  # rank 0 crashed, torchrun stopped rank 1
+    ({"rank0": exits.EXIT_PREEMPTED, "rank1": exits.EXIT_PREEMPTED}, ("retry", exits.EXIT_PREEMPTED), 143),
     # rank 0 was killed; torchrun then stopped rank 1 with SIGTERM, which looks like a preemption but is not one
-    ({"rank0": EXIT_WORKER_LOST, "rank1": contract.EXIT_PREEMPTED}, ("retry", EXIT_WORKER_LOST), EXIT_WORKER_LOST),
-    ({"rank0": contract.EXIT_PEER_LOST, "rank1": contract.EXIT_PREEMPTED}, ("retry", contract.EXIT_PEER_LOST), EXIT_WORKER_LOST),
-    ({"rank0": 0, "rank1": contract.EXIT_PREEMPTED}, ("retry", contract.EXIT_PREEMPTED), 143),  # rank 0 had finished
+    ({"rank0": EXIT_WORKER_LOST, "rank1": exits.EXIT_PREEMPTED}, ("retry", EXIT_WORKER_LOST), EXIT_WORKER_LOST),
+    ({"rank0": exits.EXIT_PEER_LOST, "rank1": exits.EXIT_PREEMPTED}, ("retry", exits.EXIT_PEER_LOST), EXIT_WORKER_LOST),
+    ({"rank0": 0, "rank1": exits.EXIT_PREEMPTED}, ("retry", exits.EXIT_PREEMPTED), 143),  # rank 0 had finished
     ({"rank0": 1}, ("retry", -9), EXIT_WORKER_LOST),  # rank 1 was killed; rank 0's collective then failed: the kill is the cause
     ({}, ("retry", -9), EXIT_WORKER_LOST),
 ])
@@ -71,7 +71,7 @@ def test_a_worker_killed_by_a_signal_makes_the_node_retryable():
     # still say "worker lost" (counted against restarts), not "preempted" (uncounted), or an OOM loop never ends.
     kill = "import os, signal, time; os.kill(os.getpid(), signal.SIGKILL) if os.environ['RANK'] == '0' else time.sleep(60)"
     code = subprocess.run(launch(*python(kill)), capture_output=True, timeout=120).returncode
-    assert code == EXIT_WORKER_LOST and contract.is_retryable(code)
+    assert code == EXIT_WORKER_LOST and exits.is_retryable(code)
 
 
 @pytest.mark.slow
@@ -85,7 +85,7 @@ def test_sigterm_to_the_node_is_forwarded_and_reported_as_preempted(tmp_path):
     while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     node.send_signal(signal.SIGTERM)
-    assert node.wait(timeout=60) == contract.EXIT_PREEMPTED
+    assert node.wait(timeout=60) == exits.EXIT_PREEMPTED
     # Both ranks got the signal (the runtime's emergency checkpoint depends on it) and said so.
     assert sorted(p.read_text() for p in (tmp_path / "exits").glob("rank*.code")) == ["143", "143"]
 
@@ -104,7 +104,7 @@ def test_sigterm_before_the_workers_are_up_is_still_a_preemption():
     while not children_of(node.pid) and time.monotonic() < deadline:
         time.sleep(0.05)  # the launcher is up (its handlers are set before torchrun starts)
     node.send_signal(signal.SIGTERM)
-    assert node.wait(timeout=60) == contract.EXIT_PREEMPTED
+    assert node.wait(timeout=60) == exits.EXIT_PREEMPTED
 
 
 def test_a_missing_command_is_a_user_error(tmp_path):
@@ -123,10 +123,10 @@ def test_only_a_collective_failing_on_a_lost_peer_is_not_the_ranks_fault():
     from trainforge.trainer.runtime.__main__ import exit_code_for
 
     gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:2792: Connection reset by peer")
-    assert exit_code_for(gloo) == contract.EXIT_PEER_LOST and contract.is_retryable(contract.EXIT_PEER_LOST)
+    assert exit_code_for(gloo) == exits.EXIT_PEER_LOST and exits.is_retryable(exits.EXIT_PEER_LOST)
     assert exit_code_for(RuntimeError("my database: Connection reset by peer")) == 1, "the user's own socket is the user's error"
     assert exit_code_for(ValueError("shapes do not match")) == 1
-    assert exit_code_for(SystemExit(contract.EXIT_USER_ERROR)) == contract.EXIT_USER_ERROR
+    assert exit_code_for(SystemExit(exits.EXIT_USER_ERROR)) == exits.EXIT_USER_ERROR
 
 
 def test_bundled_task_names_and_arguments_known_without_torch_match_the_factories():

@@ -10,7 +10,7 @@ import re
 import pytest
 from test_render import KUBERNETES_VERSIONS, SPECS
 
-from trainforge import contract
+from trainforge import contract, exits
 from trainforge.platform.training.runtime import cluster_training_runtime, cluster_training_runtimes
 from trainforge.k8s_schema import core_problems, pod_templates, problems
 from trainforge.trainer.placement import decide
@@ -111,10 +111,10 @@ def jobset_action(exit_code: int) -> str:
 
 
 def test_preemption_resumes_without_spending_a_restart():
-    assert jobset_action(contract.EXIT_PREEMPTED) == "RestartJobSetAndIgnoreMaxRestarts"
+    assert jobset_action(exits.EXIT_PREEMPTED) == "RestartJobSetAndIgnoreMaxRestarts"
 
 
-@pytest.mark.parametrize("code", [1, contract.EXIT_USER_ERROR, 127])
+@pytest.mark.parametrize("code", [1, exits.EXIT_USER_ERROR, 127])
 def test_user_errors_fail_the_job_at_once(code):
     assert jobset_action(code) == "FailJobSet"
 
@@ -128,7 +128,7 @@ def test_a_lost_worker_restarts_the_group_within_the_limit(code):
 def test_the_rules_agree_with_the_contract_for_every_exit_code():
     for code in range(1, 256):
         restarts = jobset_action(code) != "FailJobSet"
-        assert restarts == contract.is_retryable(code), code
+        assert restarts == exits.is_retryable(code), code
 
 
 def test_a_negative_restart_limit_is_refused():

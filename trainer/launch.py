@@ -4,7 +4,7 @@ torchrun exits 1 whatever happened to its workers: a user's bug, a spot notice, 
 killer. Kubernetes restart rules read the container's exit code (PyTorchJob `restartPolicy: ExitCode`, the
 Job `podFailurePolicy` of the `trainforge-torch` runtime), so a bare torchrun would turn every preemption
 into a permanent failure. This wrapper is the container's command on the cluster and the supervisor's
-command locally (one code path): each worker records its own exit code (`contract.record_exit`), and the
+command locally (one code path): each worker records its own exit code (`exits.record_exit`), and the
 node exits with the contract's code for the attempt:
 
     0      every worker finished
@@ -12,7 +12,7 @@ node exits with the contract's code for the attempt:
     143    preempted: the node was told to stop (SIGTERM/SIGINT), or every worker that stopped took the
            emergency checkpoint (retried)
     137    a worker vanished without a record (SIGKILL, OOM, node loss), or workers failed only because a peer
-           on another node did (they record contract.EXIT_PEER_LOST): retried
+           on another node did (they record exits.EXIT_PEER_LOST): retried
 
 Usage:
     python -m trainforge.trainer.launch [--nproc-per-node N] [--exit-dir D] -- TORCHRUN_ARGS...
@@ -31,9 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trainforge import contract
-
-from trainforge.contract import EXIT_DIR_ENV, EXIT_WORKER_LOST, read_exits, record_exit
+from trainforge import exits
+from trainforge.exits import EXIT_DIR_ENV, EXIT_WORKER_LOST, read_exits, record_exit
 
 # Kubernetes shows this file's content as the container's termination message (`kubectl describe`, the job's
 # status): the one line that says why a user error failed the job.
@@ -57,21 +56,21 @@ def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int
         # Every worker finished and said so; a crash after that (seen: SIGABRT "terminate called without an active
         # exception" in interpreter teardown after an FSDP run) must not re-run a finished job.
         return "ok", 0
-    user_errors = [c for c in failures if not contract.is_retryable(c)]
+    user_errors = [c for c in failures if not exits.is_retryable(c)]
     if user_errors:
         return "user_error", user_errors[0]
     # Preempted only when every worker that stopped was preempted. When one worker is killed (OOM, a signal)
     # torchrun stops the others with SIGTERM and they record 143 too: that attempt is a lost worker, which
     # the cluster counts against maxRestarts, not a preemption, which it does not (an OOM loop must end).
-    if all(c == contract.EXIT_PREEMPTED for c in failures):
-        return "retry", contract.EXIT_PREEMPTED
-    return "retry", next((c for c in failures if c != contract.EXIT_PREEMPTED), returncode)
+    if all(c == exits.EXIT_PREEMPTED for c in failures):
+        return "retry", exits.EXIT_PREEMPTED
+    return "retry", next((c for c in failures if c != exits.EXIT_PREEMPTED), returncode)
 
 
 def user_error_message(exit_dir: Path) -> str:
     """The message of the first rank that failed with a user error (1-127), as 'rank R: message'; '' if none."""
     for record in read_exits(exit_dir):
-        if record.code != 0 and not contract.is_retryable(record.code) and record.message:
+        if record.code != 0 and not exits.is_retryable(record.code) and record.message:
             return f"rank {record.rank}: {record.message}"
     return ""
 
@@ -96,7 +95,7 @@ def node_exit_code(returncode: int, exit_dir: Path, world_size: int, told_to_sto
     """
     outcome, code = classify(returncode, exit_dir, world_size)
     if outcome == "retry":
-        return contract.EXIT_PREEMPTED if told_to_stop or code == contract.EXIT_PREEMPTED else EXIT_WORKER_LOST
+        return exits.EXIT_PREEMPTED if told_to_stop or code == exits.EXIT_PREEMPTED else EXIT_WORKER_LOST
     return code
 
 

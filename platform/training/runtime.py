@@ -7,7 +7,7 @@ TrainJob's runtime patch has no such field there, and the API server prunes it s
 
 A TrainJob cannot carry Job failure policies (its runtime patches reach only the pod template), so the rules
 that make spot training work live here, once, for every team. They read the node launcher's exit code
-(trainer/launch.py, contract.EXIT_*):
+(trainer/launch.py, exits.EXIT_*):
 
 - 143, preempted: the workers took an emergency checkpoint. The whole group is recreated and resumes; this
   does not count against `maxRestarts` (spot may reclaim a long job many times; `activeDeadlineSeconds`,
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainforge import contract
+from trainforge import contract, exits
 
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the job the TrainJob's trainer section overrides
@@ -39,7 +39,7 @@ def pod_failure_policy() -> dict[str, Any]:
     of `preempted_message_pattern`: the Job controller names the matching rule's index in its failure message."""
     return {"rules": [
         {"action": "FailJob", "onExitCodes": {"containerName": contract.TRAINJOB_CONTAINER, "operator": "In",
-                                              "values": [contract.EXIT_PREEMPTED]}},
+                                              "values": [exits.EXIT_PREEMPTED]}},
         {"action": "FailJob", "onExitCodes": {"containerName": contract.TRAINJOB_CONTAINER, "operator": "In",
                                               "values": USER_ERROR_CODES}},
     ]}
@@ -48,7 +48,7 @@ def pod_failure_policy() -> dict[str, Any]:
 def preempted_message_pattern() -> str:
     # The Job controller's message: "Container node for pod ns/name failed with exit code 143 matching FailJob
     # rule at index 0" (kubernetes pkg/controller/job/pod_failure_policy.go).
-    return f"failed with exit code {contract.EXIT_PREEMPTED} matching FailJob rule at index 0"
+    return f"failed with exit code {exits.EXIT_PREEMPTED} matching FailJob rule at index 0"
 
 
 def failure_policy(max_restarts: int) -> dict[str, Any]:

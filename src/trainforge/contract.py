@@ -6,11 +6,8 @@ namespaces from them; the submitter selects nodes and tolerates taints with them
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 PROJECT = "trainforge"
 LABEL_DOMAIN = "trainforge.io"
@@ -193,59 +190,7 @@ def team_s3_prefix(team: str) -> str:
     return f"teams/{team}/"
 
 
-# Worker exit codes: the supervisor (local backend) and the job's restart policy (cluster) act on them.
-# training-operator's `restartPolicy: ExitCode` retries 128-255 and fails fast on 1-127, so "preempted" must
-# be >= 128: 143 is also what an unhandled SIGTERM gives, and both mean "interrupted, resume me".
-EXIT_OK = 0
-EXIT_USER_ERROR = 2  # bad config, bad code: retrying cannot help (as is any other code from 1 to 127)
-EXIT_PREEMPTED = 143  # interrupted (SIGTERM: spot notice, eviction, cancel); the checkpoint is taken — resume me
-EXIT_PEER_LOST = 200  # a collective failed because another rank or the network went away — not this rank's fault: retry
-
-
-EXIT_WORKER_LOST = 128 + signal.SIGKILL  # 137: a worker vanished without a record (SIGKILL, OOM, node loss)
-
-
-def is_retryable(exit_code: int) -> bool:
-    """Killed by a signal or preempted: restart from the last checkpoint. 1-127: a user error, do not retry."""
-    return exit_code >= 128 or exit_code < 0  # Popen reports death by signal N as -N
-
-
-# How a worker tells its node launcher why it stopped: the launcher points EXIT_DIR_ENV at a directory, and each
-# rank writes `rank<R>.code` (its exit code) and, for a failure, `rank<R>.error` (one line the researcher should
-# see: the exception, not "see job.log"). A rank with no code file was killed before it could write one.
-EXIT_DIR_ENV = "TRAINFORGE_EXIT_DIR"
-ERROR_MESSAGE_MAX_CHARS = 500
-
-
-@dataclass(frozen=True)
-class ExitRecord:
-    rank: int
-    code: int
-    message: str = ""
-
-
-def record_exit(code: int, message: str = "") -> None:
-    """Called by each worker as it exits. A rank with no record was killed: the launcher treats that as the cause."""
-    directory = os.environ.get(EXIT_DIR_ENV)
-    if not directory:
-        return
-    rank = os.environ.get("RANK", "0")
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    if message:  # written before the code: a reader that sees the code sees the message too
-        Path(directory, f"rank{rank}.error").write_text(message[:ERROR_MESSAGE_MAX_CHARS])
-    Path(directory, f"rank{rank}.code").write_text(str(code))
-
-
-def read_exits(directory: Path) -> list[ExitRecord]:
-    """Every rank's record in `directory`, by rank."""
-    if not directory.exists():
-        return []
-    out = []
-    for path in directory.glob("rank*.code"):
-        rank = int(path.stem.removeprefix("rank"))
-        error = path.with_suffix(".error")
-        out.append(ExitRecord(rank, int(path.read_text()), error.read_text() if error.exists() else ""))
-    return sorted(out, key=lambda r: r.rank)
+# Worker exit codes and how a rank reports its own: trainforge/exits.py.
 
 
 # Scheduling: Kueue labels on every job, WorkloadPriorityClasses and the training runtime the platform installs.

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from trainforge import contract, paths
+from trainforge import exits, paths
 from trainforge.errors import TrainforgeError
 from trainforge.paths import job_dir
 from trainforge.trainer import ledger
@@ -273,7 +273,7 @@ def outcome_of(code: int) -> str:
     """The launcher's exit code says it all: 0 done, 1-127 a user error, >= 128 retry from the checkpoint."""
     if code == 0:
         return "ok"
-    return "retry" if contract.is_retryable(code) else "user_error"
+    return "retry" if exits.is_retryable(code) else "user_error"
 
 
 class Supervisor:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from trainforge import contract, paths
+from trainforge import exits, paths
 from trainforge import errors
 
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         if told:
             log.info("sweep trial %d: %s", cfg.sweep.trial_id, told)
     import torch.distributed as dist
-    if result.exit_code == contract.EXIT_OK and dist.is_initialized():  # train() destroys the group it made
+    if result.exit_code == exits.EXIT_OK and dist.is_initialized():  # train() destroys the group it made
         dist.destroy_process_group()
     return result.exit_code
 
@@ -107,7 +107,7 @@ def exit_code_for(exc: BaseException) -> int:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     if isinstance(exc, UserError):
         return exc.exit_code
-    return contract.EXIT_PEER_LOST if is_peer_failure(exc) else 1
+    return exits.EXIT_PEER_LOST if is_peer_failure(exc) else 1
 
 
 def failure_message(exc: BaseException) -> str:
@@ -121,7 +121,7 @@ def failure_message(exc: BaseException) -> str:
 
 
 def entry() -> int:
-    from trainforge.contract import record_exit
+    from trainforge.exits import record_exit
     from trainforge.trainer.runtime.config import UserError
 
     try:
@@ -132,7 +132,7 @@ def entry() -> int:
         if isinstance(exc, UserError):
             logging.getLogger("trainforge.runtime").error("%s", exc)
             return code
-        if code == contract.EXIT_PEER_LOST:
+        if code == exits.EXIT_PEER_LOST:
             logging.getLogger("trainforge.runtime").error("a collective failed because a peer is gone (%s); exiting %d to be "
                                                           "restarted from the last checkpoint", (str(exc).splitlines() or [type(exc).__name__])[0][:200], code)
             return code

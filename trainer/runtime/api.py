@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainforge import contract, paths
+from trainforge import exits, paths
 from trainforge.trainer.runtime.config import RunConfig
 from trainforge.trainer.runtime.hooks import EvalHook
 from trainforge.trainer.runtime.distributed import init_distributed, leave_distributed
@@ -17,7 +17,7 @@ from trainforge.trainer.runtime.loop import RunResult, Trainer
 from trainforge.trainer.runtime.preemption import PreemptionGuard
 from trainforge.trainer.runtime.tasks import Task
 
-STATUS = {contract.EXIT_OK: "FINISHED", contract.EXIT_PREEMPTED: "KILLED"}
+STATUS = {exits.EXIT_OK: "FINISHED", exits.EXIT_PREEMPTED: "KILLED"}
 
 
 def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None, eval_hooks: tuple[EvalHook, ...] = ()) -> RunResult:
@@ -40,4 +40,4 @@ def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None, eval
     finally:
         guard.done()
         if env is not None:  # so train() can be called again in this process
-            leave_distributed(env, clean=result is not None and result.exit_code == contract.EXIT_OK)
+            leave_distributed(env, clean=result is not None and result.exit_code == exits.EXIT_OK)

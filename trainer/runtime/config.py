@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from trainforge import contract
+from trainforge import exits
 from trainforge.models import RUN_ID, S3_URI, StrictModel
 from trainforge.errors import TrainforgeError
 
@@ -32,7 +32,7 @@ TASK_REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$
 class UserError(TrainforgeError):
     """A problem retrying cannot fix (bad config for this machine, bad task code): the worker exits EXIT_USER_ERROR."""
 
-    exit_code = contract.EXIT_USER_ERROR
+    exit_code = exits.EXIT_USER_ERROR
 
     def __init__(self, message: str):
         super().__init__("", [message])

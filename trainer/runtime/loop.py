@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainforge import contract, paths
+from trainforge import exits, paths
 from trainforge.trainer.runtime import build, channels, hooks, precision
 from trainforge.trainer.runtime.checkpoint import CheckpointManager, Subject
 from trainforge.trainer.runtime.config import RunConfig
@@ -235,7 +235,7 @@ class Trainer:
             in_flight = None
             self.checkpoints.final_save(self.state.step, self._metric())
             self.checkpoints.export_full_model(self.output / paths.FINAL_MODEL_FILE)
-            return RunResult(contract.EXIT_OK, self.state.step, self.state.last_eval, resumed_from, stopped, *self._precision_record())
+            return RunResult(exits.EXIT_OK, self.state.step, self.state.last_eval, resumed_from, stopped, *self._precision_record())
         finally:
             if in_flight is not None:
                 in_flight.work.wait()
@@ -290,5 +290,5 @@ class Trainer:
                         "committed checkpoint" if saved else "recent checkpoint kept", elapsed)
             (self.output / paths.PREEMPTED_FILE).write_text(json.dumps({"step": self.state.step, "sigterm_to_commit_s": elapsed,
                                                                     "emergency_checkpoint": saved}))
-        return RunResult(contract.EXIT_PREEMPTED, self.state.step, self.state.last_eval, resumed_from, "preempted",
+        return RunResult(exits.EXIT_PREEMPTED, self.state.step, self.state.last_eval, resumed_from, "preempted",
                          *self._precision_record())

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 
-from trainforge.contract import EXIT_PREEMPTED
+from trainforge.exits import EXIT_PREEMPTED
 
 log = logging.getLogger("trainforge.runtime")
 
@@ -43,7 +43,7 @@ class PreemptionGuard:
         self.requested.set()
         if not self.finished.wait(self.grace_s):
             log.error("training loop did not stop within %.0f s of SIGTERM; exiting without a new checkpoint", self.grace_s)
-            from trainforge.contract import record_exit
+            from trainforge.exits import record_exit
             record_exit(EXIT_PREEMPTED)
             os._exit(EXIT_PREEMPTED)
 
