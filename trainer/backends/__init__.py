@@ -36,13 +36,55 @@ class JobPhase(StrEnum):
         return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED, JobPhase.DELETED, JobPhase.LOST)
 
 
+@dataclass(frozen=True)
+class LocalRun:
+    """What the local backend knows of a job: its supervisor's record, the run's progress and its priced cost."""
+
+    attempts: int
+    restarts: int
+    run_seconds: float  # wall time workers ran, over all attempts
+    created_at: float
+    reason: str  # why it ended, or why it restarted last
+    instance_type: str | None  # what it was admitted on, where a stack was given: its price and the summary's AWS line
+    region: str | None
+    progress: dict[str, Any]  # the newest step record, the last eval, the committed checkpoints, result.json
+    cost: dict[str, Any]  # the ledger's node-hours x price (trainforge.trainer.ledger.job_cost)
+    record: dict[str, Any]  # the whole record, for `-o json`
+
+
+@dataclass(frozen=True)
+class ClusterObject:
+    """What the cluster says of a job: its object's status as its controller wrote it (or the manifest just created)."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    """A detached local job: its supervisor is starting."""
+
+    supervisor_pid: int
+
+
 @dataclass
 class JobReport:
     name: str
     team: str
     state: JobPhase
     summary: str  # one line for a person
-    details: dict[str, Any] = field(default_factory=dict)  # everything, for `-o json`
+    details: LocalRun | ClusterObject | Started | None = None  # what the backend knows besides, typed per backend
+
+    def as_json(self) -> dict[str, Any]:
+        """Everything, for `-o json` (the shapes users' scripts read: kept as they were)."""
+        d = self.details
+        if isinstance(d, LocalRun):
+            return {**d.record, "state": self.state, "progress": d.progress, "cost": d.cost}
+        if isinstance(d, ClusterObject):
+            return {"manifest": d.manifest} if d.manifest is not None else d.status
+        if isinstance(d, Started):
+            return {"supervisor_pid": d.supervisor_pid}
+        return {}
 
 
 class NoSuchJob(TrainforgeError):

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from trainforge import contract
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
-from trainforge.trainer.backends import JobPhase, JobReport, NoSuchJob, Progress
+from trainforge.trainer.backends import ClusterObject, JobPhase, JobReport, NoSuchJob, Progress
 from trainforge.trainer.budget import TeamBudget, is_held, month_of, team_budget
 from trainforge.trainer.kube import KIND_NAMES, Cluster, ClusterError
 from trainforge.trainer.render import Kind, render
@@ -55,7 +55,7 @@ class KubernetesBackend:
         line = (f"created {manifest['kind']} {manifest['metadata']['namespace']}/{spec.name} on {where}"
                 + (f"; estimate ${cost.expected_usd:,.2f} for {spec.limits.max_runtime}" if cost else "")
                 + ". Kueue admits it when the team's quota has room.")
-        return JobReport(spec.name, spec.team, JobPhase.CREATED, line, {"manifest": manifest})
+        return JobReport(spec.name, spec.team, JobPhase.CREATED, line, ClusterObject(manifest=manifest))
 
     def live_queue(self, team: str) -> dict[str, Any]:
         """The team's ClusterQueue as the cluster has it: admission decides over it (trainforge.kueue.assign)."""
@@ -86,7 +86,7 @@ class KubernetesBackend:
     def status(self, name: str) -> JobReport:
         team, obj = self._get(name)
         state = job_state(self.kind, obj)
-        return JobReport(name, team, state, f"{name}: {state} ({conditions(obj)})", obj.get("status", {}))
+        return JobReport(name, team, state, f"{name}: {state} ({conditions(obj)})", ClusterObject(obj.get("status", {})))
 
     def logs(self, name: str, *, follow: bool = False) -> Iterator[str]:
         team, _ = self._get(name)
@@ -107,7 +107,7 @@ class KubernetesBackend:
         team = self._namespace_team()
         found = self.cluster.list(KIND_NAMES[self.kind], team)
         return [JobReport(o["metadata"]["name"], team, job_state(self.kind, o), f"{o['metadata']['name']}: {conditions(o)}",
-                          o.get("status", {})) for o in found]
+                          ClusterObject(o.get("status", {}))) for o in found]
 
 
 @dataclass(frozen=True)

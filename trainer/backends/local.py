@@ -29,7 +29,7 @@ from trainforge.errors import TrainforgeError
 from trainforge.paths import job_dir
 from trainforge.trainer import ledger
 from trainforge.trainer.admission import Admission
-from trainforge.trainer.backends import JobPhase, JobReport, NoSuchJob, Progress
+from trainforge.trainer.backends import JobPhase, JobReport, LocalRun, NoSuchJob, Progress, Started
 from trainforge.trainer.launch import user_error_message
 from trainforge.trainer import placement as placing
 from trainforge.trainer.placement import Placement
@@ -428,7 +428,7 @@ class LocalBackend:
         if detach:
             pid = start_detached(spec, state)
             return JobReport(spec.name, spec.team, JobPhase.PENDING, f"submitted {spec.name} (supervisor pid {pid}); "
-                             f"`trainforge status {spec.name}`, `trainforge logs -f {spec.name}`", {"supervisor_pid": pid})
+                             f"`trainforge status {spec.name}`, `trainforge logs -f {spec.name}`", Started(pid))
         supervisor = Supervisor(spec, state)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, supervisor.cancel)
@@ -443,7 +443,8 @@ class LocalBackend:
     def status(self, name: str) -> JobReport:
         state = load_state(name)
         info = progress(name)
-        details = {**asdict(state), "state": state.effective_state, "progress": info, "cost": ledger.job_cost(state)}
+        details = LocalRun(state.attempts, state.restarts, state.run_seconds, state.created_at, state.reason, state.instance_type,
+                           state.region, info, ledger.job_cost(state), asdict(state))
         line = (f"{name}: {state.effective_state}  attempts {state.attempts}, restarts {state.restarts}"
                 f"{', step ' + str(info['step']) if info.get('step') else ''}"
                 f"{', exit ' + str(state.exit_code) if state.exit_code is not None else ''}"
@@ -480,7 +481,7 @@ class LocalBackend:
                 reports.append(self.status(name))
             except TrainforgeError as damaged:  # shown, not hidden: a damaged record is the user's to clear
                 reports.append(JobReport(name, "?", JobPhase.DAMAGED, str(damaged)))
-        return sorted(reports, key=lambda r: r.details.get("created_at", float("inf")))
+        return sorted(reports, key=lambda r: r.details.created_at if isinstance(r.details, LocalRun) else float("inf"))
 
 
 if __name__ == "__main__":

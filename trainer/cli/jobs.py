@@ -147,7 +147,7 @@ def status(name: str, output: Output = typer.Option(Output.table, "--output", "-
            kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
     """State, attempts, progress and cost of a job."""
     report = backend(backend_name, team=team, kind=kind, context=context).status(paths.job_name(name))
-    typer.echo(json.dumps(report.details, indent=2, default=str) if output is Output.json else report.summary)
+    typer.echo(json.dumps(report.as_json(), indent=2, default=str) if output is Output.json else report.summary)
 
 
 def list_jobs(output: Output = typer.Option(Output.table, "--output", "-o"),

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainforge import run_tags
+from trainforge.trainer.backends import LocalRun
 
 
 def admission_json(decision) -> dict[str, Any]:
@@ -62,12 +63,14 @@ def run_summary(spec, report) -> None:
     """The end of a foreground run: wall time, steps, final eval, checkpoints, MLflow, AWS cost, and why it ended."""
     from trainforge.paths import JOB_CHECKPOINT_DIR, job_dir
     d = report.details
-    info = d["progress"]
+    if not isinstance(d, LocalRun):
+        return
+    info = d.progress
     result = info.get("result") or {}
-    table = Table(title=f"{spec.name}: {d['state']}", title_justify="left", show_header=False)
+    table = Table(title=f"{spec.name}: {report.state}", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("wall time", f"{d['run_seconds']:.1f} s over {d['attempts']} attempt(s), {d['restarts']} restart(s)")
+    table.add_row("wall time", f"{d.run_seconds:.1f} s over {d.attempts} attempt(s), {d.restarts} restart(s)")
     if info.get("step"):
         table.add_row("steps", f"{info['step']} (last loss {info['loss']:.4f}, {info['samples'] / info['step_s']:.0f} samples/s at the end)")
     if result.get("precision"):
@@ -78,11 +81,11 @@ def run_summary(spec, report) -> None:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         table.add_row("MLflow", f"{os.environ['MLFLOW_TRACKING_URI']}, experiment {run_tags.team_experiment(spec.team, spec.tracking.experiment)!r}, "
                       f"tag {run_tags.JOB}={spec.name}")
-    aws = on_aws_line(spec, d.get("instance_type"), d.get("region"))
+    aws = on_aws_line(spec, d.instance_type, d.region)
     if aws:
         table.add_row("on AWS", aws)
-    if d.get("reason"):
-        table.add_row("note", d["reason"])
+    if d.reason:
+        table.add_row("note", d.reason)
     Console().print(table)
 
 
@@ -109,10 +112,10 @@ def on_aws_line(spec, instance_type: str | None, region: str | None) -> str | No
 
 def job_row(report) -> dict[str, Any]:
     d = report.details
-    if "progress" not in d:  # a cluster job: its status is the controller's
+    if not isinstance(d, LocalRun):  # a cluster job: its status is the controller's
         return {"name": report.name, "team": report.team, "state": report.state}
-    return {"name": report.name, "team": report.team, "state": report.state, "attempts": d["attempts"], "restarts": d["restarts"],
-            "step": d["progress"].get("step"), "run_s": round(d["run_seconds"], 1), **d["cost"]}
+    return {"name": report.name, "team": report.team, "state": report.state, "attempts": d.attempts, "restarts": d.restarts,
+            "step": d.progress.get("step"), "run_s": round(d.run_seconds, 1), **d.cost}
 
 
 def jobs_table(rows: list[dict[str, Any]], where: str) -> None:

@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 from trainforge.errors import TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
-from trainforge.trainer.backends import JobPhase, NoSuchJob
+from trainforge.trainer.backends import JobPhase, LocalRun, NoSuchJob
 from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps import optuna_access as access
@@ -317,10 +317,8 @@ class SweepController:
             report = self.backend.status(job)
         except NoSuchJob:
             pass
-        details = report.details if report is not None else {}
-        priced = (details.get("cost") or {}).get("cost_usd")  # the local backend's ledger: node-hours x price
-        if priced is not None:
-            return float(priced), details.get("run_seconds")
+        if report is not None and isinstance(report.details, LocalRun) and report.details.cost.get("cost_usd") is not None:
+            return float(report.details.cost["cost_usd"]), report.details.run_seconds  # the local ledger: node-hours x price
         estimate = float(trial.user_attrs.get("estimate_usd", 0.0))
         ended = trial.datetime_complete or (datetime.datetime.now() if trial.datetime_start else None)  # a trial the controller tells
         ran = (ended - trial.datetime_start).total_seconds() if ended and trial.datetime_start else None
