@@ -159,7 +159,7 @@ def test_spot_fallback_pods_may_land_on_spot_or_on_demand_nodes_and_never_on_efa
 def test_the_local_record_and_the_cost_use_the_placement(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path))
     from trainforge.trainer import ledger
-    from trainforge.trainer.backends.local import JobState, prepare
+    from trainforge.trainer.backends.local_records import JobState, prepare
     platform = STACKS["Pulumi.prod.yaml"]
     spec = load_spec(REPO / "examples" / "llm-pretrain-efa.yaml")
     decision = admit(spec, platform)

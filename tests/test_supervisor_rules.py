@@ -173,7 +173,7 @@ def test_every_state_a_backend_reports_is_a_phase_the_controller_knows():
     conditions map onto it, the local records' states are in it, and what counts as ended is decided once."""
     from trainforge.trainer.backends import JobPhase
     from trainforge.trainer.backends.kubernetes import job_state
-    from trainforge.trainer.backends.local import ACTIVE
+    from trainforge.trainer.backends.local_records import ACTIVE
     from trainforge.trainer.sweeps.controller import TERMINAL
     for conditions in ([], [("Suspended", "True")], [("Running", "True")], [("Restarting", "True")], [("Complete", "True")],
                        [("Failed", "True")]):

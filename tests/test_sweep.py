@@ -504,12 +504,12 @@ def test_a_controller_killed_while_launching_loses_and_strands_no_trial(tmp_path
     2 ran); killed between the job's record and its supervisor, the restarted controller adopted a job that never
     starts and waited for ever. Now the planned trials all run, with the asked parameters."""
     from trainforge.trainer.admission import unchecked
-    from trainforge.trainer.backends import local
+    from trainforge.trainer.backends import local_records
     from trainforge.trainer.backends.local import LocalBackend
     from trainforge.trainer.sweeps.controller import SweepController
     from trainforge.trainer.sweeps.spec import load_sweep
     monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(local, "SUPERVISOR_START_S", 0.0)  # a minute, shortened: the record is already older
+    monkeypatch.setattr(local_records, "SUPERVISOR_START_S", 0.0)  # a minute, shortened: the record is already older
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20}}
     sweep = load_sweep(write_sweep(tmp_path, name="windows", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"}))
     url = f"sqlite:///{tmp_path / 'study.db'}"

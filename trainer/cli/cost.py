@@ -24,7 +24,7 @@ def cost(team: Optional[str] = typer.Option(None, help="only this team"),
         _cluster_budget(team, context, output)
         return
     from trainforge.trainer import ledger
-    from trainforge.trainer.backends.local import all_jobs
+    from trainforge.trainer.backends.local_records import all_jobs
     from trainforge.trainer.cli import views
     try:
         start = datetime.datetime.strptime(since, "%Y-%m-%d").timestamp() if since else 0.0

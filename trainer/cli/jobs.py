@@ -97,7 +97,7 @@ def _spend(spec, spent: Optional[float], cluster=None, queue=None) -> tuple[floa
     if spent is not None:
         return spent, budget
     from trainforge.trainer import ledger
-    from trainforge.trainer.backends.local import all_jobs
+    from trainforge.trainer.backends.local_records import all_jobs
     return ledger.spent_this_month(spec.team, all_jobs()), budget
 
 
