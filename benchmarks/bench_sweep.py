@@ -46,7 +46,8 @@ def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Pa
     from trainforge.trainer.runtime.pruning import make_pruner
     from trainforge.trainer.sweeps.study import distributions, pruner_config, quiet_optuna, sampler_for
     from trainforge.trainer.sweeps.optuna_access import trial_id
-    from trainforge.trainer.sweeps.spec import _with, parse_sweep
+    from trainforge.trainer.sweeps.spec import parse_sweep
+    from trainforge.trainer.sweeps.trials import apply_params
 
     raw = yaml.safe_load(SWEEP_FILE.read_text())
     raw.update(sampler=sampler, pruner={"type": pruner, "reduction_factor": 3}, seed=seed, max_trials=20)  # TPE: 5 random startup trials
@@ -67,7 +68,7 @@ def search_cost(sampler: str, pruner: str, seed: int, target: float, workdir: Pa
     steps = trials = 0
     for _ in range(MAX_TRIALS):
         trial = study.ask(distributions(sweep))
-        args, hyper = _with(sweep.base, trial.params)
+        args, hyper = apply_params(sweep.base, trial.params)
         link = {"storage": storage, "study": "bench", "trial_id": trial_id(trial), "metric": "accuracy", "heartbeat_s": 60}
         cfg = RunConfig.model_validate({**hyper, "task": sweep.base.entry.task, "task_args": args, "seed": seed * 1000 + trial.number,
                                         "output_dir": str(workdir / f"run-{sampler}-{seed}-{trial.number}"),
@@ -120,7 +121,7 @@ def char_lm_search(sampler: str, pruner: str, seed: int, target: float, trials: 
     from trainforge.trainer.runtime.pruning import make_pruner
     from trainforge.trainer.sweeps.study import distributions, pruner_config, quiet_optuna, sampler_for
     from trainforge.trainer.sweeps.optuna_access import trial_id
-    from trainforge.trainer.sweeps.spec import _with
+    from trainforge.trainer.sweeps.trials import apply_params
 
     sweep = char_lm_sweep(sampler, pruner, seed, trials)
     quiet_optuna()
@@ -131,7 +132,7 @@ def char_lm_search(sampler: str, pruner: str, seed: int, target: float, trials: 
     steps, to_target, best, best_at = 0, None, float("inf"), {}
     for number in range(trials):
         trial = study.ask(distributions(sweep))
-        args, hyper = _with(sweep.base, trial.params)
+        args, hyper = apply_params(sweep.base, trial.params)
         link = {"storage": storage, "study": "bench", "trial_id": trial_id(trial), "metric": "loss", "heartbeat_s": 60}
         cfg = RunConfig.model_validate({**hyper, "task": "char_lm", "task_args": args, "seed": seed * 1000 + number,
                                         "output_dir": str(workdir / f"lm-{sampler}-{pruner}-{seed}-{number}"),

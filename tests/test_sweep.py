@@ -788,11 +788,12 @@ def test_the_budget_holds_a_trial_to_its_dearest_possible_placement(tmp_path):
     from trainforge.trainer.admission import unchecked
     from trainforge.trainer.backends.local import LocalBackend
     from trainforge.trainer.sweeps.controller import SweepController, trial_estimate
-    from trainforge.trainer.sweeps.spec import infra_job, load_sweep
+    from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.trials import placed_as
     sweep = load_sweep(REPO / "examples" / "sweeps" / "classifier-cost.yaml")
     controller = SweepController(sweep, LocalBackend(), unchecked, f"sqlite:///{tmp_path / 'study.db'}")
-    dearest = trial_estimate(*(lambda s: (s, unchecked(s)))(infra_job(sweep.base, {"instance_type": "g6e.xlarge", "capacity": "on-demand"})))
-    cheapest = trial_estimate(*(lambda s: (s, unchecked(s)))(infra_job(sweep.base, {"instance_type": "g6.xlarge", "capacity": "spot"})))
+    dearest = trial_estimate(*(lambda s: (s, unchecked(s)))(placed_as(sweep.base, {"instance_type": "g6e.xlarge", "capacity": "on-demand"})))
+    cheapest = trial_estimate(*(lambda s: (s, unchecked(s)))(placed_as(sweep.base, {"instance_type": "g6.xlarge", "capacity": "spot"})))
     assert controller.per_trial_usd() == pytest.approx(dearest) and dearest > cheapest > 0
 
 

@@ -188,7 +188,8 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, load_existing, second_objective_name
-    from trainforge.trainer.sweeps.spec import load_sweep, trial_job
+    from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.trials import trial_job
     cluster = in_cluster(name, backend_name, team, context)
     study = cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
     front = best_trials(study)

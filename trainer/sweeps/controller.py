@@ -30,7 +30,8 @@ from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps import optuna_access as access
 from trainforge.trainer.sweeps.limits import EXTENDED, in_effect
-from trainforge.trainer.sweeps.spec import Sweep, trial_job
+from trainforge.trainer.sweeps.spec import Sweep
+from trainforge.trainer.sweeps.trials import trial_job
 from trainforge.trainer.sweeps.study import HEARTBEAT_S, counted, distributions, is_multi_objective, open_study
 from trainforge.trainer.sweeps.tracking import SweepTracking
 
@@ -349,9 +350,9 @@ class SweepController:
         if self._per_trial is None:
             import itertools
 
-            from trainforge.trainer.sweeps.spec import INFRA_FIELDS, infra_job
+            from trainforge.trainer.sweeps.trials import INFRA_FIELDS, placed_as
             searched = {k: p.choices for k, p in self.sweep.spec.space.items() if k in INFRA_FIELDS}
-            placements = [infra_job(self.sweep.base, dict(zip(searched, c))) for c in itertools.product(*searched.values())]
+            placements = [placed_as(self.sweep.base, dict(zip(searched, c))) for c in itertools.product(*searched.values())]
             self._per_trial = max(trial_estimate(spec, self.admit(spec)) for spec in placements)
         return self._per_trial
 

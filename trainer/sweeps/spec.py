@@ -27,13 +27,10 @@ from pydantic import Field, ValidationError, model_validator
 
 from trainforge import durations, errors
 from trainforge.models import DNS_LABEL, StrictModel
-from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS, BUNDLED_TASKS, RunConfig
-from trainforge.trainer.spec import SUBMITTER_OWNED, JobSpec, SpecError, parse_spec, read_yaml, run_config_problems
+from trainforge.trainer.runtime.config import RunConfig
+from trainforge.trainer.spec import JobSpec, SpecError, parse_spec, read_yaml
+from trainforge.trainer.sweeps import checks
 
-# Where a trial runs, searchable beside its run config: what a trial costs is decided here (categorical only).
-INFRA_FIELDS = {"instance_type": "resources.instance_type", "capacity": "capacity"}
-# Fields the submitter sets from the job spec itself, or the sweep sets per trial: not searchable.
-NOT_SEARCHABLE = SUBMITTER_OWNED | {"step_sleep_s"}  # and the runtime's test hook
 
 
 _Model = StrictModel
@@ -222,54 +219,17 @@ def parse_sweep(raw: Any, source: str, relative_to: Path = Path(".")) -> Sweep:
     except ValidationError as exc:
         raise SweepSpecError(source, errors.problems(exc, {"literal_error": " Fix: use one of the listed values."})) from None
     base = _base(spec, source, relative_to)
-    problems = _space_problems(spec, base) + _objective_problems(spec, base) + _second_objective_problems(spec)
+    problems = checks.space_problems(spec, base) + checks.objective_problems(spec, base) + checks.second_objective_problems(spec)
     if spec.name in spec.warm_start:
         problems.append(f"warm_start: {spec.name!r} is this sweep. Fix: name earlier sweeps (continuing this one needs no warm start)")
     if not problems:
-        problems += _combination_problems(spec, base) + _pruner_problems(spec, base)
+        problems += checks.combination_problems(spec, base) + checks.pruner_problems(spec, base)
     if spec.sampler == "grid":
         problems += [f"space.{name}: the grid sampler needs a finite set of values. Fix: give it a step, or make it categorical"
                      for name, p in spec.space.items() if p.values() is None]
     if problems:
         raise SweepSpecError(source, problems)
-    return Sweep(spec, base, _direction(spec, base), source)
-
-
-MAX_COMBINATIONS = 4096  # 2^12 searched fields' extremes: checked in well under a second
-
-
-def _combination_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
-    """Each field's extremes pass alone; a trial draws them together (warmup_steps near its high with max_steps near
-    its low). Every combination of the extremes is what a trial could get at worst."""
-    import itertools
-    names = list(spec.space)
-    extremes = [list(dict.fromkeys(spec.space[n].extremes())) for n in names]
-    if math.prod(len(e) for e in extremes) > MAX_COMBINATIONS:
-        return []
-    for values in itertools.product(*extremes):
-        params = dict(zip(names, values))
-        for problem in run_config_problems(base.entry.task, *_with(base, params)):
-            return [f"space: a trial could draw {params}, which the run config refuses: {problem} (or narrow the ranges so "
-                    "that every combination is valid)"]
-    return []
-
-
-def _smallest(spec: SweepSpec, base: JobSpec, field: str) -> int:
-    if field in spec.space:
-        return int(min(spec.space[field].extremes()))
-    return int(base.hyperparameters.get(field, RunConfig.model_fields[field].default))
-
-
-def _pruner_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
-    """A pruner that could never act is refused rather than silently doing nothing."""
-    p, shortest = spec.pruner, _smallest(spec, base, "max_steps")
-    if p.type == "median" and p.warmup_steps >= shortest:
-        return [f"pruner.warmup_steps: {p.warmup_steps} is not below the shortest trial's max_steps ({shortest}): no trial would "
-                f"ever be pruned. Fix: warmup_steps below {shortest}, or pruner: {{type: none}}"]
-    if p.type in ("hyperband", "successive_halving") and p.min_resource is not None and p.min_resource >= shortest:
-        return [f"pruner.min_resource: {p.min_resource} steps is not below the shortest trial's max_steps ({shortest}): no trial "
-                f"would ever be pruned. Fix: min_resource below {shortest} (a few evaluations' worth)"]
-    return []
+    return Sweep(spec, base, checks.direction(spec, base), source)
 
 
 def _base(spec: SweepSpec, source: str, relative_to: Path) -> JobSpec:
@@ -283,128 +243,3 @@ def _base(spec: SweepSpec, source: str, relative_to: Path) -> JobSpec:
     if base.entry.task is None:
         raise SpecError(source, ["base: the job runs a command, not a task: a sweep sets run-config fields. Fix: a base with entry.task"])
     return base
-
-
-def _second_objective_problems(spec: SweepSpec) -> list[str]:
-    if spec.second_objective is None:
-        return []
-    problems = []
-    if spec.pruner.type != "none":
-        problems.append("pruner: a sweep with a second objective cannot prune (Optuna prunes single-objective studies only: a "
-                        "trial's cost is known when it ends). Fix: pruner: {type: none}")
-    if spec.sampler == "cmaes":
-        problems.append("sampler: cmaes searches one objective. Fix: tpe (multi-objective TPE), random or grid")
-    return problems
-
-
-def _infra_problems(name: str, param: Any, base: JobSpec) -> list[str]:
-    """A searched instance type or capacity: categorical, and each choice a job the spec accepts."""
-    if param.type != "categorical":
-        return [f"space.{name}: where a trial runs is a choice, not a range. Fix: type: categorical with choices"]
-    problems = []
-    for choice in param.choices:
-        try:
-            infra_job(base, {name: choice})
-        except SpecError as exc:
-            problems.append(f"space.{name}: the choice {choice!r} is refused: {'; '.join(exc.problems)}")
-            continue
-        if name == "instance_type":
-            from trainforge.pricing import PriceUnknown, price_table
-            table = price_table()
-            try:
-                table.hourly(choice, "on-demand", table.regions[0])
-            except PriceUnknown:
-                problems.append(f"space.instance_type: the choice {choice!r} is refused: it has no price in the dated price table, "
-                                "and the search trades what a trial costs. Fix: a priced type (`trainforge prices`)")
-    return problems
-
-
-def infra_job(base: JobSpec, params: dict[str, Any]) -> JobSpec:
-    """The base job placed as a trial's instance type and capacity say (validated as a job spec)."""
-    chosen = {k: v for k, v in params.items() if k in INFRA_FIELDS}
-    if not chosen:
-        return base
-    raw = base.model_dump(mode="json", exclude_none=True)
-    if "instance_type" in chosen:
-        raw["resources"] = {**{k: v for k, v in raw.get("resources", {}).items() if k not in ("gpu_type", "gpus_per_node")},
-                            "instance_type": chosen["instance_type"]}
-    if "capacity" in chosen:
-        raw["capacity"] = chosen["capacity"]
-    return parse_spec(raw, "trial")
-
-
-def _space_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
-    problems = []
-    task = base.entry.task
-    for name, param in spec.space.items():
-        if name in INFRA_FIELDS:
-            problems += _infra_problems(name, param, base)
-            continue
-        if name.startswith("task_args."):
-            arg = name.split(".", 1)[1]
-            accepted = BUNDLED_TASKS.get(task)
-            if accepted is not None and arg not in accepted:
-                problems.append(f"space.{name}: {arg!r} is not an argument of the bundled task {task!r}. Fix: one of {list(accepted)}")
-                continue
-            wrong = [v for v in param.extremes() if accepted is not None and not _is_a(v, accepted[arg])]
-            if wrong:
-                problems.append(f"space.{name}: the task's {arg!r} is {accepted[arg].__name__}, but this searches {param.type} values "
-                                f"(e.g. {wrong[0]!r}): every trial would fail. Fix: "
-                                + (f"type: {accepted[arg].__name__}" if param.type != "categorical" else f"{accepted[arg].__name__} choices only"))
-                continue
-        elif name not in RunConfig.model_fields or name in NOT_SEARCHABLE:
-            searchable = sorted(set(RunConfig.model_fields) - NOT_SEARCHABLE)
-            problems.append(f"space.{name}: not a run-config field a sweep can set. Fix: one of {searchable}, or task_args.<arg>")
-            continue
-        for value in param.extremes():
-            for problem in run_config_problems(task, *_with(base, {name: value})):
-                problems.append(f"space.{name}: the value {value!r} is refused by the run config: {problem}")
-                break
-    return problems
-
-
-def _is_a(value: Any, kind: type) -> bool:
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
-def _with(base: JobSpec, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The base's task arguments and hyperparameters with a trial's parameters applied."""
-    args, hyper = dict(base.entry.args), dict(base.hyperparameters)
-    for name, value in params.items():
-        if name in INFRA_FIELDS:
-            continue  # where it runs, not what it runs (infra_job)
-        if name.startswith("task_args."):
-            args[name.split(".", 1)[1]] = value
-        else:
-            hyper[name] = value
-    return args, hyper
-
-
-def trial_job(base: JobSpec, name: str, params: dict[str, Any], link: dict[str, Any] | None) -> JobSpec:
-    """The base job with a trial's parameters and the sweep's link to its study (the runtime's `sweep` settings)."""
-    args, hyper = _with(base, params)
-    placed = infra_job(base, params)
-    return placed.model_copy(update={"name": name, "entry": base.entry.model_copy(update={"args": args}),
-                                     "hyperparameters": hyper, "sweep": link or None})
-
-
-def _objective_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
-    reported = BUNDLED_TASK_METRICS.get(base.entry.task)
-    if reported is None:  # the researcher's own task: its metrics are known only to its code
-        return [] if spec.objective.direction else ["objective.direction: needed for your own task's metric. Fix: minimize or maximize"]
-    if spec.objective.metric not in reported:
-        return [f"objective.metric: the task {base.entry.task!r} never reports {spec.objective.metric!r}. Fix: one of {list(reported)}"]
-    return []
-
-
-def _direction(spec: SweepSpec, base: JobSpec) -> str:
-    if spec.objective.direction:
-        return spec.objective.direction
-    default = BUNDLED_DEFAULT_METRIC.get(base.entry.task)
-    if default and default[0] == spec.objective.metric:
-        return "maximize" if default[1] == "max" else "minimize"
-    return "maximize" if spec.objective.metric == "accuracy" else "minimize"  # loss, perplexity: lower is better
