@@ -1,14 +1,15 @@
 """The typed stack config (`trainforge:platform` in `stacks/Pulumi.<env>.yaml`) and its one loader.
 
-    aws.py       network, cluster, node groups, FSx, buckets, tags: one slice per AWS component
+    aws.py       network, cluster, FSx, buckets, tags: one slice per AWS component
+    node_groups.py  the node groups: instance types, capacity, sizes, EFA, reservations
     kubernetes.py  chart versions, Kueue, autoscaler, monitoring, MLflow: the platform layer's settings
     teams.py     a team: cost centre, GPU quota per flavour, budget, members
     platform.py  PlatformConfig, the whole stack, with the rules that span slices
     loader.py    read a stack file or the Pulumi config map; ConfigError names the field and the fix
 """
 
-from trainforge.stackconfig.aws import (BucketsConfig, ClusterConfig, DataRepositoryConfig, FsxConfig, NetworkConfig,
-                                        NodeGroupConfig, TagsConfig)
+from trainforge.stackconfig.aws import BucketsConfig, ClusterConfig, DataRepositoryConfig, FsxConfig, NetworkConfig, TagsConfig
+from trainforge.stackconfig.node_groups import NodeGroupConfig
 from trainforge.stackconfig.kubernetes import KubernetesConfig, MlflowConfig, MonitoringConfig
 from trainforge.stackconfig.loader import (CONFIG_KEY, STACK_FILE_PATTERN, ConfigError, StackFile, from_config_map,
                                            load_stack_file, parse, read_stack_file, stack_files)

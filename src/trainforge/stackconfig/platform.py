@@ -13,10 +13,10 @@ from pydantic import Field, field_validator, model_validator
 
 from trainforge import contract
 from trainforge.contract import Flavour
-from trainforge.stackconfig.aws import (MAX_AZS, BucketsConfig, ClusterConfig, FsxConfig, NetworkConfig, NodeGroupConfig,
-                                        TagsConfig)
+from trainforge.stackconfig.aws import MAX_AZS, BucketsConfig, ClusterConfig, FsxConfig, NetworkConfig, TagsConfig
 from trainforge.stackconfig.fields import DNS_LABEL, StrictModel as _Model
 from trainforge.stackconfig.kubernetes import KubernetesConfig
+from trainforge.stackconfig.node_groups import NodeGroupConfig
 from trainforge.stackconfig.teams import TeamConfig
 
 # Instance families EC2 sells Capacity Blocks for ML for (the accelerated training instances).
