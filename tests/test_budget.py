@@ -22,7 +22,7 @@ from test_cluster_path import queue, seeded, settings
 
 from trainforge import contract
 from trainforge.trainer.kube import Cluster
-from trainforge.trainer.budget import BudgetController, CostUnavailable, PrometheusMetrics, decide, month_to_date, team_budget
+from trainforge.trainer.controllers.budget import BudgetController, CostUnavailable, PrometheusMetrics, decide, month_to_date, team_budget
 
 NOV = dt.datetime(2026, 11, 22, 20, 0, tzinfo=dt.timezone.utc)
 DEC = dt.datetime(2026, 12, 1, 0, 5, tzinfo=dt.timezone.utc)
@@ -320,7 +320,8 @@ def test_a_laptop_and_the_cluster_count_the_same_month_in_any_time_zone(monkeypa
     import time
     from types import SimpleNamespace
 
-    from trainforge.trainer import budget, ledger
+    from trainforge.trainer import ledger
+    from trainforge.trainer.controllers import budget
     monkeypatch.setenv("TZ", zone)
     time.tzset()
     try:

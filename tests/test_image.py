@@ -64,7 +64,7 @@ def test_python_requirements_come_from_pyproject_alone():
 
 
 def test_the_image_holds_what_a_cluster_sweeps_controller_imports():
-    """The controller runs on the runtime image (trainer/sweeps/cluster.py): every sampler a sweep spec accepts, the
+    """The controller runs on the runtime image (trainer/controllers/sweep.py): every sampler a sweep spec accepts, the
     study database's driver and the API client must be installed there, not only in the `sweep` extra."""
     import re
     names = {re.split(r"[<>=\[ ]", r, maxsplit=1)[0] for r in

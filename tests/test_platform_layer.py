@@ -281,7 +281,7 @@ def test_every_metric_the_rules_and_dashboard_query_is_exported():
 
     from trainforge.platform.manifests import monitoring
     from trainforge.stackconfig import MonitoringConfig
-    from trainforge.trainer.budget import PrometheusMetrics
+    from trainforge.trainer.controllers.budget import PrometheusMetrics
     from trainforge.trainer.runtime.metrics import RuntimeMetrics
     registry = CollectorRegistry()
     RuntimeMetrics(job="j", team="t", rank=0, registry=registry)

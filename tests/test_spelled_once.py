@@ -29,7 +29,7 @@ COINCIDENCES = {
     ("kube-prometheus-stack", "platform/manifests/charts.py"): "the upstream chart's own name",
     ("spent_usd", "trainer/cli/sweep.py"): "a key of the sweep status document, not the team settings' key",
     ("spent_usd", "trainer/sweeps/tracking.py"): "an MLflow metric of the sweep's run",
-    ("spent_usd", "trainer/sweeps/cluster.py"): "a key of the sweep status document",
+    ("spent_usd", "trainer/controllers/sweep.py"): "a key of the sweep status document",
     ("trainforge-sweeps", "platform/manifests/sweeps.py"): "the app label of the database bootstrap objects",
 }
 

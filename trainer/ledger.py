@@ -50,8 +50,8 @@ def started_at(job: Priced) -> float:
 
 def month_start(now: datetime.datetime | None = None) -> float:
     """The start of this budget month as a timestamp: a UTC month, as the cluster's budget controller counts it
-    (trainer/budget.py), so `check` on a laptop and the cluster agree near a month's end whatever the local time zone."""
-    from trainforge.trainer.budget import month_start as utc_month_start
+    (trainer/controllers/budget.py), so `check` on a laptop and the cluster agree near a month's end whatever the local time zone."""
+    from trainforge.trainer.controllers.budget import month_start as utc_month_start
     return utc_month_start(now or datetime.datetime.now(datetime.timezone.utc)).timestamp()
 
 

@@ -121,7 +121,7 @@ def alerts(cfg: MonitoringConfig) -> list[Alert]:
 
 
 def budget_alerts(cfg: MonitoringConfig) -> list[Alert]:
-    """From the budget controller's metrics (trainer/budget.py): a team near and at its budget, and a controller that
+    """From the budget controller's metrics (trainer/controllers/budget.py): a team near and at its budget, and a controller that
     has stopped completing passes (OpenCost down, the API refusing it), which means budgets are not enforced."""
     used = "(max by (team) (trainforge_team_spent_usd) / max by (team) (trainforge_team_budget_usd))"
     stale_s = 3 * cfg.budget_every_minutes * 60

@@ -14,7 +14,7 @@ from trainforge import contract
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
 from trainforge.trainer.backends import ClusterObject, JobPhase, JobReport, NoSuchJob, Progress
-from trainforge.trainer.budget import TeamBudget, is_held, month_of, team_budget
+from trainforge.trainer.controllers.budget import TeamBudget, is_held, month_of, team_budget
 from trainforge.trainer.kube import KIND_NAMES, Cluster, ClusterError
 from trainforge.trainer.render import Kind, render
 from trainforge.trainer.spec import JobSpec

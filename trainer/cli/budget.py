@@ -1,4 +1,4 @@
-"""`trainforge budget run`: the cluster's budget controller (trainer/budget.py), as the platform deploys it."""
+"""`trainforge budget run`: the cluster's budget controller (trainer/controllers/budget.py), as the platform deploys it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def run(once: bool = typer.Option(False, "--once", help="one pass, then exit: 0 
 
     from trainforge import contract
     from trainforge.trainer.kube import Cluster
-    from trainforge.trainer.budget import BudgetController, CostUnavailable, PrometheusMetrics
+    from trainforge.trainer.controllers.budget import BudgetController, CostUnavailable, PrometheusMetrics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics = None if once else PrometheusMetrics()  # one pass has no one to scrape it

@@ -122,7 +122,7 @@ def controller(storage: str = typer.Option(None, help="default: the team's study
                poll: float = typer.Option(5.0, min=0.1)) -> None:
     """Inside the controller's pod (trainer/sweeps/cluster.py): run the sweep its TrainJob carries."""
     from trainforge import contract
-    from trainforge.trainer.sweeps.cluster import run_in_cluster
+    from trainforge.trainer.controllers.sweep import run_in_cluster
     raise typer.Exit(run_in_cluster(storage or contract.SWEEP_STORAGE_FROM_FILE, poll))
 
 

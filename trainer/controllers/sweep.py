@@ -1,0 +1,123 @@
+"""A cluster sweep's controller, in its pod: the sweep from its TrainJob, the study from the team's Secret, the same
+reconcile loop as on a laptop (trainer/sweeps/controller.py), and the TrainJob as the sweep's status object — the
+study's state published into an annotation, a member's cancel and extend taken up from annotations
+(trainer/sweeps/cluster.py holds the format both sides share)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from trainforge import contract
+from trainforge.errors import TrainforgeError
+from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, encode, platform_of, sweep_of
+
+STATUS_SAVE_S = 5.0
+STATUS_MAX_CHARS = 200_000  # of the 256 KiB the API server allows for all of an object's annotations
+
+
+def status_document(controller) -> dict[str, Any]:
+    """What `status`, `best` and `report` show, from the study: every trial (with its evaluations while they fit)."""
+    from dataclasses import asdict
+
+    from trainforge.trainer.sweeps.study import counted, rows
+    study, sweep = controller.study, controller.sweep
+    curves = {t.number: t.intermediate_values for t in study.get_trials(deepcopy=False)}
+    trials = [{**asdict(r), "intermediate": {str(k): v for k, v in curves.get(r.number, {}).items()}} for r in rows(study)]
+    second = sweep.spec.second_objective
+    return {"sweep": sweep.name, "direction": sweep.direction, "metric": sweep.spec.objective.metric,
+            "directions": [d.name.lower() for d in study.directions], "second_metric": second.metric if second else None,
+            "space": {k: v.model_dump(mode="json") for k, v in sweep.spec.space.items()},
+            "planned": sweep.planned_trials, "counted": counted(study), "running": len(controller.running),
+            "spent_usd": round(controller.spent_usd(), 6), "budget_usd": sweep.spec.budget.usd,
+            "wall_time": sweep.spec.budget.wall_time, "finished_because": study.user_attrs.get("finished_because"),
+            "mlflow_run_id": study.user_attrs.get("mlflow_run_id"), "updated_at": time.time(), "trials": trials}
+
+
+def fitted(document: dict[str, Any]) -> str:
+    """Encoded within the annotation's room: the evaluation curves go first, then the parameters of all but the
+    newest trials (the table keeps every trial's state, value and cost)."""
+    text = encode(document)
+    if len(text) <= STATUS_MAX_CHARS:
+        return text
+    document = {**document, "trials": [{**t, "intermediate": {}} for t in document["trials"]], "truncated": "evaluation curves"}
+    text = encode(document)
+    keep = len(document["trials"])
+    while len(text) > STATUS_MAX_CHARS and keep > 0:
+        keep //= 2
+        trials = [t if i >= len(document["trials"]) - keep else {**t, "params": {}} for i, t in enumerate(document["trials"])]
+        text = encode({**document, "trials": trials, "truncated": f"parameters of all but the newest {keep} trials"})
+    return text
+
+
+class StatusObject:
+    """The controller's side of its TrainJob: publish the study's state; take up a member's cancel and extend."""
+
+    def __init__(self, cluster: Any, team: str, job: str):
+        self.cluster, self.team, self.job = cluster, team, job
+        self._published = 0.0
+
+    def publish(self, controller, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self._published < STATUS_SAVE_S:
+            return
+        self._annotate({contract.SWEEP_STATUS_ANNOTATION: fitted(status_document(controller))})
+        self._published = time.monotonic()
+
+    def failed(self, message: str) -> None:
+        """The controller could not start (the study refused the spec): said where `status` looks."""
+        self._annotate({contract.SWEEP_STATUS_ANNOTATION: encode({"error": message, "updated_at": time.time()})})
+
+    def _annotate(self, annotations: dict[str, str]) -> None:
+        self.cluster.patch(CONTROLLER_KIND, self.team, self.job, {"metadata": {"annotations": annotations}})
+
+    def look(self, controller) -> None:
+        """Each look of the loop: a member's requests, then the status (when due)."""
+        from trainforge.trainer.sweeps.limits import extend
+        job = self.cluster.get(CONTROLLER_KIND, self.team, self.job) or {}
+        asked = (job.get("metadata") or {}).get("annotations") or {}
+        study = controller.study
+        if asked.get(contract.SWEEP_CANCEL_ANNOTATION) and not study.user_attrs.get("cancelled") \
+                and not study.user_attrs.get("cancel_taken") == asked[contract.SWEEP_CANCEL_ANNOTATION]:
+            study.set_user_attr("cancel_taken", asked[contract.SWEEP_CANCEL_ANNOTATION])  # a resumed sweep is not cancelled again
+            study.set_user_attr("cancelled", True)
+        for wanted in json.loads(asked.get(contract.SWEEP_EXTEND_ANNOTATION) or "[]"):
+            taken = study.user_attrs.get("extensions_taken", [])
+            if wanted["id"] not in taken:
+                extend(study, trials=int(wanted.get("trials", 0)), usd=float(wanted.get("usd", 0.0)),
+                       wall_time_s=float(wanted.get("wall_time_s", 0.0)))
+                study.set_user_attr("extensions_taken", [*taken, wanted["id"]])
+        self.publish(controller)
+
+
+def run_in_cluster(storage: str, poll_s: float) -> int:
+    """`trainforge sweep controller`, in the controller's pod: the sweep from its TrainJob, the study from the team's
+    Secret; exit 0 however the sweep ends (the status object says how; a retried pod would only end it again), 2 if
+    the study refuses the sweep (not retried)."""
+    from trainforge.trainer.admission import admit
+    from trainforge.trainer.backends.kubernetes import KubernetesBackend
+    from trainforge.trainer.runtime.pruning import storage_url
+    from trainforge.trainer.spec import with_image
+    from trainforge.trainer.sweeps.controller import SweepController
+
+    payload = json.loads(os.environ[contract.HYPERPARAMETERS_ENV])
+    job, team = os.environ["TRAINFORGE_JOB_ID"], os.environ["TRAINFORGE_TEAM"]
+    platform = platform_of(payload)
+    team_config = next((t for t in platform.teams if t.name == team), None)
+    backend = KubernetesBackend(team, payload.get("trial_kind", "trainjob"), cost_centre=team_config.cost_centre if team_config else None)
+    status = StatusObject(backend.cluster, team, job)
+    try:
+        sweep = sweep_of(payload)
+        controller = SweepController(
+            sweep, backend, lambda spec: admit(with_image(spec, platform), platform, live_queue=backend.live_queue(team)),
+            storage_url(storage), tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), poll_s=poll_s,
+            on_change=status.publish, trial_storage=contract.SWEEP_STORAGE_FROM_FILE, resume=bool(payload.get("resume")),
+            on_look=status.look)
+    except TrainforgeError as exc:
+        status.failed(str(exc))
+        raise
+    why = controller.run()
+    status.publish(controller, force=True)
+    print(f"sweep {sweep.name}: {why}", flush=True)
+    return 0
