@@ -691,7 +691,7 @@ def test_a_controller_sigkilled_at_each_step_of_the_launch_path_ends_with_the_pl
     second time it reaches `step`; its trials run on and finish while it is down; started again, it ends with exactly
     max_trials trials counted, every trial settled once and every run trial's cost recorded, no parameters run twice,
     never more than max_parallel trial jobs alive."""
-    from trainforge.trainer.sweeps.controller import KILL_AT_ENV
+    from trainforge.trainer.sweeps.faults import KILL_AT_ENV
     home = tmp_path / "home"
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.05}}
     spec = write_sweep(tmp_path, name="killed", base=base, max_trials=3, max_parallel=2, pruner={"type": "none"})
@@ -787,7 +787,8 @@ def test_a_sweep_searches_accuracy_against_cost_and_shows_the_pareto_front(tmp_p
 def test_the_budget_holds_a_trial_to_its_dearest_possible_placement(tmp_path):
     from trainforge.trainer.admission import unchecked
     from trainforge.trainer.backends.local import LocalBackend
-    from trainforge.trainer.sweeps.controller import SweepController, trial_estimate
+    from trainforge.trainer.sweeps.controller import SweepController
+    from trainforge.trainer.sweeps.costs import trial_estimate
     from trainforge.trainer.sweeps.spec import load_sweep
     from trainforge.trainer.sweeps.trials import placed_as
     sweep = load_sweep(REPO / "examples" / "sweeps" / "classifier-cost.yaml")

@@ -6,6 +6,8 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+import typer
+
 if TYPE_CHECKING:
     from trainforge.stackconfig import PlatformConfig
     from trainforge.trainer.spec import JobSpec
@@ -27,6 +29,18 @@ class Kind(str, Enum):
 class BackendName(str, Enum):
     local = "local"
     kubernetes = "kubernetes"
+
+
+# The options several commands take, defined once: the same flag, default and help wherever it appears.
+def output_option(default: Output = Output.table):
+    return typer.Option(default, "--output", "-o", help="table, json or yaml")
+
+
+BACKEND_OPTION = typer.Option(BackendName.local, "--backend", help="local (this machine) or kubernetes (the kubeconfig's cluster)")
+KIND_OPTION = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob (Kubeflow Trainer v2) or PyTorchJob (training-operator v1)")
+CONTEXT_OPTION = typer.Option(None, "--context", help="kubernetes: kubeconfig context (default: the current one)")
+TEAM_OPTION = typer.Option(None, "--team", help="kubernetes: the job's team (its namespace)")
+STACK_NAME_OPTION = typer.Option(..., "--stack", help="a stack name (prod -> stacks/Pulumi.prod.yaml) or a stack file")
 
 
 def load_spec(path: Path) -> JobSpec:

@@ -7,15 +7,15 @@ from typing import Optional
 
 import typer
 
-from trainforge.trainer.cli.common import BackendName, Output
+from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, Output, output_option
 
 
 def cost(team: Optional[str] = typer.Option(None, help="only this team"),
          since: Optional[str] = typer.Option(None, help="only jobs started on or after this date (YYYY-MM-DD)"),
          backend_name: BackendName = typer.Option(BackendName.local, "--backend", help="kubernetes: the team's month-to-date "
                                                   "spend against its budget, as the cluster's budget controller recorded it"),
-         context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
-         output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+         context: Optional[str] = CONTEXT_OPTION,
+         output: Output = output_option()) -> None:
     """What jobs cost (node-hours x price, spot vs on-demand) and a per-team summary."""
     import datetime
 

@@ -10,10 +10,8 @@ from typing import Optional
 import typer
 
 from trainforge import paths
-from trainforge.trainer.cli.common import DEFAULT_STACK, BackendName, Kind, Output, backend, cost_centre, load_platform, load_spec
-
-TEAM_HELP = "kubernetes: the job's team (its namespace)"
-
+from trainforge.trainer.cli.common import (BACKEND_OPTION, BackendName, CONTEXT_OPTION, DEFAULT_STACK, KIND_OPTION, Kind,
+                                            Output, TEAM_OPTION, backend, cost_centre, load_platform, load_spec, output_option)
 
 def _valid_spend(value: Optional[float]) -> Optional[float]:
     """A spend is a finite amount of USD, zero or more: nan or -1e9 would make every budget look unspent."""
@@ -25,9 +23,9 @@ def _valid_spend(value: Optional[float]) -> Optional[float]:
 
 
 def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
-           kind: Kind = typer.Option(Kind.trainjob, "--kind", help="TrainJob (Kubeflow Trainer v2) or PyTorchJob (training-operator v1)"),
+           kind: Kind = KIND_OPTION,
            stack: Optional[Path] = typer.Option(None, help="stack file: place the job on what the stack has, label its cost centre"),
-           output: Output = typer.Option(Output.yaml, "--output", "-o")) -> None:
+           output: Output = output_option(Output.yaml)) -> None:
     """Print the Kubernetes manifest a job spec becomes."""
     import yaml
 
@@ -65,8 +63,8 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
                                                 "or with --backend kubernetes the cluster's figure)"),
           backend_name: BackendName = typer.Option(BackendName.local, "--backend", help="kubernetes: the team's spend and budget "
                                                    "as the cluster's budget controller last recorded them"),
-          context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
-          output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+          context: Optional[str] = CONTEXT_OPTION,
+          output: Output = output_option()) -> None:
     """Quota, cost limit and budget: would the cluster admit this job? Exit 0 yes, 3 no."""
     from trainforge.trainer.admission import admit
     from trainforge.trainer.cli import views
@@ -103,9 +101,9 @@ def _spend(spec, spent: Optional[float], cluster=None, queue=None) -> tuple[floa
 
 def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
            detach: bool = typer.Option(False, "--detach", "-d", help="local: return at once; watch with status/logs"),
-           backend_name: BackendName = typer.Option(BackendName.local, "--backend", help="local (this machine) or kubernetes (the kubeconfig's cluster)"),
-           kind: Kind = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob or PyTorchJob"),
-           context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
+           backend_name: BackendName = BACKEND_OPTION,
+           kind: Kind = KIND_OPTION,
+           context: Optional[str] = CONTEXT_OPTION,
            stack: Optional[Path] = typer.Option(None, help="stack file: quota, cost limit and budget are checked first (required for kubernetes)"),
            spent: Optional[float] = typer.Option(None, callback=_valid_spend, help="team spend this month in USD (default: the cluster's figure on "
                                                  "kubernetes, local jobs' cost this month otherwise)")) -> None:
@@ -141,19 +139,19 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     raise typer.Exit(0 if report.state == "succeeded" else 1)
 
 
-def status(name: str, output: Output = typer.Option(Output.table, "--output", "-o"),
-           backend_name: BackendName = typer.Option(BackendName.local, "--backend"),
-           team: Optional[str] = typer.Option(None, help=TEAM_HELP),
-           kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
+def status(name: str, output: Output = output_option(),
+           backend_name: BackendName = BACKEND_OPTION,
+           team: Optional[str] = TEAM_OPTION,
+           kind: Kind = KIND_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """State, attempts, progress and cost of a job."""
     report = backend(backend_name, team=team, kind=kind, context=context).status(paths.job_name(name))
     typer.echo(json.dumps(report.as_json(), indent=2, default=str) if output is Output.json else report.summary)
 
 
-def list_jobs(output: Output = typer.Option(Output.table, "--output", "-o"),
-              backend_name: BackendName = typer.Option(BackendName.local, "--backend"),
-              team: Optional[str] = typer.Option(None, help=TEAM_HELP),
-              kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
+def list_jobs(output: Output = output_option(),
+              backend_name: BackendName = BACKEND_OPTION,
+              team: Optional[str] = TEAM_OPTION,
+              kind: Kind = KIND_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Every job, newest last (kubernetes: the team's jobs of one kind)."""
     from trainforge.trainer.cli import views
     reports = backend(backend_name, team=team, kind=kind, context=context).list()
@@ -165,18 +163,18 @@ def list_jobs(output: Output = typer.Option(Output.table, "--output", "-o"),
 
 
 def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
-         backend_name: BackendName = typer.Option(BackendName.local, "--backend"),
-         team: Optional[str] = typer.Option(None, help=TEAM_HELP),
-         kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
+         backend_name: BackendName = BACKEND_OPTION,
+         team: Optional[str] = TEAM_OPTION,
+         kind: Kind = KIND_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """The job's log (all attempts)."""
     for chunk in backend(backend_name, team=team, kind=kind, context=context).logs(paths.job_name(name), follow=follow):
         sys.stdout.write(chunk)
         sys.stdout.flush()
 
 
-def cancel(name: str, backend_name: BackendName = typer.Option(BackendName.local, "--backend"),
-           team: Optional[str] = typer.Option(None, help=TEAM_HELP),
-           kind: Kind = typer.Option(Kind.trainjob, "--kind"), context: Optional[str] = typer.Option(None)) -> None:
+def cancel(name: str, backend_name: BackendName = BACKEND_OPTION,
+           team: Optional[str] = TEAM_OPTION,
+           kind: Kind = KIND_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """SIGTERM the job: workers write a checkpoint and stop; `submit` of the same spec resumes it."""
     typer.echo(backend(backend_name, team=team, kind=kind, context=context).cancel(paths.job_name(name)).summary)
 

@@ -8,16 +8,16 @@ from typing import Optional
 
 import typer
 
-from trainforge.trainer.cli.common import Output
+from trainforge.trainer.cli.common import Output, STACK_NAME_OPTION, output_option
 
 
-def plan(stack: str = typer.Option(..., "--stack", help="a stack name (prod -> stacks/Pulumi.prod.yaml) or a stack file"),
+def plan(stack: str = STACK_NAME_OPTION,
          against: Optional[str] = typer.Option(None, help="compare with another stack (name or file)"),
          against_rev: Optional[str] = typer.Option(None, "--against-rev", help="compare with the same stack file at a git revision"),
          gpu_utilisation: float = typer.Option(0.25, min=0.0, max=1.0, help="share of each GPU group's range above min_size in use"),
          nat_gb: float = typer.Option(1000.0, min=0.0, help="GB each NAT gateway processes per month"),
          s3_gb: float = typer.Option(1000.0, min=0.0, help="GB stored per bucket"),
-         output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+         output: Output = output_option()) -> None:
     """What `pulumi up` would create, whether the policy pack passes it, and what it costs per month. Exit 1 when a
     mandatory policy fails, 2 on a bad stack file."""
     # Imported here: pulumi, pulumi_aws and the whole program load only for this command (the CLI's one exception).

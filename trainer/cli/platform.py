@@ -7,15 +7,15 @@ from typing import Optional
 
 import typer
 
-from trainforge.trainer.cli.common import Output
+from trainforge.trainer.cli.common import CONTEXT_OPTION, Output, STACK_NAME_OPTION, output_option
 
 app = typer.Typer(no_args_is_help=True, help="Platform engineers: check a deployed stack.")
 
 
 @app.command()
-def verify(stack: str = typer.Option(..., "--stack", help="a stack name (prod -> stacks/Pulumi.prod.yaml) or a stack file"),
-           context: Optional[str] = typer.Option(None, help="kubeconfig context (default: the current one)"),
-           output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+def verify(stack: str = STACK_NAME_OPTION,
+           context: Optional[str] = CONTEXT_OPTION,
+           output: Output = output_option()) -> None:
     """Every release deployed, every platform Deployment and DaemonSet ready, each team's queue active, Kueue, DCGM,
     the budget controller and the training pods scraped, no alert firing, the budget controller passing recently, MLflow
     answering. Exit 0 when all hold, 1 when something does not (each with its fix), 2 on a bad stack or kubeconfig."""

@@ -8,14 +8,14 @@ from typing import Optional
 import typer
 
 from trainforge import paths
-from trainforge.trainer.cli.common import Output
+from trainforge.trainer.cli.common import Output, output_option
 
 app = typer.Typer(no_args_is_help=True, help="The price table estimates use: show it, refresh it from AWS.")
 
 
 @app.command("show")
 def show(region: str = typer.Option("us-east-1", help="AWS region"),
-         output: Output = typer.Option(Output.table, "--output", "-o")) -> None:
+         output: Output = output_option()) -> None:
     """Per instance type: on-demand and spot USD per hour in a region, and where each number comes from."""
     from trainforge.errors import TrainforgeError
     from trainforge.pricing import region_prices

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
-from trainforge.trainer.cli.common import BackendName, Kind, Output
+from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, KIND_OPTION, Kind, Output, output_option
 from trainforge.trainer.cli.sweep_cluster import (cancel_in_cluster, cluster_study, extend_in_cluster, in_cluster, sweep_record,
                                                   resume_in_cluster, start_in_cluster)
 
@@ -49,8 +49,8 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         stack: Optional[Path] = typer.Option(None, help="stack file: every trial is admitted against its quota, cost limit and budget"),
         storage: Optional[str] = typer.Option(None, help="the study's storage URL (default: SQLite under $TRAINFORGE_HOME; the cluster "
                                               "needs the platform's PostgreSQL, e.g. postgresql://.../optuna)"),
-        kind: Kind = typer.Option(Kind.trainjob, "--kind", help="kubernetes: TrainJob or PyTorchJob"),
-        context: Optional[str] = typer.Option(None, help="kubernetes: kubeconfig context"),
+        kind: Kind = KIND_OPTION,
+        context: Optional[str] = CONTEXT_OPTION,
         poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials"),
         resume: bool = typer.Option(False, "--resume", help="continue a cancelled sweep on purpose")) -> None:
     """Run a sweep, or continue it (same name, same spec): finished trials are kept, running ones adopted."""
@@ -96,14 +96,14 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
             return unchecked(spec)
         return admit(spec, platform)
 
-    from trainforge.trainer.cli import views
+    from trainforge.trainer.cli import sweep_views
     from trainforge.trainer.sweeps.controller import SweepController
-    with views.SweepProgress(sweep) as bar:
+    with sweep_views.SweepProgress(sweep) as bar:
         controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
                                      poll_s=poll, on_change=bar.update, resume=resume)
         bar.update(controller)
         why = controller.run()
-    views.sweep_summary(controller, why)
+    sweep_views.sweep_summary(controller, why)
     from trainforge.trainer.sweeps.controller import CANCELLED
     from trainforge.trainer.sweeps.study import counted
     if why == CANCELLED:
@@ -113,8 +113,7 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
 
 
 BACKEND_OPTION = typer.Option(None, "--backend", help="default: where this machine started it; kubernetes: a sweep in the cluster")
-TEAM_OPTION = typer.Option(None, "--team", help="kubernetes: the sweep's team (default: as recorded on this machine)")
-CONTEXT_OPTION = typer.Option(None, "--context", help="kubernetes: kubeconfig context")
+SWEEP_TEAM_OPTION = typer.Option(None, "--team", help="kubernetes: the sweep's team (default: as recorded on this machine)")
 
 
 @app.command(hidden=True)
@@ -128,12 +127,12 @@ def controller(storage: str = typer.Option(None, help="default: the team's study
 
 @app.command()
 def status(name: str, storage: Optional[str] = typer.Option(None, help="default: where this machine recorded it"),
-           output: Output = typer.Option(Output.table, "--output", "-o"), backend_name: Optional[BackendName] = BACKEND_OPTION,
-           team: Optional[str] = TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
+           output: Output = output_option(), backend_name: Optional[BackendName] = BACKEND_OPTION,
+           team: Optional[str] = SWEEP_TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Trials: state, value, parameters, cost, duration."""
     from dataclasses import asdict
 
-    from trainforge.trainer.cli import views
+    from trainforge.trainer.cli import sweep_views
     from trainforge.trainer.sweeps.study import load_existing, primary_direction, rows
     cluster = in_cluster(name, backend_name, team, context)
     extra = {}
@@ -149,7 +148,7 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
                                "trials": [asdict(r) for r in found],
                                "finished_because": study.user_attrs.get("finished_because"), **extra}, indent=2, default=str))
         return
-    views.sweep_table(name, study, found)
+    sweep_views.sweep_table(name, study, found)
     if extra:
         typer.echo(f"controller: {extra['controller']}; {extra['planned']} trials planned; ${extra['spent_usd']:,.4f} spent")
 
@@ -157,7 +156,7 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
 @app.command()
 def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (default: $TRAINFORGE_HOME/sweeps/NAME/report)"),
            storage: Optional[str] = typer.Option(None), backend_name: Optional[BackendName] = BACKEND_OPTION,
-           team: Optional[str] = TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
+           team: Optional[str] = SWEEP_TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Plots: optimisation history, parameter importances, parallel coordinates, intermediate values (PNG and HTML)."""
     from trainforge import paths
     from trainforge.trainer.sweeps.study import load_existing
@@ -174,8 +173,8 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
 
 @app.command()
 def best(name: str, write: Optional[Path] = typer.Option(None, help="write the best trial's job spec here (submit it as a job)"),
-         storage: Optional[str] = typer.Option(None), output: Output = typer.Option(Output.table, "--output", "-o"),
-         backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
+         storage: Optional[str] = typer.Option(None), output: Output = output_option(),
+         backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = SWEEP_TEAM_OPTION,
          context: Optional[str] = CONTEXT_OPTION,
          pick: Optional[int] = typer.Option(None, "--trial", help="with a second objective: which trial of the Pareto front"),
          promote: bool = typer.Option(False, "--promote", help="continue the trial from its checkpoint as a full job (with --steps)"),
@@ -259,7 +258,7 @@ def _submit_promoted(spec, cluster, stack: Optional[Path]) -> str:
 
 @app.command()
 def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name: Optional[BackendName] = BACKEND_OPTION,
-           team: Optional[str] = TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
+           team: Optional[str] = SWEEP_TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Stop the sweep: its controller stops launching and cancels running trials (each checkpoints first)."""
     from optuna.trial import TrialState
 
@@ -294,7 +293,7 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name:
 
 @app.command()
 def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials"),
-           backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
+           backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = SWEEP_TEAM_OPTION,
            context: Optional[str] = CONTEXT_OPTION) -> None:
     """Continue a sweep this machine started, as it was started: a cancelled one on purpose (its stopped trials run
     again), one stopped by its budget or wall time after `extend`."""
@@ -320,7 +319,7 @@ def extend(name: str,
            usd: float = typer.Option(0.0, "--usd", min=0.0, help="more budget in USD, e.g. +50"),
            wall_time: Optional[str] = typer.Option(None, "--wall-time", help="more wall time, e.g. +2h"),
            storage: Optional[str] = typer.Option(None, help="default: where this machine recorded it"),
-           backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = TEAM_OPTION,
+           backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = SWEEP_TEAM_OPTION,
            context: Optional[str] = CONTEXT_OPTION) -> None:
     """Raise a sweep's limits: more trials, budget or wall time (its search stays the same). A running controller takes
     them up at its next look; a finished one continues with `trainforge sweep resume NAME`."""

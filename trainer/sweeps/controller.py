@@ -12,11 +12,8 @@ study's pruner. The controller only launches, watches, prices and reconciles.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
-import os
-import signal
 import time
 from typing import Any, Callable
 
@@ -25,7 +22,7 @@ from optuna.trial import TrialState
 
 from trainforge.errors import TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
-from trainforge.trainer.backends import JobPhase, LocalRun, NoSuchJob
+from trainforge.trainer.backends import JobPhase, NoSuchJob
 from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps import optuna_access as access
@@ -33,6 +30,8 @@ from trainforge.trainer.sweeps.limits import EXTENDED, in_effect
 from trainforge.trainer.sweeps.spec import Sweep
 from trainforge.trainer.sweeps.trials import trial_job
 from trainforge.trainer.sweeps.study import HEARTBEAT_S, counted, distributions, is_multi_objective, open_study
+from trainforge.trainer.sweeps.costs import trial_cost, trial_estimate
+from trainforge.trainer.sweeps.faults import kill_point
 from trainforge.trainer.sweeps.tracking import SweepTracking
 
 log = logging.getLogger("trainforge.sweeps")
@@ -40,43 +39,6 @@ TERMINAL = frozenset(s for s in JobPhase if s.ended)  # whoever reports it: loca
 
 
 CANCELLED = "cancelled"  # the controller's answer when `trainforge sweep cancel` stopped it
-
-
-def trial_estimate(spec: JobSpec, decision: Admission) -> float:
-    """What a trial may cost at most: the admission's estimate (its max_runtime on its instance type); without a
-    stack, the same at the price table's first region — where the local ledger prices local jobs too."""
-    if decision.cost is not None:
-        return decision.cost.expected_usd
-    where = decision.placement
-    if where.instance is None:
-        return 0.0
-    from trainforge.pricing import PriceUnknown, estimate, price_table
-    try:
-        return estimate(where.instance.name, where.nodes, spec.limits.max_runtime_hours, spec.capacity,
-                        where.region or price_table().regions[0]).expected_usd
-    except PriceUnknown:
-        return 0.0
-
-
-# Fault injection, for tests that prove the launch path: `TRAINFORGE_SWEEP_KILL_AT=<step>:<n>` makes this controller
-# SIGKILL itself the n-th time it reaches <step> — a real kill of a real process, at a moment a test could not hit by
-# timing. Unset (always, outside such tests), each point is one dictionary lookup.
-KILL_AT_ENV = "TRAINFORGE_SWEEP_KILL_AT"
-LAUNCH_STEPS = ("asked", "intended", "admitted", "created", "recorded", "settling")
-_reached: dict[str, int] = {}
-
-
-def kill_point(step: str) -> None:
-    wanted = os.environ.get(KILL_AT_ENV)
-    if not wanted:
-        return
-    name, _, nth = wanted.partition(":")
-    if name != step:
-        return
-    _reached[step] = _reached.get(step, 0) + 1
-    if _reached[step] == int(nth or 1):
-        log.warning("%s=%s: killing this controller (SIGKILL)", KILL_AT_ENV, wanted)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 RAN_SAVE_S = 5.0  # how often the time the sweep ran is written to the study (a kill loses at most this much)
@@ -309,22 +271,7 @@ class SweepController:
         return round((time.time() - trial.datetime_start.timestamp()), 3) if trial.datetime_start else 0.0
 
     def _cost(self, job: str | None, trial: optuna.trial.FrozenTrial) -> tuple[float, float | None]:
-        """What the trial's job cost: the backend's own figure where it keeps one (local: node-hours x price), else
-        the estimate scaled by how long the trial ran."""
-        if job is None:
-            return 0.0, None
-        report = None
-        try:
-            report = self.backend.status(job)
-        except NoSuchJob:
-            pass
-        if report is not None and isinstance(report.details, LocalRun) and report.details.cost.get("cost_usd") is not None:
-            return float(report.details.cost["cost_usd"]), report.details.run_seconds  # the local ledger: node-hours x price
-        estimate = float(trial.user_attrs.get("estimate_usd", 0.0))
-        ended = trial.datetime_complete or (datetime.datetime.now() if trial.datetime_start else None)  # a trial the controller tells
-        ran = (ended - trial.datetime_start).total_seconds() if ended and trial.datetime_start else None
-        max_runtime_s = self.sweep.base.limits.max_runtime_hours * 3600
-        return (estimate * min(1.0, ran / max_runtime_s) if ran is not None else estimate), ran
+        return trial_cost(self.backend, job, trial, self.sweep.base.limits.max_runtime_hours)
 
     def _retry_failures(self) -> None:
         """Each failed trial is retried once, with the same parameters (a retry that fails stays failed)."""
