@@ -4,7 +4,10 @@
 Prints a table of wall times and ratios against the shipped prod stack measured in the same run (medians of
 --repeats runs). A benchmark, not a test: it never fails on a time.
 
-    python benchmarks/bench_stack_eval.py [--repeats 5] [--teams 10 50 100]
+    python benchmarks/bench_stack_eval.py [--repeats 3] [--teams 10 50 100 200] [--no-sdk-shortcuts]
+
+Then the marginal cost per added resource between successive team counts, and the growth check of issue 24: the
+marginal seconds per resource from 100 to 200 teams against those from 10 to 50 (linear: about 1x; the goal: <= 1.5x).
 """
 
 from __future__ import annotations
@@ -47,14 +50,15 @@ def aws_layer_only() -> None:
         pulumi.export(name, value)
 
 
-def measure(config: dict, repeats: int, aws_only: bool = False) -> tuple[float, float, int]:
+def measure(config: dict, repeats: int, aws_only: bool = False, shortcuts: bool = True) -> tuple[float, float, int]:
     """Median seconds for config validation alone, for the program, and the resource count."""
     validate, whole, resources = [], [], 0
     for _ in range(repeats):
         started = time.perf_counter()
         parse(config[CONFIG_KEY], environment="prod", source="bench")
         validate.append(time.perf_counter() - started)
-        evaluation = engine.evaluate(aws_layer_only, config, "prod") if aws_only else evaluate(config, "prod")
+        evaluation = (engine.evaluate(aws_layer_only, config, "prod", sdk_shortcuts=shortcuts) if aws_only
+                      else evaluate(config, "prod", sdk_shortcuts=shortcuts))
         whole.append(evaluation.seconds)
         resources = len(evaluation.resources)
     return statistics.median(validate), statistics.median(whole), resources
@@ -62,12 +66,14 @@ def measure(config: dict, repeats: int, aws_only: bool = False) -> tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--teams", type=int, nargs="+", default=[10, 50, 100])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--teams", type=int, nargs="+", default=[10, 50, 100, 200])
+    parser.add_argument("--no-sdk-shortcuts", action="store_true", help="the SDK's own dependency resolution (infra/engine.py)")
     parser.add_argument("--quick", action="store_true", help="one repeat, prod + 2 teams (CI runs this)")
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.teams = 1, [2]
+        args.repeats, args.teams = 1, [2, 4]
+    shortcuts = not args.no_sdk_shortcuts and engine.replacements_apply()
 
     base = read_stack_file(PROD).config
     evaluate(base, "prod")  # warm imports (pulumi_aws alone takes seconds) so they are not charged to the baseline
@@ -77,11 +83,30 @@ def main() -> None:
     for column in ("case", "teams", "resources", "config validation ms", "program s", "ratio vs AWS layer only"):
         table.add_column(column, justify="right" if column != "case" else "left")
     baseline = None
+    by_teams: dict[int, tuple[int, float]] = {}
     for label, config, aws_only in cases:
-        validate, whole, resources = measure(config, args.repeats, aws_only)
+        validate, whole, resources = measure(config, args.repeats, aws_only, shortcuts)
         baseline = baseline or whole
         table.add_row(label, str(len(config[CONFIG_KEY]["teams"])), str(resources), f"{validate * 1000:.2f}", f"{whole:.3f}", f"{whole / baseline:.2f}x")
-    Console(width=140).print(table)
+        if label.startswith("prod + "):
+            by_teams[len(config[CONFIG_KEY]["teams"])] = (resources, whole)
+    console = Console(width=140)
+    console.print(table)
+    console.print(f"SDK shortcuts (infra/engine.py): {'on' if shortcuts else 'off: the SDK own dependency resolution'}")
+    marginal = Table(title="Marginal cost per added resource", title_justify="left")
+    for column in ("teams", "resources added", "seconds added", "ms per resource"):
+        marginal.add_column(column, justify="right")
+    counts = sorted(by_teams)
+    per_resource: dict[tuple[int, int], float] = {}
+    for low, high in zip(counts, counts[1:]):
+        (r0, s0), (r1, s1) = by_teams[low], by_teams[high]
+        per_resource[low, high] = (s1 - s0) / (r1 - r0)
+        marginal.add_row(f"{low} -> {high}", str(r1 - r0), f"{s1 - s0:.3f}", f"{per_resource[low, high] * 1000:.2f}")
+    console.print(marginal)
+    if (10, 50) in per_resource and (100, 200) in per_resource:
+        ratio = per_resource[100, 200] / per_resource[10, 50]
+        console.print(f"growth: ms per resource 100->200 teams / 10->50 teams = {ratio:.2f}x (linear ~1x; goal <= 1.5x); "
+                      f"prod + 100 teams {by_teams[100][1]:.1f} s (goal <= 10 s)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ program reads back (a cluster endpoint, an OIDC issuer, an auto-generated name).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -17,9 +18,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pulumi
+from pulumi.runtime import _depends_on as pulumi_depends_on
+from pulumi.runtime import resource_cycle_breaker as pulumi_cycle_breaker
+from pulumi.runtime import rpc as pulumi_rpc
 from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
@@ -132,6 +136,89 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return out
 
 
+async def _resolve_depends_on(depends_on: Any) -> set[pulumi.Resource]:
+    """pulumi/runtime/_depends_on.py `_resolve_depends_on` (pulumi 3.272.0), except that an entry that is already a
+    Resource is taken as it is. Upstream wraps every entry in `Output.from_input` (an Output, its task and a
+    contains_unknowns walk) and awaits it; `Output.from_input(resource)` has no resources and the resource as its
+    value, so upstream adds exactly that resource. Outputs and awaitables in depends_on still take upstream's path."""
+    if not depends_on:
+        return set()
+    if isinstance(depends_on, list) and all(isinstance(d, pulumi.Resource) for d in depends_on):
+        return set(depends_on)
+    outer = pulumi.Output._from_input_shallow(depends_on)
+    all_deps = await outer.resources()
+    for entry in await outer.future() or []:
+        if isinstance(entry, pulumi.Resource):
+            all_deps = all_deps | {entry}
+            continue
+        inner = pulumi.Output.from_input(entry)
+        all_deps = all_deps | await inner.resources()
+        direct = await inner.future()
+        if direct is not None:
+            all_deps.add(direct)
+    return all_deps
+
+
+_HAS_DEPENDENTS = "_trainforge_has_dependents"
+
+
+def _declare_dependency(from_resource: pulumi.Resource, to_resource: pulumi.Resource) -> bool:
+    """pulumi/runtime/resource_cycle_breaker.py `declare_dependency` (pulumi 3.272.0): records the edge
+    from -> to unless it closes a cycle. Upstream walks everything reachable from `to` for every edge and copies
+    `from`'s dependency set to add one. A path to -> ... -> from ends in an edge into `from`, so while nothing
+    depends on `from` (the common case: it is the resource being registered) no edge can close a cycle and the
+    walk is skipped; otherwise upstream's walk (`_reachable`) decides. The set grows in place (nothing holds it
+    across an await: the walks are synchronous)."""
+    if from_resource is to_resource:
+        return False
+    if getattr(from_resource, _HAS_DEPENDENTS, False) and pulumi_cycle_breaker._reachable(from_resource=to_resource, to_resource=from_resource):
+        return False
+    deps = vars(from_resource).get(pulumi_cycle_breaker._DEPENDENCIES_PROPERTY)
+    if deps is None:
+        setattr(from_resource, pulumi_cycle_breaker._DEPENDENCIES_PROPERTY, {to_resource})
+    else:
+        deps.add(to_resource)
+    setattr(to_resource, _HAS_DEPENDENTS, True)
+    return True
+
+
+# The upstream functions the two above stand in for, as written in the SDK they were read from (sha256 of their source,
+# first 16 hex digits). Another SDK's may do more: then upstream's run (slower on wide fan-ins, and correct).
+UPSTREAM_SOURCES = {"_resolve_depends_on": "3ab4b3f9714876de", "declare_dependency": "8acf8b90a08af64a"}
+
+
+def _source_digest(function: Callable) -> str:
+    import inspect
+    try:
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return ""
+
+
+def replacements_apply() -> bool:
+    """Whether the installed SDK's functions are the ones the replacements were written against."""
+    return (_source_digest(pulumi_depends_on._resolve_depends_on) == UPSTREAM_SOURCES["_resolve_depends_on"]
+            and _source_digest(pulumi_cycle_breaker.declare_dependency) == UPSTREAM_SOURCES["declare_dependency"])
+
+
+@contextlib.contextmanager
+def _linear_dependency_resolution(enabled: bool = True) -> Iterator[None]:
+    """For one evaluation, the two functions above in place of upstream's (rpc.py imports declare_dependency by
+    name, so it is replaced there too); upstream's are back afterwards. Both cost O(edges^2)-ish on programs
+    where many resources depend_on the same long lists (issue 24). Not applied (upstream's run) when disabled or
+    when the installed SDK's functions are not the ones they were written against."""
+    if not enabled or not replacements_apply():
+        yield
+        return
+    saved = (pulumi_depends_on._resolve_depends_on, pulumi_rpc.declare_dependency, pulumi_cycle_breaker.declare_dependency)
+    pulumi_depends_on._resolve_depends_on = _resolve_depends_on
+    pulumi_rpc.declare_dependency = pulumi_cycle_breaker.declare_dependency = _declare_dependency
+    try:
+        yield
+    finally:
+        pulumi_depends_on._resolve_depends_on, pulumi_rpc.declare_dependency, pulumi_cycle_breaker.declare_dependency = saved
+
+
 @dataclass
 class Evaluation:
     environment: str
@@ -165,8 +252,10 @@ class Evaluation:
         return matches[0]
 
 
-def evaluate(program: Callable[[], None], config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None) -> Evaluation:
-    """Run `program` (a Pulumi program's entry function) for stack `environment` with `config` (a stack file's `config:` map)."""
+def evaluate(program: Callable[[], None], config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None,
+             *, sdk_shortcuts: bool = True) -> Evaluation:
+    """Run `program` (a Pulumi program's entry function) for stack `environment` with `config` (a stack file's `config:` map).
+    `sdk_shortcuts=False` runs the SDK's own dependency resolution (what the shortcuts must agree with)."""
     platform = config.get(CONFIG_KEY)
     mocks = mocks or RecordingMocks(platform.get("region", "us-east-1") if isinstance(platform, dict) else "us-east-1")
     pulumi_settings.ROOT.set(None)  # a fresh root stack per evaluation, so exports never leak between runs
@@ -178,16 +267,20 @@ def evaluate(program: Callable[[], None], config: dict[str, Any], environment: s
     outputs: dict[str, Any] = {}
     secrets: set[str] = set()
 
-    def run() -> None:
+    async def run() -> None:
+        # Awaited here, not with one _sync_await per export: a nested _sync_await pads the event loop's ready queue
+        # back to its length on entry with cancelled handles (pulumi/runtime/sync_await.py), and right after the
+        # program that queue holds a handle for every task the program started, so each export cost O(resources).
         program()
         for name, value in root.outputs.items():
             output = pulumi.Output.from_input(value)
-            outputs[name] = _sync_await(output.future())
-            if _sync_await(output.is_secret()):
+            outputs[name] = await output.future()
+            if await output.is_secret():
                 secrets.add(name)
 
     started = time.perf_counter()
-    _sync_await(run_pulumi_func(run))
+    with _linear_dependency_resolution(sdk_shortcuts):
+        _sync_await(run_pulumi_func(run))
     return Evaluation(environment, mocks.resources, outputs, frozenset(secrets), time.perf_counter() - started)
 
 

@@ -112,10 +112,13 @@ class SharedStorage(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:SharedStorage", name, None, opts)
         self.block = apply(storage.block_storage_class(aws.data_key.arn), parent=self, depends_on=aws.system_ready)
-        self.objects = [apply(storage.storage_class(), parent=self)]
-        for team in cfg.teams:
-            for read_only in (False, True):
-                self.objects.append(apply(storage.team_volume(team.name, **fsx_volume(cfg, aws), read_only=read_only, datasets_path=cfg.fsx.datasets_path), parent=self))
+        self.storage_class = apply(storage.storage_class(), parent=self)
+        # Per team, its read-write and read-only volume: a team's claims bind to its own volumes only (volumeName).
+        self.volumes = {team.name: [apply(storage.team_volume(team.name, **fsx_volume(cfg, aws), read_only=read_only,
+                                                              datasets_path=cfg.fsx.datasets_path), parent=self)
+                                    for read_only in (False, True)]
+                        for team in cfg.teams}
+        self.objects = [self.storage_class, *(volume for volumes in self.volumes.values() for volume in volumes)]
         self.register_outputs({"storage_class": storage.STORAGE_CLASS})
 
 
@@ -231,7 +234,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     tracking_user = TrackingUser(default_image, after=[tracking_server.release])
     for team in cfg.teams:
         Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.outputs["team_role_arns"][team.name], prices_as_of=price_table().as_of,
-                after=[scheduling.release, *shared.objects, *guard.objects, directories.jobs[team.name]], database=database,
+                after=[scheduling.release, shared.storage_class, *shared.volumes[team.name], *guard.objects, directories.jobs[team.name]], database=database,
                 tracking=tracking_user, opts=opts)
     return KubernetesLayer({
         "kubernetes": {

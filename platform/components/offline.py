@@ -25,9 +25,9 @@ def program() -> None:
 from trainforge.stackconfig import ConfigError
 
 
-def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None) -> Evaluation:
+def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None, *, sdk_shortcuts: bool = True) -> Evaluation:
     """The trainforge program for stack `environment` with a stack file's `config:` map, under the mock engine."""
-    return engine.evaluate(program, config, environment, mocks)
+    return engine.evaluate(program, config, environment, mocks, sdk_shortcuts=sdk_shortcuts)
 
 
 def evaluate_stack_file(path: str | Path, mocks: RecordingMocks | None = None) -> Evaluation:
