@@ -188,7 +188,7 @@ def team_roles_confined(resources: list[StackResource], ctx: Context) -> Violati
                 yield (f"team {team!r}'s role can be assumed by {subject!r}. Fix: trust only {own}"), role.urn
         names = {role.props.get("name"), role.props.get("id"), role.name}
 
-        def attached(resource: StackResource) -> bool:
+        def attached(resource: StackResource, names: set = names, role: StackResource = role) -> bool:
             return resource.props.get("role") in names or role.urn in resource.dependencies
 
         for attachment in of_type(resources, "aws:iam/rolePolicyAttachment:RolePolicyAttachment"):

@@ -17,12 +17,12 @@ from typing import Any
 from trainforge.infra import engine
 from trainforge.infra.engine import Evaluation, RecordingMocks
 from trainforge.platform.components.program import main as pulumi_main
+from trainforge.stackconfig import ConfigError
 
 
 def program() -> None:
     """The composition root as `pulumi preview` runs it; deploy blockers are the caller's to show (plan does)."""
     pulumi_main(refuse_blockers=False)
-from trainforge.stackconfig import ConfigError
 
 
 def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None, *, sdk_shortcuts: bool = True) -> Evaluation:

@@ -45,9 +45,9 @@ class SweepTracking:
                                         filter_string=f"tags.`{run_tags.JOB}` = '{job}' and "
                                                       f"tags.`{run_tags.TEAM}` = '{self.team}'", max_results=1) if job else []
         for run in found:
-            for key, value in {run_tags.TRIAL: trial.number, run_tags.TRIAL_STATE: trial.state.name.lower(),
-                               run_tags.TRIAL_COST_USD: f"{cost:.6f}", run_tags.TRIAL_VALUE: value}.items():
-                self.client.set_tag(run.info.run_id, key, str(value))
+            for key, tag in {run_tags.TRIAL: trial.number, run_tags.TRIAL_STATE: trial.state.name.lower(),
+                             run_tags.TRIAL_COST_USD: f"{cost:.6f}", run_tags.TRIAL_VALUE: value}.items():
+                self.client.set_tag(run.info.run_id, key, str(tag))
         return found[0].info.run_id if found else None
 
     def sweep_finished(self, study: optuna.Study, spent: float, why: str) -> None:
