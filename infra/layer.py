@@ -62,6 +62,7 @@ class AwsLayer:
     node_groups: dict[str, aws.eks.NodeGroup]  # by config name
     autoscaler_role: Role
     mlflow_role: Role
+    team_role_arns: dict[str, pulumi.Output[str]]  # each team's IRSA role, by team name (its pods' AWS identity)
 
 
 def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
@@ -145,7 +146,8 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
     }
     return AwsLayer(handle, outputs, fsx.file_system, buckets.buckets, keys.data, database, images.image,
                     [*system_pools, *workload_addons.addons],
-                    {name: pool.node_group for name, pool in pools.items()}, service_roles.autoscaler, service_roles.mlflow)
+                    {name: pool.node_group for name, pool in pools.items()}, service_roles.autoscaler, service_roles.mlflow,
+                    team_roles)
 
 
 def _version() -> str:

@@ -233,7 +233,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking_server.namespace, tracking_server.secret])
     tracking_user = TrackingUser(default_image, after=[tracking_server.release])
     for team in cfg.teams:
-        Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.outputs["team_role_arns"][team.name], prices_as_of=price_table().as_of,
+        Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.team_role_arns[team.name], prices_as_of=price_table().as_of,
                 after=[scheduling.release, shared.storage_class, *shared.volumes[team.name], *guard.objects, directories.jobs[team.name]], database=database,
                 tracking=tracking_user, opts=opts)
     return KubernetesLayer({
