@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -44,7 +45,7 @@ class Cluster(pulumi.ComponentResource):
     node_role: Role
     kubernetes: k8s.Provider
 
-    def __init__(self, name: str, cfg: ClusterConfig, *, private_subnet_ids: list[pulumi.Input[str]],
+    def __init__(self, name: str, cfg: ClusterConfig, *, private_subnet_ids: Sequence[pulumi.Input[str]],
                  secrets_key: aws.kms.Key, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
         """`name` is the EKS cluster's name."""
         super().__init__("trainforge:infra:Cluster", name, None, opts)
@@ -182,7 +183,7 @@ class Addons(pulumi.ComponentResource):
     addons: list[aws.eks.Addon]
 
     def __init__(self, name: str, cluster: Cluster, stage: str, tags: dict[str, str], *,
-                 after: list[pulumi.Resource] | None = None, volume_key: aws.kms.Key | None = None,
+                 after: Sequence[pulumi.Resource] | None = None, volume_key: aws.kms.Key | None = None,
                  opts: pulumi.ResourceOptions | None = None):
         """`name` prefixes each add-on's resources (the cluster's name); `stage` is a key of ADDON_STAGES; `volume_key`
         is the customer key EBS volumes are encrypted with (the EBS CSI driver must be allowed to use it)."""
@@ -191,7 +192,7 @@ class Addons(pulumi.ComponentResource):
         self.addons = [self._addon(a, after or []) for a in ADDON_STAGES[stage]]
         self.register_outputs({"addons": [a.addon_name for a in self.addons]})
 
-    def _addon(self, addon: str, depends_on: list[pulumi.Resource]) -> aws.eks.Addon:
+    def _addon(self, addon: str, depends_on: Sequence[pulumi.Resource]) -> aws.eks.Addon:
         role_arn = None
         if addon in IRSA_ADDONS:
             service_account, policies = IRSA_ADDONS[addon]

@@ -3,6 +3,8 @@ the stack's data key, backed up, its generated password a Pulumi secret (never p
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pulumi
 import pulumi_aws as aws
 import pulumi_random as random
@@ -24,7 +26,7 @@ class MlflowDatabase(pulumi.ComponentResource):
     password: pulumi.Output[str]
     security_group: aws.ec2.SecurityGroup
 
-    def __init__(self, name: str, cfg: MlflowConfig, *, vpc_id: pulumi.Input[str], subnet_ids: list[pulumi.Input[str]],
+    def __init__(self, name: str, cfg: MlflowConfig, *, vpc_id: pulumi.Input[str], subnet_ids: Sequence[pulumi.Input[str]],
                  client_security_group_id: pulumi.Input[str], data_key: aws.kms.Key, protect: bool, tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainforge:infra:MlflowDatabase", name, None, opts)

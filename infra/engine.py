@@ -264,6 +264,9 @@ def evaluate(program: Callable[[], None], config: dict[str, Any], environment: s
     pulumi_settings.SETTINGS.rpc_manager.clear()
     pulumi_settings.SETTINGS.outputs.clear()
     root = pulumi_settings.get_root_resource()
+    if root is None:
+        raise RuntimeError("the mock engine made no root stack resource")
+    exports: dict[str, Any] = root.outputs  # type: ignore[attr-defined]  # the root is a pulumi Stack: its exports, filled by the program
     outputs: dict[str, Any] = {}
     secrets: set[str] = set()
 
@@ -272,7 +275,7 @@ def evaluate(program: Callable[[], None], config: dict[str, Any], environment: s
         # back to its length on entry with cancelled handles (pulumi/runtime/sync_await.py), and right after the
         # program that queue holds a handle for every task the program started, so each export cost O(resources).
         program()
-        for name, value in root.outputs.items():
+        for name, value in exports.items():
             output = pulumi.Output.from_input(value)
             outputs[name] = await output.future()
             if await output.is_secret():

@@ -6,6 +6,7 @@ import base64
 from email.encoders import encode_7or8bit
 from email.mime.application import MIMEApplication
 from email.mime.multipart import MIMEMultipart
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -55,6 +56,16 @@ def capacity_type(group: NodeGroupConfig) -> str:
     return "SPOT" if group.capacity == "spot" else "ON_DEMAND"
 
 
+def asg_name(node_group: aws.eks.NodeGroup) -> pulumi.Output[str]:
+    """The Auto Scaling group EKS made for a managed node group (one per group; its name is known once the group is)."""
+    def first(resources: Any) -> str:
+        groups = resources[0].autoscaling_groups if resources else None
+        if not groups or not groups[0].name:
+            raise ValueError(f"node group {node_group!r}: EKS reported no Auto Scaling group")
+        return groups[0].name
+    return node_group.resources.apply(first)
+
+
 class EfaSecurityGroup(pulumi.ComponentResource):
     """EFA's OS-bypass traffic is dropped unless the security group allows all traffic to and from itself."""
 
@@ -62,11 +73,10 @@ class EfaSecurityGroup(pulumi.ComponentResource):
 
     def __init__(self, name: str, vpc_id: pulumi.Input[str], tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainforge:infra:EfaSecurityGroup", name, None, opts)
-        everything_to_self = dict(protocol="-1", from_port=0, to_port=0, self=True)
         self.security_group = aws.ec2.SecurityGroup(
             name, vpc_id=vpc_id, description="EFA: all traffic between members of this group",
-            ingress=[aws.ec2.SecurityGroupIngressArgs(**everything_to_self, description="EFA in from self")],
-            egress=[aws.ec2.SecurityGroupEgressArgs(**everything_to_self, description="EFA out to self")],
+            ingress=[aws.ec2.SecurityGroupIngressArgs(protocol="-1", from_port=0, to_port=0, self=True, description="EFA in from self")],
+            egress=[aws.ec2.SecurityGroupEgressArgs(protocol="-1", from_port=0, to_port=0, self=True, description="EFA out to self")],
             tags=named(tags, name), opts=pulumi.ResourceOptions(parent=self),
         )
         self.register_outputs({"security_group_id": self.security_group.id})
@@ -153,10 +163,10 @@ class NodePool(pulumi.ComponentResource):
             # only with a complete role (and leave before its policies go, on destroy).
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"], depends_on=node_role.ready),
         )
-        asg_name = self.node_group.resources.apply(lambda resources: resources[0].autoscaling_groups[0].name)
+        group_asg = asg_name(self.node_group)
         for key, value in nodes.template_tags(group).items():
             suffix = key.removeprefix(f"{nodes.AUTOSCALER}/node-template/").replace("/", "-")
-            aws.autoscaling.Tag(f"{name}-{suffix}", autoscaling_group_name=asg_name,
+            aws.autoscaling.Tag(f"{name}-{suffix}", autoscaling_group_name=group_asg,
                                 tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
                                 opts=pulumi.ResourceOptions(parent=self.node_group))
         self.register_outputs({"node_group_name": self.node_group.node_group_name, "launch_template_id": self.launch_template.id})

@@ -60,7 +60,7 @@ class RuntimeImageRepository(pulumi.ComponentResource):
         tag = self.repository.repository_url.apply(lambda url: f"{url}:{contract.runtime_image_tag(version)}")
         token = aws.ecr.get_authorization_token_output(registry_id=self.repository.registry_id, opts=pulumi.InvokeOutputOptions(parent=self))
         return docker_build.Image(
-            f"{name}-build", tags=[tag], push=True, platforms=["linux/amd64"],
+            f"{name}-build", tags=[tag], push=True, platforms=[docker_build.Platform.LINUX_AMD64],
             context=docker_build.BuildContextArgs(location=context),
             dockerfile=docker_build.DockerfileArgs(location=f"{context}/Dockerfile"),
             registries=[docker_build.RegistryArgs(address=self.repository.repository_url.apply(lambda url: url.split("/")[0]),

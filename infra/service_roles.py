@@ -10,6 +10,7 @@ import pulumi_aws as aws
 
 from trainforge import contract
 from trainforge.infra.iam import Role, inline_policy, irsa_role
+from trainforge.infra.nodegroups import asg_name
 from trainforge.infra.tags import named
 
 MLFLOW_ARTIFACT_PREFIX = f"{contract.MLFLOW_ARTIFACT_PATH}/"  # the chart's artifactRoot path, as a key prefix
@@ -38,7 +39,7 @@ def autoscaler_role(name: str, *, cluster_name: str, region: str, account: pulum
                     parent: pulumi.Resource) -> Role:
     role = irsa_role(name, oidc_provider_arn=oidc_provider_arn, oidc_issuer_url=oidc_issuer_url, namespace=contract.NAMESPACE_AUTOSCALER,
                      service_account=contract.AUTOSCALER_SERVICE_ACCOUNT, policy_arns=[], tags=named(tags, name), parent=parent)
-    names = [g.resources.apply(lambda r: r[0].autoscaling_groups[0].name) for g in node_groups]
+    names = [asg_name(g) for g in node_groups]
     policy = pulumi.Output.all(account, *names).apply(lambda args: autoscaler_policy(cluster_name, [asg_arn(region, args[0], n) for n in args[1:]]))
     return inline_policy(f"{name}-asgs", role, policy)
 
@@ -69,8 +70,9 @@ class ServiceRoles(pulumi.ComponentResource):
                  artifacts_bucket: aws.s3.Bucket, data_key: aws.kms.Key, oidc_provider_arn: pulumi.Input[str],
                  oidc_issuer_url: pulumi.Input[str], tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainforge:infra:ServiceRoles", name, None, opts)
-        oidc = dict(oidc_provider_arn=oidc_provider_arn, oidc_issuer_url=oidc_issuer_url, tags=tags, parent=self)
         self.autoscaler = autoscaler_role(f"{name}-cluster-autoscaler", cluster_name=cluster_name, region=region, account=account,
-                                          node_groups=node_groups, **oidc)
-        self.mlflow = mlflow_role(f"{name}-mlflow", artifacts_bucket=artifacts_bucket, data_key=data_key, **oidc)
+                                          node_groups=node_groups, oidc_provider_arn=oidc_provider_arn,
+                                          oidc_issuer_url=oidc_issuer_url, tags=tags, parent=self)
+        self.mlflow = mlflow_role(f"{name}-mlflow", artifacts_bucket=artifacts_bucket, data_key=data_key, oidc_provider_arn=oidc_provider_arn,
+                                  oidc_issuer_url=oidc_issuer_url, tags=tags, parent=self)
         self.register_outputs({"autoscaler_role_arn": self.autoscaler.arn, "mlflow_role_arn": self.mlflow.arn})

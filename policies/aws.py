@@ -259,6 +259,7 @@ def bucket_versioning_enabled(props: Mapping[str, Any], ctx: Context) -> Iterabl
 def kms_policies_scoped(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
     for statement in statements(policy_document(props.get("policy"))):
         principal = statement.get("Principal")
-        wildcard = principal == "*" or (isinstance(principal, Mapping) and "*" in (principal.get("AWS") if isinstance(principal.get("AWS"), list) else [principal.get("AWS")]))
+        aws_principals = principal.get("AWS") if isinstance(principal, Mapping) else None
+        wildcard = principal == "*" or "*" in (aws_principals if isinstance(aws_principals, list) else [aws_principals])
         if statement.get("Effect") == "Allow" and wildcard and not statement.get("Condition"):
             yield f"the key policy lets anyone use the key ({statement.get('Action')}). Fix: name the account's principals"

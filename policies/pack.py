@@ -4,7 +4,7 @@ returns, so only policies/__main__.py does that."""
 
 from __future__ import annotations
 
-from pulumi_policy import (ReportViolation, ResourceValidationArgs, ResourceValidationPolicy, StackValidationArgs,
+from pulumi_policy import (Policy, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy, StackValidationArgs,
                            StackValidationPolicy)
 
 from trainforge.policies.registry import CONFIG_SCHEMA, Rule, StackResource, check_resource, check_stack, rules
@@ -29,7 +29,7 @@ def _stack_policy(rule: Rule) -> StackValidationPolicy:
                                  config_schema=rule.config_schema())
 
 
-POLICIES = [_stack_policy(r) if r.is_stack_rule else _resource_policy(r) for r in rules()]
+POLICIES: list[Policy] = [_stack_policy(r) if r.is_stack_rule else _resource_policy(r) for r in rules()]
 
 
 def rules_table() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, cast
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
@@ -139,13 +139,15 @@ def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
 def check_resource(rule: Rule, resource_type: str, props: Mapping[str, Any], *, name: str = "", config: Mapping[str, Any] | None = None,
                    provider_props: Mapping[str, Any] | None = None) -> list[str]:
     """The rule's violations for one resource (none when it does not apply)."""
-    if rule.is_stack_rule or not rule.applies(resource_type):
+    if rule.applies is None or not rule.applies(resource_type):
         return []
     ctx = Context(with_defaults(config or {}), resource_type, name, provider_props or {})
-    return list(rule.check(props, ctx))
+    check = cast(ResourceCheck, rule.check)  # a rule that applies to resource types checks one resource
+    return list(check(props, ctx))
 
 
 def check_stack(rule: Rule, resources: list[StackResource], config: Mapping[str, Any] | None = None) -> list[tuple[str, str | None]]:
     if not rule.is_stack_rule:
         return []
-    return list(rule.check(resources, Context(with_defaults(config or {}))))
+    check = cast(StackCheck, rule.check)  # a stack rule checks every resource at once
+    return list(check(resources, Context(with_defaults(config or {}))))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from trainforge import contract
 from trainforge.policies.kubernetes import TEAM_LABEL
@@ -31,7 +31,7 @@ def _efa_groups(resources: list[StackResource]) -> list[tuple[StackResource, Sta
 
 
 def _zones(resource: StackResource, resources: list[StackResource]) -> set[str]:
-    return {s.props.get("availabilityZone") for s in dependencies(resource, resources, "aws:ec2/subnet:Subnet")}
+    return {str(s.props.get("availabilityZone")) for s in dependencies(resource, resources, "aws:ec2/subnet:Subnet")}
 
 
 @stack_rule("EFA node groups live in one AZ, in a cluster placement group, with a security group open to itself; FSx sits in their AZ.")
@@ -55,7 +55,7 @@ def efa_groups_coherent(resources: list[StackResource], ctx: Context) -> Violati
                        "and billed. Fix: put FSx in the EFA group's AZ"), fs.urn
 
 
-def _open_to_itself(props: dict[str, Any]) -> bool:
+def _open_to_itself(props: Mapping[str, Any]) -> bool:
     def all_to_self(rules: Any) -> bool:
         return any(r.get("self") is True and str(r.get("protocol")) == "-1" for r in rules or [])
     return all_to_self(props.get("ingress")) and all_to_self(props.get("egress"))
@@ -103,7 +103,7 @@ def teams_have_their_tenancy(resources: list[StackResource], ctx: Context) -> Vi
             yield f"team {team!r} has no LocalQueue/ClusterQueue: its jobs would never be admitted. Fix: its Kueue queues", None
 
 
-def _default_deny(props: dict[str, Any]) -> bool:
+def _default_deny(props: Mapping[str, Any]) -> bool:
     spec = props.get("spec") or {}
     return spec.get("podSelector") == {} and set(spec.get("policyTypes") or []) == {"Ingress", "Egress"} \
         and not spec.get("ingress") and not spec.get("egress")

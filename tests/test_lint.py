@@ -24,3 +24,10 @@ def test_ruff_finds_what_it_is_there_for(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(REPO / "pyproject.toml"), str(bad)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "F821" in result.stdout
+
+
+def test_the_product_code_type_checks():
+    """mypy (with pydantic's plugin) over the package laid out as installed (scripts/typecheck): an optional value
+    passed where one is required, a wrong argument type between modules, a renamed attribute."""
+    result = subprocess.run([str(REPO / "scripts" / "typecheck")], capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

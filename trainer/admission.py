@@ -123,7 +123,7 @@ def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: floa
     elif where.gpus_per_node > 0:
         problems.append(f"resources.gpu_type: no catalogue instance has {where.gpus_per_node} x {spec.resources.gpu_type}. Fix: fewer GPUs per node")
 
-    if cost is not None:
+    if cost is not None and instance is not None:
         expected = cost.expected_usd
         limit = spec.limits.max_cost_usd
         if limit is not None and expected > limit:

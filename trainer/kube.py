@@ -6,6 +6,8 @@ the cluster's controllers. The client library is imported only when a Cluster is
 
 from __future__ import annotations
 
+import builtins
+
 import datetime
 import json
 import os
@@ -157,7 +159,7 @@ class Cluster:
         return self._call(f"reading ClusterQueue {contract.cluster_queue_name(team)}", self.custom.get_cluster_custom_object,
                           *KUEUE, "clusterqueues", contract.cluster_queue_name(team))
 
-    def list_cluster_queues(self, label_selector: str) -> list[dict[str, Any]]:
+    def list_cluster_queues(self, label_selector: str) -> builtins.list[dict[str, Any]]:  # `list` is a method here
         found = self._call("listing ClusterQueues", self.custom.list_cluster_custom_object, *KUEUE, "clusterqueues",
                            label_selector=label_selector)
         return list(found.get("items", []))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Any, Iterable, Protocol
 
 from trainforge.pricing import PriceUnknown, price_table
 
@@ -30,7 +30,7 @@ class Priced(Protocol):
 def job_cost(job: Priced) -> dict:
     """AWS-equivalent cost of the node-hours a job used: on-demand, spot, and as submitted (spot-fallback at on-demand)."""
     hours = job.nodes * job.run_seconds / 3600
-    out = {"node_hours": round(hours, 4), "on_demand_usd": None, "spot_usd": None, "cost_usd": None, "priced_in": None}
+    out: dict[str, Any] = {"node_hours": round(hours, 4), "on_demand_usd": None, "spot_usd": None, "cost_usd": None, "priced_in": None}
     if job.instance_type:
         try:
             table = price_table()

@@ -194,8 +194,8 @@ def node_price(spec: JobSpec, where: Placement) -> float | None:
         return None
 
 
-def env(spec: JobSpec, where: Placement) -> list[dict[str, str]]:
-    out = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team}, {"name": "HOME", "value": HOME},
+def env(spec: JobSpec, where: Placement) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"name": "TRAINFORGE_JOB_ID", "value": spec.name}, {"name": "TRAINFORGE_TEAM", "value": spec.team}, {"name": "HOME", "value": HOME},
            {"name": "TRAINFORGE_IMAGE", "value": image(spec)}, {"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
            {"name": "MLFLOW_EXPERIMENT_NAME", "value": run_tags.team_experiment(spec.team, spec.tracking.experiment)}]
     if spec.checkpoint.s3_uri:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -36,7 +36,7 @@ def namespace(name: str) -> dict[str, Any]:
 class Scheduling(pulumi.ComponentResource):
     """Kueue, its ResourceFlavors (one per node flavour), the cohort and the priority classes."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: list[pulumi.Resource],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: Sequence[pulumi.Resource],
                  monitoring_release: pulumi.Resource, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Scheduling", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_KUEUE), parent=self)
@@ -51,7 +51,7 @@ class TrainingOperators(pulumi.ComponentResource):
     """Kubeflow Trainer (with JobSet) and the trainforge-torch runtimes; the v1 training operator if the stack asks."""
 
     def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], default_image: pulumi.Input[str],
-                 after: list[pulumi.Resource], opts: pulumi.ResourceOptions):
+                 after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:TrainingOperators", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_TRAINER), parent=self)
         self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), parent=self, depends_on=[ns, *after])
@@ -66,7 +66,7 @@ class TrainingOperators(pulumi.ComponentResource):
 class GpuNodeAddons(pulumi.ComponentResource):
     """Device plugins: NVIDIA on every GPU node, AWS EFA on EFA nodes (only when the stack has EFA groups)."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: list[pulumi.Resource],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:GpuNodeAddons", name, None, opts)
         self.releases = [helm_release(charts["nvidia-device-plugin"], values.nvidia_device_plugin(cfg), parent=self, depends_on=after)]
@@ -79,7 +79,7 @@ class GpuNodeAddons(pulumi.ComponentResource):
 class Monitoring(pulumi.ComponentResource):
     """kube-prometheus-stack, the DCGM exporter, the trainer PodMonitor, the training alerts and the dashboard."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: list[pulumi.Resource],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions):
         """`after`: the system nodes, their add-ons (the EBS CSI driver provisions Prometheus' volume) and the
         StorageClass it is claimed from."""
@@ -96,7 +96,7 @@ class Monitoring(pulumi.ComponentResource):
 
 
 class Autoscaler(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], role: Role, after: list[pulumi.Resource],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], role: Role, after: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Autoscaler", name, None, opts)
         # After the role's policies: a pod that assumes a role without them fails its first AWS calls and crash-loops.
@@ -132,7 +132,7 @@ class TeamDirectories(pulumi.ComponentResource):
     (`jobs[team]`: the team's objects wait for it; Pulumi waits for a Job to complete)."""
 
     def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, image: pulumi.Input[str], system: pulumi.Resource,
-                 after: list[pulumi.Resource], opts: pulumi.ResourceOptions):
+                 after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:TeamDirectories", name, None, opts)
         root = [apply(o, parent=self, depends_on=[system, *after]) for o in storage.root_volume(**fsx_volume(cfg, aws))]
         # Its pod needs a system node and the FSx CSI node plugin (system_ready).
@@ -185,7 +185,7 @@ class CostControl(pulumi.ComponentResource):
     ClusterQueue at its monthly budget (platform/manifests/budget.py), scraped for the budget alerts."""
 
     def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], image: pulumi.Input[str],
-                 monitoring_release: pulumi.Resource, after: list[pulumi.Resource], opts: pulumi.ResourceOptions):
+                 monitoring_release: pulumi.Resource, after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:CostControl", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_OPENCOST), parent=self)
         # The chart's ServiceMonitor needs the Prometheus operator's CRDs.
@@ -203,7 +203,7 @@ def database_secret(aws: AwsLayer) -> dict[str, Any]:
     encode = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": DATABASE_SECRET, "namespace": contract.NAMESPACE_MLFLOW, "labels": dict(MANAGED)},
-            "data": {"username": encode(USERNAME), "password": pulumi.Output.secret(aws.database.password).apply(encode)}}
+            "data": {"username": encode(USERNAME), "password": pulumi.Output.secret(aws.database.password).apply(encode)}}  # type: ignore[arg-type]  # pulumi's Output.secret stub
 
 
 @dataclass(frozen=True)

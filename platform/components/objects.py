@@ -3,7 +3,7 @@ per Kubernetes object trainforge owns (typed for core kinds, the CustomResource 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -39,10 +39,10 @@ class CustomObject(pulumi.CustomResource):
         super().__init__(f"kubernetes:{manifest['apiVersion']}:{manifest['kind']}", resource_name, dict(manifest), opts)
 
 
-def apply(manifest: dict[str, Any], *, parent: pulumi.Resource, depends_on: list[pulumi.Resource] | None = None) -> pulumi.CustomResource:
+def apply(manifest: dict[str, Any], *, parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None) -> pulumi.CustomResource:
     """One Pulumi resource for one object; the Kubernetes provider comes from the parent."""
     name = "-".join(p for p in (manifest["metadata"].get("namespace"), manifest["kind"].lower(), manifest["metadata"]["name"]) if p)
-    opts = pulumi.ResourceOptions(parent=parent, depends_on=depends_on or [])
+    opts = pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or []))
     typed = CORE_KINDS.get((manifest["apiVersion"], manifest["kind"]))
     if typed is None:
         return CustomObject(name, manifest, opts)
@@ -54,7 +54,7 @@ def _snake(key: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
 
 
-def helm_release(chart: Chart, values: dict[str, Any], *, parent: pulumi.Resource, depends_on: list[pulumi.Resource] | None = None,
+def helm_release(chart: Chart, values: dict[str, Any], *, parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None,
                  create_namespace: bool = False) -> k8s.helm.v3.Release:
     """The chart at its pinned version, under its fixed release name (selectors and service names depend on it)."""
     oci = chart.repository.startswith("oci://")
@@ -63,5 +63,5 @@ def helm_release(chart: Chart, values: dict[str, Any], *, parent: pulumi.Resourc
         chart=f"{chart.repository}/{chart.chart}" if oci else chart.chart, version=chart.version,
         repository_opts=None if oci else k8s.helm.v3.RepositoryOptsArgs(repo=chart.repository),
         values=values, atomic=True, cleanup_on_fail=True, timeout=900,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on or []),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or [])),
     )

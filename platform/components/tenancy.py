@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Sequence
+
 import pulumi
 import pulumi_random as random
 
@@ -19,19 +21,19 @@ from trainforge.stackconfig import PlatformConfig, TeamConfig
 @dataclass(frozen=True)
 class TrackingUser:
     image: pulumi.Input[str]  # runs the Job that makes the team's MLflow user
-    after: list[pulumi.Resource]  # the MLflow release (its server answers the Job)
+    after: Sequence[pulumi.Resource]  # the MLflow release (its server answers the Job)
 
 
 @dataclass(frozen=True)
 class SweepDatabase:
     host: pulumi.Input[str]  # the RDS instance's address
     master_secret: str  # the Secret in the MLflow namespace with the master user's credentials
-    after: list[pulumi.Resource]  # that namespace and Secret
+    after: Sequence[pulumi.Resource]  # that namespace and Secret
 
 
 class Tenancy(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: PlatformConfig, team: TeamConfig, *, role_arn: pulumi.Input[str], prices_as_of: str,
-                 after: list[pulumi.Resource], database: SweepDatabase, tracking: TrackingUser, opts: pulumi.ResourceOptions):
+                 after: Sequence[pulumi.Resource], database: SweepDatabase, tracking: TrackingUser, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Tenancy", name, None, opts)
         namespace, *rest = tenancy.team_objects(cfg, team, role_arn=role_arn, prices_as_of=prices_as_of)
         ns = apply(namespace, parent=self)

@@ -9,7 +9,7 @@ password is in a TrainJob) and a NetworkPolicy letting its pods reach PostgreSQL
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Sequence
 
 from trainforge import contract
 from trainforge.platform.manifests import tenancy
@@ -60,7 +60,7 @@ def database_job(cfg: PlatformConfig, team: TeamConfig, *, host: Any, master_sec
 
 
 def psql_job(name: str, labels: dict[str, str], *, host: Any, master_secret: str, config_map: str, script: str,
-             env: list[dict[str, Any]] = (), variables: str = "") -> dict[str, Any]:
+             env: Sequence[dict[str, Any]] = (), variables: str = "") -> dict[str, Any]:
     """A Job in the MLflow namespace running one SQL script from a ConfigMap as the master user (bootstrap only)."""
     # The maintenance database, which the master user owns: MLflow's own is its role's, and closed to others.
     master = [{"name": "PGHOST", "value": host}, {"name": "PGPORT", "value": str(contract.POSTGRES_PORT)}, {"name": "PGDATABASE", "value": contract.POSTGRES_MAINTENANCE_DATABASE},

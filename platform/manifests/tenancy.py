@@ -124,7 +124,7 @@ def in_cluster_ranges(cfg: PlatformConfig) -> list[str]:
     """Addresses of everything inside the cluster: the VPC (pods, nodes, the API server's private endpoint) and the
     Service ClusterIPs (contract.EKS_DEFAULT_SERVICE_CIDRS), without overlaps (an except must lie in its cidr)."""
     import ipaddress
-    ranges = [cfg.network.vpc_cidr, *(ipaddress.ip_network(c) for c in contract.EKS_DEFAULT_SERVICE_CIDRS)]
+    ranges = [ipaddress.IPv4Network(c) for c in (str(cfg.network.vpc_cidr), *contract.EKS_DEFAULT_SERVICE_CIDRS)]
     return [str(r) for r in ipaddress.collapse_addresses(ranges)]
 
 
@@ -142,7 +142,7 @@ def network_policies(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, An
 
     def namespace_peer(name: str) -> dict[str, Any]:
         return {"namespaceSelector": {"matchLabels": {kueue.NAMESPACE_NAME_LABEL: name}}}
-    everyone = {"podSelector": {}}
+    everyone: dict[str, Any] = {"podSelector": {}}
     return [
         policy("default-deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
         policy("allow-same-namespace", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],

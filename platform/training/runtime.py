@@ -64,7 +64,7 @@ def failure_policy(max_restarts: int) -> dict[str, Any]:
     }
 
 
-def cluster_training_runtimes(default_image: str, max_restarts: int = 10) -> list[dict[str, Any]]:
+def cluster_training_runtimes(default_image: Any, max_restarts: int = 10) -> list[dict[str, Any]]:
     """One runtime per grace class, the same in everything else."""
     return [cluster_training_runtime(default_image, max_restarts, name=name) for name in contract.TRAINING_RUNTIME_GRACE_S]
 

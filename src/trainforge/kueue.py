@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from trainforge import catalog, contract, nodes
 from trainforge.contract import Flavour
@@ -104,8 +104,9 @@ def cluster_queue(cfg: PlatformConfig, team: TeamConfig, labels: dict[str, str] 
             entry: dict[str, Any] = {"name": resource, "nominalQuota": _text(resource, quota.nominal[resource])}
             if quota.flavour.has_gpus:
                 entry["borrowingLimit"] = _text(resource, quota.borrowing[resource])
-                if quota.lending.get(resource) is not None:
-                    entry["lendingLimit"] = _text(resource, quota.lending[resource])
+                lending = quota.lending.get(resource)
+                if lending is not None:
+                    entry["lendingLimit"] = _text(resource, lending)
             resources.append(entry)
         entries.append({"name": quota.flavour.value, "resources": resources})
     return {
@@ -169,7 +170,7 @@ def _lendable(queue: dict[str, Any], flavour: str, resource: str) -> int:
                 for r in f.get("resources", []):
                     if r["name"] == resource:
                         lend = _quantities(r, "lendingLimit")
-                        return _quantities(r, "nominalQuota") if lend is None else lend
+                        return (_quantities(r, "nominalQuota") or 0) if lend is None else lend
     return 0
 
 
@@ -190,7 +191,7 @@ def _flavour_problem(pod: PodShape, flavor: dict[str, Any] | None, name: str) ->
     return None
 
 
-def assign(pod_sets: list[PodSet], queue: dict[str, Any], *, cohort: list[dict[str, Any]] = (),
+def assign(pod_sets: list[PodSet], queue: dict[str, Any], *, cohort: Sequence[dict[str, Any]] = (),
            flavors: dict[str, dict[str, Any]]) -> Verdict:
     """Whether Kueue can ever admit a workload of `pod_sets` into `queue` (its cohort's other queues in `cohort`, the
     ResourceFlavor objects by name in `flavors`), which flavour each pod set gets, and why not."""

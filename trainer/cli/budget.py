@@ -24,9 +24,8 @@ def run(once: bool = typer.Option(False, "--once", help="one pass, then exit: 0 
     from trainforge.trainer.controllers.budget import BudgetController, CostUnavailable, PrometheusMetrics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    metrics = None if once else PrometheusMetrics()  # one pass has no one to scrape it
-    controller = BudgetController(Cluster(context), opencost or contract.OPENCOST_URL, metrics)
-    if once:
+    if once:  # one pass has no one to scrape its metrics
+        controller = BudgetController(Cluster(context), opencost or contract.OPENCOST_URL, None)
         try:
             decisions = controller.run_once()
         except CostUnavailable:
@@ -34,6 +33,8 @@ def run(once: bool = typer.Option(False, "--once", help="one pass, then exit: 0 
         for d in decisions:
             typer.echo(f"{d.team}: {d.action} ({d.reason})")
         return
+    metrics = PrometheusMetrics()
+    controller = BudgetController(Cluster(context), opencost or contract.OPENCOST_URL, metrics)
     from prometheus_client import start_http_server
     start_http_server(metrics_port or contract.BUDGET_METRICS_PORT, registry=metrics.registry)
     stop = threading.Event()

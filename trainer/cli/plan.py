@@ -33,7 +33,7 @@ def plan(stack: str = STACK_NAME_OPTION,
     diff = difference(base, current) if base else None
     if output is Output.json:
         document = current.to_json()
-        if diff is not None:
+        if diff is not None and base is not None:
             document["against"] = {"stack": base.stack, "stack_file": str(against or f"{path}@{against_rev}"), **diff.to_json()}
         typer.echo(json.dumps(document, indent=2, default=str))
     else:

@@ -69,7 +69,7 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
     sweep = load_sweep(sweep_file)  # every problem of the spec, before anything is created
     platform = load_platform(stack) if stack is not None else None
     if backend_name is BackendName.kubernetes:
-        if platform is None:
+        if platform is None or stack is None:
             raise TrainforgeError("", ["--stack: a cluster sweep admits every trial against the stack's quota and budget. Fix: --stack stacks/Pulumi.<env>.yaml"])
         if storage is not None:
             raise TrainforgeError("", ["--storage: a cluster sweep's controller runs in the cluster and reads the team's study "
@@ -204,13 +204,16 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     job = trial.user_attrs.get("job")
     record = sweep_record(name)
     team = cluster[0].team if cluster is not None else record.get("team")
-    checkpoint = (str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR) if cluster is None and record.get("backend", "local") == "local"
-                  else contract.fsx_job_paths(team, job)["checkpoint_dir"])
+    checkpoint = None  # a trial with no job of its own (warm-started from an earlier sweep) has no checkpoint here
+    if job is not None and cluster is None and record.get("backend", "local") == "local":
+        checkpoint = str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR)
+    elif job is not None and team is not None:
+        checkpoint = contract.fsx_job_paths(team, job)["checkpoint_dir"]
     found = {"trial": trial.number, "value": trial.values[0], "params": trial.params, "job": job, "checkpoint": checkpoint,
              "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
              "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
     if is_multi_objective(study):
-        second = second_objective_name(study)
+        second = second_objective_name(study) or "second"
         found[second] = trial.values[1]
         found["pareto_front"] = [{"trial": t.number, "value": t.values[0], second: t.values[1], "params": t.params,
                                   "job": t.user_attrs.get("job")} for t in front]
@@ -228,7 +231,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
         spec = trial_job(sweep.base, f"{name}-best", trial.params, None)
         if promote:
             from trainforge.trainer.sweeps.promotion import promoted
-            spec = promoted(spec, sweep, trial, steps, study, name)
+            spec = promoted(spec, sweep, trial, int(steps or 0), study, name)  # steps: required above
             found["promoted"] = {"job": spec.name, "max_steps": steps, "starts_from": job}
         if write is not None:
             raw = spec.model_dump(mode="json", exclude_none=True)

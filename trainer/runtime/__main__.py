@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(cfg.output_dir, paths.RESULT_FILE).write_text(json.dumps(result.__dict__))
     if reporter is not None:
         told = reporter.finish(result.exit_code, result.stopped_because, result.last_eval)
-        if told:
+        if told and cfg.sweep is not None:
             log.info("sweep trial %d: %s", cfg.sweep.trial_id, told)
     import torch.distributed as dist
     if result.exit_code == exits.EXIT_OK and dist.is_initialized():  # train() destroys the group it made

@@ -128,7 +128,7 @@ class CheckpointManager:
         fails alike when it cannot."""
         if source is None:
             return
-        problem = [None]
+        problem: list[str | None] = [None]
         if self.rank == 0:
             try:
                 start_from(source, self.directory)
@@ -195,12 +195,16 @@ class CheckpointManager:
             self._commit(step, path, metric, started)
         else:
             response = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg, async_stager=self._async_stager())
+            future: Future[Any]
             if isinstance(response, AsyncSaveResponse):
                 self._staging, future = response.staging_completion, response.upload_completion
             else:
                 future = response
             if self.rank == 0:  # rank 0's save ends after every rank's writes: then hash them, off the training thread
-                future = self._hasher().submit(lambda written=future: (written.result(), file_digests(path))[1])
+                def digests_once_written(written: Future[Any] = future) -> dict[str, str]:
+                    written.result()
+                    return file_digests(path)
+                future = self._hasher().submit(digests_once_written)
             self._pending = _Pending(step, path, metric, future, started)
         self.last_blocking_s = time.perf_counter() - started
         return self.last_blocking_s
@@ -278,7 +282,7 @@ class CheckpointManager:
         scored = [c for c in committed if c.metric is not None]
         if self.cfg.keep_best and scored:
             pick = max if self.metric_mode == "max" else min
-            keep.add(pick(scored, key=lambda c: c.metric).step)
+            keep.add(pick(scored, key=lambda c: c.metric if c.metric is not None else 0.0).step)  # scored: metric set
         for c in committed:
             if c.step not in keep:
                 shutil.rmtree(c.path, ignore_errors=True)
@@ -296,7 +300,7 @@ class CheckpointManager:
     def load(self, checkpoint: Committed, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], bool]:
         """Restore model and optimizer (resharding as needed); return trainer state and whether RNG was restored."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         trainer_state = load_data(checkpoint.path / "trainer.pt")  # first: refuse a bad checkpoint before touching the model
         reader = SafeReader(checkpoint.path)
         reader.read_metadata()  # here, not inside DCP's collective: a refusal reaches the user as itself

@@ -93,7 +93,8 @@ def content_problem(path: Path) -> str | None:
 
 def scan(directory: Path) -> tuple[list[Committed], list[tuple[Path, str]]]:
     """Committed checkpoints (oldest first) and rejected directories with the reason."""
-    committed, rejected = [], []
+    committed: list[Committed] = []
+    rejected: list[tuple[Path, str]] = []
     if not directory.exists():
         return committed, rejected
     for path in sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)):
@@ -153,9 +154,9 @@ class UnsafeCheckpoint(UserError):
 
 def rng_state() -> dict[str, Any]:
     """Every generator's state as plain data (numpy's key array as a tensor), loadable with weights_only=True."""
-    name, key, pos, has_gauss, cached = np.random.get_state()
+    name, key, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]  # the legacy tuple form
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+            "numpy": {"name": name, "key": torch.from_numpy(np.asarray(key).astype(np.int64)), "pos": int(pos),
                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
 
 
@@ -226,7 +227,8 @@ def write_manifest(path: Path, step: int, metric: float | None, world_size: int,
     """Commit a written checkpoint (rank 0, after every rank's writes): the manifest of every file, its size and
     SHA-256, written under a temporary name and renamed, then the directory synced, so a crash leaves none or all."""
     files = {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file() and p.name != COMMIT_MARKER}
-    manifest = {"step": step, "metric": metric, "world_size": world_size, "committed_at": time.time(), "files": files,
+    committed_at = time.time()
+    manifest = {"step": step, "metric": metric, "world_size": world_size, "committed_at": committed_at, "files": files,
                 "sha256": digests if digests is not None else file_digests(path)}
     tmp = path / f".{COMMIT_MARKER}.tmp"
     with open(tmp, "w") as f:
@@ -235,7 +237,7 @@ def write_manifest(path: Path, step: int, metric: float | None, world_size: int,
         os.fsync(f.fileno())
     os.replace(tmp, path / COMMIT_MARKER)
     _fsync_dir(path)
-    return Committed(step, path, metric, manifest["committed_at"])
+    return Committed(step, path, metric, committed_at)
 
 
 def saved_world_size(path: Path) -> int:

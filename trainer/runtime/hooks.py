@@ -110,11 +110,20 @@ def resolve_metric(cfg: RunConfig, task: Task) -> RunConfig:
     return cfg.model_copy(update={"metric": metric, "metric_mode": cfg.metric_mode or mode})
 
 
+
+def resolved_metric(cfg: RunConfig) -> tuple[str, str]:
+    """The run's metric and its mode, as resolve_metric filled them in (every run resolves them before it starts)."""
+    if cfg.metric is None or cfg.metric_mode is None:
+        raise ValueError("the run config's metric is not resolved: call resolve_metric first")
+    return cfg.metric, cfg.metric_mode
+
+
 def default_eval_hooks(cfg: RunConfig) -> list[EvalHook]:
     """The stop rules the run config asks for. A target reached wins over patience run out at the same evaluation."""
     out: list[EvalHook] = []
+    metric, mode = resolved_metric(cfg)
     if cfg.target_metric is not None:
-        out.append(TargetMetric(cfg.metric, cfg.metric_mode, cfg.target_metric))
+        out.append(TargetMetric(metric, mode, cfg.target_metric))
     if cfg.early_stopping_patience is not None:
-        out.append(EarlyStopping(cfg.metric, cfg.metric_mode, cfg.early_stopping_patience))
+        out.append(EarlyStopping(metric, mode, cfg.early_stopping_patience))
     return out

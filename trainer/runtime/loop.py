@@ -71,11 +71,11 @@ class Trainer:
         self.optimizer = build.optimizer_for(task, self.model, cfg)
         self.scheduler = build.scheduler_for(task, self.optimizer, cfg)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
-        self.sampler = ResumableDistributedSampler(len(task.train_set), env.rank, env.world_size, cfg.seed)
+        self.sampler = ResumableDistributedSampler(len(task.train_set), env.rank, env.world_size, cfg.seed)  # type: ignore[arg-type]  # sized
         self.state = TrainerState()
         self._interval = _LogInterval(time.perf_counter(), 0)
         self.eval_hooks: list[hooks.EvalHook] = hooks.default_eval_hooks(cfg)
-        self.checkpoints = CheckpointManager(cfg.checkpoint, rank=env.rank, world_size=env.world_size, metric_mode=cfg.metric_mode,
+        self.checkpoints = CheckpointManager(cfg.checkpoint, rank=env.rank, world_size=env.world_size, metric_mode=hooks.resolved_metric(cfg)[1],
                                              process_group=env.checkpoint_group,
                                              subject=Subject(self.model, self.optimizer, self.stateful))
         self.output = Path(cfg.output_dir)
@@ -127,7 +127,7 @@ class Trainer:
         return resumed.step
 
     def _metric(self) -> float | None:
-        return self.state.last_eval.get(self.cfg.metric)
+        return self.state.last_eval.get(hooks.resolved_metric(self.cfg)[0])
 
     # ---- steps -----------------------------------------------------------------------------------------------
 
@@ -137,7 +137,8 @@ class Trainer:
     def train_step(self, batches) -> tuple[torch.Tensor, dict[str, int]]:
         """One optimizer step over grad_accum_steps micro-batches; returns this rank's mean loss (a device tensor: the
         host reads it only at log steps) and the samples/tokens it trained on."""
-        total_loss, totals = None, {"samples": 0}
+        total_loss: torch.Tensor | None = None
+        totals = {"samples": 0}
         accum = self.cfg.grad_accum_steps
         for i in range(accum):
             waited = time.perf_counter()
@@ -145,7 +146,7 @@ class Trainer:
             self._interval.data_wait_s += time.perf_counter() - waited
             # DDP all-reduces gradients on every backward unless told not to: only the last micro-batch syncs.
             sync = i == accum - 1 or not hasattr(self.model, "no_sync")
-            with (contextlib.nullcontext() if sync else self.model.no_sync()), precision.autocast(self.cfg.precision, self.env.device):
+            with (contextlib.nullcontext() if sync else self.model.no_sync()), precision.autocast(self.cfg.precision, self.env.device):  # type: ignore[operator]  # DDP's
                 loss, counts = self.task.loss(self.model, batch)
             scaled = loss / accum if accum > 1 else loss
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -166,12 +167,14 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if total_loss is None:
+            raise ValueError("grad_accum_steps: at least 1")
         return (total_loss / accum if accum > 1 else total_loss), totals
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
-        n = len(self.task.eval_set)
+        n = len(self.task.eval_set)  # type: ignore[arg-type]  # every task's datasets are sized
         per_rank = n // self.env.world_size
         indices = list(range(self.env.rank * per_rank, (self.env.rank + 1) * per_rank))
         loader = torch.utils.data.DataLoader(torch.utils.data.Subset(self.task.eval_set, indices), batch_size=self.cfg.batch_size)

@@ -137,9 +137,11 @@ def make_pruner(settings: PrunerSettings | dict[str, Any]):
     if s.type == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps)
     if s.type == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=s.min_resource, max_resource=s.max_resource, reduction_factor=s.reduction_factor)
+        # Unset: Optuna's own defaults (one step; "auto", the longest trial seen).
+        return optuna.pruners.HyperbandPruner(min_resource=s.min_resource or 1, max_resource=s.max_resource or "auto",
+                                              reduction_factor=s.reduction_factor)
     if s.type == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=s.min_resource, reduction_factor=s.reduction_factor)
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=s.min_resource or "auto", reduction_factor=s.reduction_factor)
     return optuna.pruners.NopPruner()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -143,7 +143,8 @@ class TinyTransformerLM(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
         h = self.embed(ids) + self.position[:t]
-        h = self.blocks(h, mask=self.causal[:t, :t], is_causal=True)
+        causal: torch.Tensor = self.causal  # type: ignore[assignment]  # a registered buffer
+        h = self.blocks(h, mask=causal[:t, :t], is_causal=True)
         return self.head(self.norm(h))
 
 
@@ -182,7 +183,8 @@ def char_lm(context: int = 64, dim: int = 128, layers: int = 2, heads: int = 4) 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """One FSDP unit per transformer block: one all-gather per block instead of one per Linear and LayerNorm."""
-    return list(model.blocks.layers)
+    blocks: Any = model.blocks  # the bundled LM's nn.TransformerEncoder
+    return list(blocks.layers)
 
 
 def data_checksum(task: Task) -> str:
@@ -194,7 +196,7 @@ def data_checksum(task: Task) -> str:
         tensors = getattr(dataset, "tensors", None) or (getattr(dataset, "ids", None),)
         for t in tensors:
             if t is None:
-                digest.update(repr((len(dataset), dataset[0])).encode())
+                digest.update(repr((len(dataset), dataset[0])).encode())  # type: ignore[arg-type]  # every task's datasets are sized
             else:
                 digest.update(t.contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -16,6 +16,13 @@ if TYPE_CHECKING:
     from trainforge.trainer.sweeps.spec import SweepSpec
 
 
+def task_of(base: JobSpec) -> str:
+    """The base job's task (a sweep's base runs a task: parse_sweep refuses a command base before these checks)."""
+    if base.entry.task is None:
+        raise SpecError("base", ["the job runs a command, not a task: a sweep sets run-config fields. Fix: a base with entry.task"])
+    return base.entry.task
+
+
 MAX_COMBINATIONS = 4096  # 2^12 searched fields' extremes: checked in well under a second
 
 
@@ -29,7 +36,7 @@ def combination_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
         return []
     for values in itertools.product(*extremes):
         params = dict(zip(names, values))
-        for problem in run_config_problems(base.entry.task, *apply_params(base, params)):
+        for problem in run_config_problems(task_of(base), *apply_params(base, params)):
             return [f"space: a trial could draw {params}, which the run config refuses: {problem} (or narrow the ranges so "
                     "that every combination is valid)"]
     return []
@@ -86,7 +93,7 @@ def _infra_problems(name: str, param: Any, base: JobSpec) -> list[str]:
 
 def space_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
     problems = []
-    task = base.entry.task
+    task = task_of(base)
     for name, param in spec.space.items():
         if name in INFRA_FIELDS:
             problems += _infra_problems(name, param, base)
@@ -97,11 +104,12 @@ def space_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
             if accepted is not None and arg not in accepted:
                 problems.append(f"space.{name}: {arg!r} is not an argument of the bundled task {task!r}. Fix: one of {list(accepted)}")
                 continue
-            wrong = [v for v in param.extremes() if accepted is not None and not _is_a(v, accepted[arg])]
-            if wrong:
-                problems.append(f"space.{name}: the task's {arg!r} is {accepted[arg].__name__}, but this searches {param.type} values "
+            kind = accepted[arg] if accepted is not None else None
+            wrong = [v for v in param.extremes() if kind is not None and not _is_a(v, kind)]
+            if kind is not None and wrong:
+                problems.append(f"space.{name}: the task's {arg!r} is {kind.__name__}, but this searches {param.type} values "
                                 f"(e.g. {wrong[0]!r}): every trial would fail. Fix: "
-                                + (f"type: {accepted[arg].__name__}" if param.type != "categorical" else f"{accepted[arg].__name__} choices only"))
+                                + (f"type: {kind.__name__}" if param.type != "categorical" else f"{kind.__name__} choices only"))
                 continue
         elif name not in RunConfig.model_fields or name in NOT_SEARCHABLE:
             searchable = sorted(set(RunConfig.model_fields) - NOT_SEARCHABLE)
@@ -122,7 +130,7 @@ def _is_a(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 def objective_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
-    reported = BUNDLED_TASK_METRICS.get(base.entry.task)
+    reported = BUNDLED_TASK_METRICS.get(task_of(base))
     if reported is None:  # the researcher's own task: its metrics are known only to its code
         return [] if spec.objective.direction else ["objective.direction: needed for your own task's metric. Fix: minimize or maximize"]
     if spec.objective.metric not in reported:
@@ -133,7 +141,7 @@ def objective_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
 def direction(spec: SweepSpec, base: JobSpec) -> str:
     if spec.objective.direction:
         return spec.objective.direction
-    default = BUNDLED_DEFAULT_METRIC.get(base.entry.task)
+    default = BUNDLED_DEFAULT_METRIC.get(task_of(base))
     if default and default[0] == spec.objective.metric:
         return "maximize" if default[1] == "max" else "minimize"
     return "maximize" if spec.objective.metric == "accuracy" else "minimize"  # loss, perplexity: lower is better

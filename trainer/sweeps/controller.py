@@ -141,7 +141,7 @@ class SweepController:
                 self._settle(trial.number, access.trial_id(trial), job, state)
             else:
                 log.info("trial %d: adopted its job %s (%s)", trial.number, job, state)
-                self.running[trial.number] = (access.trial_id(trial), job)
+                self.running[trial.number] = (access.trial_id(trial), str(job))  # alive: it has a job
         self._retry_failures()
 
     def requeue_stopped(self) -> None:
@@ -173,7 +173,7 @@ class SweepController:
             waiting = len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
             if counted(self.study) + len(self.running) >= self.sweep.planned_trials and not waiting:
                 return
-            if self.sweep.spec.sampler == "grid" and self.study.sampler.is_exhausted(self.study) and not waiting:
+            if self.sweep.spec.sampler == "grid" and access.grid_exhausted(self.study) and not waiting:
                 return
             if not self._launch_one():
                 return
@@ -264,7 +264,8 @@ class SweepController:
         self._mark_settled(number)
 
     def _second_value(self, cost: float, seconds: float | None, trial: optuna.trial.FrozenTrial) -> float:
-        if self.sweep.spec.second_objective.metric == "cost_usd":
+        second = self.sweep.spec.second_objective
+        if second is not None and second.metric == "cost_usd":
             return round(cost, 6)
         if seconds is not None:
             return round(seconds, 3)
@@ -298,7 +299,7 @@ class SweepController:
             import itertools
 
             from trainforge.trainer.sweeps.trials import INFRA_FIELDS, placed_as
-            searched = {k: p.choices for k, p in self.sweep.spec.space.items() if k in INFRA_FIELDS}
+            searched = {k: p.values() or [] for k, p in self.sweep.spec.space.items() if k in INFRA_FIELDS}  # categorical: checks.py
             placements = [placed_as(self.sweep.base, dict(zip(searched, c))) for c in itertools.product(*searched.values())]
             self._per_trial = max(trial_estimate(spec, self.admit(spec)) for spec in placements)
         return self._per_trial

@@ -23,3 +23,9 @@ def fits(distribution: optuna.distributions.BaseDistribution, value: Any) -> boo
         return distribution._contains(distribution.to_internal_repr(value))
     except ValueError:  # a choice the categorical lacks
         return False
+
+
+def grid_exhausted(study: Any) -> bool:
+    """A grid study has drawn every point (GridSampler.is_exhausted; other samplers never are)."""
+    sampler = study.sampler
+    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)

@@ -5,8 +5,10 @@ Axes name the objective's metric, not "Objective Value"."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import warnings
+from typing import Any
 from pathlib import Path
 
 import optuna
@@ -32,19 +34,26 @@ def plot_cost_and_time(study: optuna.Study, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     finished = sorted((t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None
-                       and t.state in (TrialState.COMPLETE, TrialState.PRUNED)), key=lambda t: t.datetime_complete)
+                       and t.datetime_start is not None and t.state in (TrialState.COMPLETE, TrialState.PRUNED)),
+                      key=lambda t: t.datetime_complete or datetime.datetime.min)
     if not finished:
         return False
     maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-    started = min(t.datetime_start for t in finished if t.datetime_start)
-    cost, best, xs_cost, xs_time, ys_best, points = 0.0, None, [], [], [], []
+    started = min(t.datetime_start or datetime.datetime.max for t in finished)
+    cost, best = 0.0, None
+    xs_cost: list[float] = []
+    xs_time: list[float] = []
+    ys_best: list[float | None] = []
+    points: list[tuple[float, float, float, bool]] = []
     for t in finished:
         cost += float(study.user_attrs.get(f"trial.{t.number}.cost_usd") or 0.0)
         value = t.values[0] if t.state is TrialState.COMPLETE else (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
         if t.state is TrialState.COMPLETE and value is not None:
             best = value if best is None else (max if maximize else min)(best, value)
-        seconds = (t.datetime_complete - started).total_seconds()
-        xs_cost.append(cost), xs_time.append(seconds), ys_best.append(best)
+        seconds = ((t.datetime_complete or started) - started).total_seconds()
+        xs_cost.append(cost)
+        xs_time.append(seconds)
+        ys_best.append(best)
         if value is not None:
             points.append((cost, seconds, value, t.state is TrialState.PRUNED))
     unit, per = ("minutes", 60.0) if xs_time[-1] >= 120 else ("seconds", 1.0)
@@ -102,7 +111,7 @@ def write_report(study: optuna.Study, out: Path) -> dict[str, list[str]]:
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # optuna marks its matplotlib backend experimental
-            named = {"target_name": metric} if name in TARGET_NAMED else {}
+            named: dict[str, Any] = {"target_name": metric} if name in TARGET_NAMED else {}
             if multi and name in TARGET_NAMED:
                 named["target"] = lambda t: t.values[0]  # the objective; the second has the Pareto front
             if name == PARETO_FRONT:

@@ -154,7 +154,13 @@ class SweepSpec(_Model):
         [], max_length=16, description="earlier sweeps in the same storage: their best trials (up to 3 each) run first")
 
     def grid(self) -> dict[str, list[Any]]:
-        return {name: param.values() for name, param in self.space.items()}
+        """Every searched field's finite values (the grid sampler's space; parse_sweep refuses a grid over a range)."""
+        grid = {name: param.values() for name, param in self.space.items()}
+        ranges = [name for name, values in grid.items() if values is None]
+        if ranges:
+            raise ValueError(f"space: {ranges} are ranges without a step: no grid. Fix: give them a step, or make them categorical")
+        return {name: values for name, values in grid.items() if values is not None}
+
 
 
 class Sweep:

@@ -57,7 +57,7 @@ def sampler_for(sweep: Sweep, trials_so_far: int = 0) -> optuna.samplers.BaseSam
             "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)}[sweep.spec.sampler]()
 
 
-def directions_of(sweep: Sweep) -> list[str]:
+def directions_of(sweep: Sweep) -> list[Any]:
     """The objective's direction, and the second objective's (its cost or run time: minimised) where there is one."""
     second = sweep.spec.second_objective
     return [sweep.direction] + ([second.direction] if second else [])

@@ -19,21 +19,22 @@ class SweepTracking:
         from mlflow.tracking import MlflowClient
         self.client = MlflowClient(uri)
         self.team = sweep.base.team
-        self.parent_run_id = study.user_attrs.get("mlflow_run_id")
-        if self.parent_run_id is None:
+        parent_run_id = study.user_attrs.get("mlflow_run_id")
+        if parent_run_id is None:
             name = run_tags.team_experiment(sweep.base.team, sweep.base.tracking.experiment)  # where its trials' runs are
             experiment = self.client.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
             run = self.client.create_run(experiment_id, run_name=sweep.name,
                                          tags={run_tags.SWEEP: sweep.name, run_tags.TEAM: sweep.base.team})
-            self.parent_run_id = run.info.run_id
-            study.set_user_attr("mlflow_run_id", self.parent_run_id)
+            parent_run_id = run.info.run_id
+            study.set_user_attr("mlflow_run_id", parent_run_id)
             spec = sweep.spec
             params = {"sampler": spec.sampler, "pruner": spec.pruner.type, "max_trials": spec.max_trials, "max_parallel": spec.max_parallel,
                       "objective": f"{spec.objective.metric} ({sweep.direction})", "seed": spec.seed,
                       "space": json.dumps({k: v.model_dump() for k, v in spec.space.items()})[:6000]}
             for key, value in params.items():
-                self.client.log_param(self.parent_run_id, key, value)
+                self.client.log_param(parent_run_id, key, value)
+        self.parent_run_id: str = parent_run_id
 
     def trial_finished(self, trial: optuna.trial.FrozenTrial, job: str | None, cost: float) -> str | None:
         """Log the trial on the parent run and tag its own run; the trial's run id, where it has one."""

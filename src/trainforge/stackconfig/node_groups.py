@@ -109,6 +109,8 @@ class NodeGroupConfig(_Model):
                              f"told. Fix: one of the m/c/r 6i/7i/6a/7a types, e.g. m7i.2xlarge")
 
     def _check_reservation(self) -> None:
+        if self.capacity_reservation is None:
+            return
         kind = self.capacity_reservation.kind
         if self.capacity != "on-demand":
             raise ValueError(f"capacity_reservation: a reservation is on-demand capacity, but capacity is {self.capacity}. "

@@ -81,7 +81,7 @@ class PlatformConfig(_Model):
                 )
         efa_zones = {g.availability_zone for g in self.node_groups if g.efa}
         if len(efa_zones) > 1:
-            out.append(f"node_groups: EFA groups sit in {sorted(efa_zones)}, but FSx lives in one AZ next to them. Fix: put every EFA group in the same AZ")
+            out.append(f"node_groups: EFA groups sit in {sorted(z or 'the first zone' for z in efa_zones)}, but FSx lives in one AZ next to them. Fix: put every EFA group in the same AZ")
         if not any(g.flavour is Flavour.SYSTEM and g.min_size >= 1 for g in self.node_groups):
             out.append(
                 "node_groups: no CPU group with min_size >= 1, so cluster add-ons (CoreDNS, CSI controllers) have nowhere to run: "
