@@ -11,7 +11,7 @@ import pytest
 
 from trainforge import exits
 from trainforge.trainer.launch import EXIT_WORKER_LOST, classify, node_exit_code
-from trainforge.trainer.backends.local import outcome_of
+from trainforge.exits import outcome_of
 
 from servers import free_port
 

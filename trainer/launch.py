@@ -39,7 +39,7 @@ from trainforge.exits import EXIT_DIR_ENV, EXIT_WORKER_LOST, read_exits, record_
 TERMINATION_LOG = Path("/dev/termination-log")
 
 
-def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int]:
+def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[exits.Outcome, int]:
     """('ok' | 'user_error' | 'retry', code) from torchrun's code and the codes its workers recorded.
 
     A worker with no record was killed (SIGKILL, OOM, node loss). That is the root cause: the errors its peers
@@ -47,24 +47,24 @@ def classify(returncode: int, exit_dir: Path, world_size: int) -> tuple[str, int
     when every worker recorded a code and one of them is 1-127 is it a user error.
     """
     if returncode == 0:
-        return "ok", 0
+        return exits.Outcome.OK, 0
     codes = [r.code for r in read_exits(exit_dir)]
     if len(codes) < world_size:
-        return "retry", -signal.SIGKILL
+        return exits.Outcome.RETRY, -signal.SIGKILL
     failures = [c for c in codes if c != 0]
     if not failures:
         # Every worker finished and said so; a crash after that (seen: SIGABRT "terminate called without an active
         # exception" in interpreter teardown after an FSDP run) must not re-run a finished job.
-        return "ok", 0
+        return exits.Outcome.OK, 0
     user_errors = [c for c in failures if not exits.is_retryable(c)]
     if user_errors:
-        return "user_error", user_errors[0]
+        return exits.Outcome.USER_ERROR, user_errors[0]
     # Preempted only when every worker that stopped was preempted. When one worker is killed (OOM, a signal)
     # torchrun stops the others with SIGTERM and they record 143 too: that attempt is a lost worker, which
     # the cluster counts against maxRestarts, not a preemption, which it does not (an OOM loop must end).
     if all(c == exits.EXIT_PREEMPTED for c in failures):
-        return "retry", exits.EXIT_PREEMPTED
-    return "retry", next((c for c in failures if c != exits.EXIT_PREEMPTED), returncode)
+        return exits.Outcome.RETRY, exits.EXIT_PREEMPTED
+    return exits.Outcome.RETRY, next((c for c in failures if c != exits.EXIT_PREEMPTED), returncode)
 
 
 def user_error_message(exit_dir: Path) -> str:
@@ -94,7 +94,7 @@ def node_exit_code(returncode: int, exit_dir: Path, world_size: int, told_to_sto
     preempted, even when the signal came before its workers were up to record it.
     """
     outcome, code = classify(returncode, exit_dir, world_size)
-    if outcome == "retry":
+    if outcome is exits.Outcome.RETRY:
         return exits.EXIT_PREEMPTED if told_to_stop or code == exits.EXIT_PREEMPTED else EXIT_WORKER_LOST
     return code
 

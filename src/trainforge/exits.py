@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 # The supervisor (local backend) and the job's restart policy (cluster) act on them.
@@ -23,6 +24,22 @@ EXIT_WORKER_LOST = 128 + signal.SIGKILL  # 137: a worker vanished without a reco
 def is_retryable(exit_code: int) -> bool:
     """Killed by a signal or preempted: restart from the last checkpoint. 1-127: a user error, do not retry."""
     return exit_code >= 128 or exit_code < 0  # Popen reports death by signal N as -N
+
+
+
+class Outcome(StrEnum):
+    """What an attempt's end means, for the node launcher, the local supervisor and the cluster's restart rules alike."""
+
+    OK = "ok"  # every worker finished
+    USER_ERROR = "user_error"  # a worker's own error (1-127): retrying cannot help
+    RETRY = "retry"  # preempted, or a worker lost: restart from the last checkpoint
+
+
+def outcome_of(code: int) -> Outcome:
+    """An attempt's exit code says it all: 0 done, 1-127 a user error, >= 128 (or death by a signal) retry."""
+    if code == 0:
+        return Outcome.OK
+    return Outcome.RETRY if is_retryable(code) else Outcome.USER_ERROR
 
 
 # How a worker tells its node launcher why it stopped: the launcher points EXIT_DIR_ENV at a directory, and each

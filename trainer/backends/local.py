@@ -21,7 +21,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from trainforge import exits, paths
+from trainforge import paths
+from trainforge.exits import Outcome, outcome_of
 from trainforge.errors import TrainforgeError
 from trainforge.paths import job_dir
 from trainforge.trainer import ledger
@@ -72,13 +73,6 @@ def _metrics_port() -> int | None:
     return int(value) if value else None
 
 
-def outcome_of(code: int) -> str:
-    """The launcher's exit code says it all: 0 done, 1-127 a user error, >= 128 retry from the checkpoint."""
-    if code == 0:
-        return "ok"
-    return "retry" if exits.is_retryable(code) else "user_error"
-
-
 class Supervisor:
     """Runs attempts of one job until it succeeds, fails for good, runs out of restarts or is cancelled."""
 
@@ -105,12 +99,12 @@ class Supervisor:
             state.history.append({"attempt": state.attempts, "outcome": outcome, "exit_code": code, "ended_at": time.time()})
             if self.cancelled:
                 return self._finish("cancelled", code, "cancelled by user; checkpoint kept for resume")
-            if outcome == "ok":
+            if outcome is Outcome.OK:
                 return self._finish("succeeded", 0, "")
-            full = disk_full(self.directory) if outcome != "ok" else None
+            full = disk_full(self.directory) if outcome is not Outcome.OK else None
             if full:  # a restart would fill it again at once
                 return self._finish("failed", code, f"worker exited {code}: {full}")
-            if outcome == "user_error":
+            if outcome is Outcome.USER_ERROR:
                 why = user_error_message(exit_dir) or "see job.log"
                 return self._finish("failed", code, f"worker exited {code}, a user error (not retried): {why}")
             if state.restarts >= max_restarts:
@@ -133,7 +127,7 @@ class Supervisor:
         except OSError:
             pass  # the log is for people; the state record (saved first) is what counts, and a full disk must not lose it
 
-    def _attempt(self) -> tuple[str, int, Path]:
+    def _attempt(self) -> tuple[Outcome, int, Path]:
         state = self.state
         state.attempts += 1
         exit_dir = self.directory / paths.JOB_EXIT_DIR / f"attempt-{state.attempts}"
