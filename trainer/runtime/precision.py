@@ -24,7 +24,7 @@ log = logging.getLogger("trainforge.runtime")
 
 # bf16 counts as native when its matmul takes at most this many times fp32's (native: 0.3-1.5x; emulated: 16-500x).
 NATIVE_BF16_MAX_SLOWDOWN = 3.0
-PROBE_SIZE, PROBE_REPEATS = 256, 3
+PROBE_SIZE, PROBE_REPEATS = 256, 5
 
 
 @dataclass(frozen=True)
@@ -35,19 +35,31 @@ class Precision:
 
 
 def _matmul_seconds(dtype: torch.dtype) -> float:
+    """One matmul of the probe's size in `dtype`, timed once (after a first call that pays for kernel selection)."""
     a = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
-    a @ b  # the first call pays for kernel selection
+    a @ b
     started = time.perf_counter()
-    for _ in range(PROBE_REPEATS):
-        a @ b
-    return (time.perf_counter() - started) / PROBE_REPEATS
+    a @ b
+    return time.perf_counter() - started
 
 
 @lru_cache(maxsize=1)
 def cpu_bf16_slowdown() -> float:
-    """How many times slower a bf16 matmul is than fp32 on this CPU, as PyTorch runs it now (about 1 when native)."""
-    return _matmul_seconds(torch.bfloat16) / max(_matmul_seconds(torch.float32), 1e-9)
+    """How many times slower a bf16 matmul is than fp32 on this CPU, as PyTorch runs it now (about 1 when native).
+    On one thread, bf16 and fp32 alternating, the fastest of PROBE_REPEATS each: a busy machine only ever makes a call
+    slower, so the minimum is what the CPU does, and a sibling thread descheduled mid-matmul cannot make fp32 look as
+    slow as emulated bf16 (seen under a parallel test run: 1.9x where emulation costs 16x)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bf16, fp32 = [], []
+        for _ in range(PROBE_REPEATS):
+            bf16.append(_matmul_seconds(torch.bfloat16))
+            fp32.append(_matmul_seconds(torch.float32))
+    finally:
+        torch.set_num_threads(threads)
+    return min(bf16) / max(min(fp32), 1e-9)
 
 
 def bf16_is_native(device: torch.device) -> tuple[bool, str]:
