@@ -182,8 +182,14 @@ def test_the_controller_runs_the_sweep_survives_a_node_loss_and_a_member_follows
     status = cluster.cli("sweep", "status", "followed", "-o", "json", "--backend", "kubernetes", "--team", "vision", home="laptop")
     assert status.returncode == 0, status.stderr
     shown = json.loads(status.stdout)
-    assert shown["finished_because"] == "all planned trials done" and [t["state"] for t in shown["trials"]] == ["complete"] * 3
-    assert all(t["cost_usd"] is not None for t in shown["trials"])
+    assert shown["finished_because"] == "all planned trials done"
+    # The kill may land between asking the study for the second trial and creating its job: that trial is failed and
+    # its parameters run again as a retry (never two jobs for one trial). Every row is complete, or such a give-back.
+    retried = {t["retry_of"] for t in shown["trials"] if t["retry_of"] is not None}
+    complete = [t for t in shown["trials"] if t["state"] == "complete"]
+    assert len(complete) == 3 and all(t["state"] == "complete" or (t["state"] == "fail" and t["number"] in retried)
+                                      for t in shown["trials"]), shown["trials"]
+    assert all(t["cost_usd"] is not None for t in complete)
     best = cluster.cli("sweep", "best", "followed", "-o", "json", "--backend", "kubernetes", "--team", "vision",
                        "--write", str(cluster.tmp / "best.yaml"), home="laptop")
     assert best.returncode == 0, best.stderr
