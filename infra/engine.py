@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import threading
@@ -195,8 +196,10 @@ def _source_digest(function: Callable) -> str:
         return ""
 
 
+@functools.lru_cache(maxsize=1)
 def replacements_apply() -> bool:
-    """Whether the installed SDK's functions are the ones the replacements were written against."""
+    """Whether the installed SDK's functions are the ones the replacements were written against (read once per process:
+    the installed SDK does not change under it)."""
     return (_source_digest(pulumi_depends_on._resolve_depends_on) == UPSTREAM_SOURCES["_resolve_depends_on"]
             and _source_digest(pulumi_cycle_breaker.declare_dependency) == UPSTREAM_SOURCES["declare_dependency"])
 
