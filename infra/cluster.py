@@ -40,6 +40,7 @@ class ClusterHandle:
 
 
 class Cluster(pulumi.ComponentResource):
+    TYPE = "trainforge:infra:Cluster"
     cluster: aws.eks.Cluster
     oidc_provider: aws.iam.OpenIdConnectProvider
     node_role: Role
@@ -48,7 +49,7 @@ class Cluster(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: ClusterConfig, *, private_subnet_ids: Sequence[pulumi.Input[str]],
                  secrets_key: aws.kms.Key, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
         """`name` is the EKS cluster's name."""
-        super().__init__("trainforge:infra:Cluster", name, None, opts)
+        super().__init__(self.TYPE, name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster_name = name
 
@@ -102,8 +103,7 @@ class Cluster(pulumi.ComponentResource):
         # ConfigMap the budget controller writes) keep each writer's fields instead of being overwritten whole.
         # The API server answers the deployer (one of the admins) only once its access entry and cluster-admin policy
         # exist (API authentication mode, no bootstrap admin): the provider's first call waits for them.
-        self.kubernetes = k8s.Provider(f"{name}-kubernetes", kubeconfig=self.kubeconfig(), enable_server_side_apply=True,
-                                       opts=pulumi.ResourceOptions(parent=self, depends_on=self.admin_access))
+        self.kubernetes = kubernetes_provider(name, self.kubeconfig(), pulumi.ResourceOptions(parent=self, depends_on=self.admin_access))
         self.register_outputs({"cluster_name": self.cluster.name, "endpoint": self.cluster.endpoint,
                                "oidc_provider_arn": self.oidc_provider.arn})
 
@@ -215,3 +215,9 @@ class Addons(pulumi.ComponentResource):
             tags=named(self._tags, f"{self._name}-{addon}"),
             opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on),
         )
+
+
+def kubernetes_provider(cluster_name: str, kubeconfig: pulumi.Input[str], opts: pulumi.ResourceOptions) -> k8s.Provider:
+    """The provider every Kubernetes object goes through, the platform stack's and each team stack's alike (the same name and
+    inputs: a team moved out of the platform stack keeps its provider, so its objects are not replaced)."""
+    return k8s.Provider(f"{cluster_name}-kubernetes", kubeconfig=kubeconfig, enable_server_side_apply=True, opts=opts)

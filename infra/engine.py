@@ -33,6 +33,7 @@ from trainforge.stackconfig import CONFIG_KEY, read_stack_file
 
 PROJECT = "trainforge"
 MOCK_ACCOUNT = "123456789012"
+ORGANIZATION = "organization"  # what a self-managed backend (S3) calls every stack's organisation
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class RegisteredResource:
     urn: str = ""
     parent: str = ""
     dependencies: frozenset[str] = frozenset()  # URNs it waits for: depends_on, and the resources its inputs come from
+    aliases: tuple[str, ...] = ()  # the URNs it answers to besides its own (state it adopts instead of creating anew)
 
     @property
     def tags(self) -> dict[str, str]:
@@ -65,8 +67,30 @@ class RecordingMonitor(pulumi.runtime.mocks.MockMonitor):
         if request.type != "pulumi:pulumi:Stack":
             with self._lock:
                 self._recording.annotate(request.type, request.name, urn=response.urn, parent=request.parent,
-                                         dependencies=frozenset(request.dependencies))
+                                         dependencies=frozenset(request.dependencies),
+                                         aliases=tuple(self._alias_urn(request, a) for a in request.aliases))
         return response
+
+    def ReadResource(self, request):  # a resource the program reads, not creates: a StackReference
+        response = super().ReadResource(request)
+        with self._lock:
+            self._recording.annotate(request.type, request.name, urn=response.urn, parent=request.parent,
+                                     dependencies=frozenset(request.dependencies))
+        return response
+
+    @staticmethod
+    def _alias_urn(request: Any, alias: Any) -> str:
+        """The URN an alias names, computed as the engine computes it: a whole URN as given; a spec from its parts, each
+        defaulting to the resource's own (the parent's URN contributes its own type to the type chain)."""
+        if alias.urn:
+            return alias.urn
+        spec = alias.spec
+        parent = "" if spec.noParent else (spec.parentUrn or request.parent)
+        type_ = spec.type or request.type
+        if parent and parent.split("::")[2].split("$")[-1] != "pulumi:pulumi:Stack":
+            type_ = parent.split("::")[2].split("$")[-1] + "$" + type_
+        return "urn:pulumi:" + "::".join([spec.stack or pulumi.get_stack(), spec.project or pulumi.get_project(), type_,
+                                          spec.name or request.name])
 
 
 def _suffix(name: str) -> str:
@@ -76,11 +100,25 @@ def _suffix(name: str) -> str:
 class RecordingMocks(pulumi.runtime.Mocks):
     """Records every registration; returns the outputs a real AWS provider would compute."""
 
-    def __init__(self, region: str = "us-east-1"):
+    def __init__(self, region: str = "us-east-1", referenced: dict[str, Evaluation] | None = None):
         self.region = region
         self.resources: list[RegisteredResource] = []
+        self.referenced = referenced or {}  # other stacks' evaluations, by stack name: what a StackReference to one reads
+
+    def stack_reference(self, stack: str) -> dict[str, Any]:
+        """A StackReference's state: the referenced stack's outputs (the backend refuses a stack it does not have)."""
+        short = stack.rsplit("/", 1)[-1]
+        if short not in self.referenced:
+            raise RuntimeError(f"unknown stack {stack!r}: the offline engine has the outputs of {sorted(self.referenced)}")
+        evaluation = self.referenced[short]
+        return {"name": stack, "outputs": evaluation.outputs, "secretOutputNames": sorted(evaluation.secret_outputs)}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        if args.typ == "pulumi:pulumi:StackReference":
+            state = self.stack_reference(args.resource_id or args.name)
+            self.resources.append(RegisteredResource(args.typ, args.name, args.resource_id or args.name, {"name": state["name"]},
+                                                     state, args.provider))
+            return state["name"], state
         state = {**args.inputs, **self._computed(args)}
         resource_id = f"{args.name}-{_suffix(args.name)}"
         self.resources.append(RegisteredResource(args.typ, args.name, resource_id, dict(args.inputs), state, args.provider))
@@ -262,7 +300,8 @@ def evaluate(program: Callable[[], None], config: dict[str, Any], environment: s
     platform = config.get(CONFIG_KEY)
     mocks = mocks or RecordingMocks(platform.get("region", "us-east-1") if isinstance(platform, dict) else "us-east-1")
     pulumi_settings.ROOT.set(None)  # a fresh root stack per evaluation, so exports never leak between runs
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=environment, preview=False, monitor=RecordingMonitor(mocks))
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=environment, preview=False, monitor=RecordingMonitor(mocks),
+                             organization=ORGANIZATION)
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
     pulumi_settings.SETTINGS.rpc_manager.clear()
     pulumi_settings.SETTINGS.outputs.clear()

@@ -24,7 +24,7 @@ from trainforge.infra.registry import RuntimeImageRepository
 from trainforge.infra.storage import Buckets, LustreFileSystem
 from trainforge.infra.tags import cost_tags
 from trainforge.infra.teams import TeamAccess
-from trainforge.stackconfig import PlatformConfig
+from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 
 def node_flavours(cfg: PlatformConfig) -> dict[str, Any]:
@@ -69,9 +69,7 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
     """Register every AWS resource for `cfg`; each component gets only its own slice of the config."""
     tags = cost_tags(cfg.tags, cfg.environment)
     env = cfg.environment
-    # An explicit provider: its default tags reach every taggable resource, even ones AWS creates for us.
-    provider = aws.Provider(f"aws-{env}", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags),
-                            allowed_account_ids=[cfg.account_id] if cfg.account_id else None)
+    provider = aws_provider(cfg)
     aws_opts = pulumi.ResourceOptions(providers={"aws": provider})
 
     network = Network(env, cfg.network, availability_zones=cfg.availability_zones, region=cfg.region, cluster_name=cfg.cluster_name,
@@ -110,7 +108,7 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
 
     team_roles = {
         team.name: TeamAccess(
-            f"{env}-team-{team.name}", team, cluster_name=cluster.cluster.name, oidc_provider_arn=cluster.oidc_provider.arn,
+            team_access_name(cfg, team), team, cluster_name=cluster.cluster.name, oidc_provider_arn=cluster.oidc_provider.arn,
             oidc_issuer_url=cluster.oidc_issuer_url,
             bucket_arns={kind: b.arn for kind, b in buckets.buckets.items()}, data_key_arn=keys.data.arn, tags=tags, opts=aws_opts,
         ).role.arn
@@ -137,6 +135,8 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
         "fsx": {"id": fsx.file_system.id, "dns_name": fsx.file_system.dns_name, "mount_name": fsx.file_system.mount_name,
                 "availability_zone": cfg.fsx_availability_zone, "claim_name": contract.FSX_CLAIM_NAME},
         "buckets": {kind: b.bucket for kind, b in buckets.buckets.items()},
+        "bucket_arns": {kind: b.arn for kind, b in buckets.buckets.items()},
+        "config_digest": cfg.settings_digest(),  # team stacks refuse to build on a platform deployed from other settings
         "data_key_arn": keys.data.arn,
         "runtime_image_repository": images.repository.repository_url,
         "runtime_image": images.image,
@@ -148,6 +148,18 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
                     [*system_pools, *workload_addons.addons],
                     {name: pool.node_group for name, pool in pools.items()}, service_roles.autoscaler, service_roles.mlflow,
                     team_roles)
+
+
+def aws_provider(cfg: PlatformConfig) -> aws.Provider:
+    """An explicit provider: its default tags reach every taggable resource, even ones AWS creates for us. The platform
+    stack's and every team stack's (the same name and inputs, so a team moved out of the platform stack keeps it)."""
+    return aws.Provider(f"aws-{cfg.environment}", region=cfg.region,
+                        default_tags=aws.ProviderDefaultTagsArgs(tags=cost_tags(cfg.tags, cfg.environment)),
+                        allowed_account_ids=[cfg.account_id] if cfg.account_id else None)
+
+
+def team_access_name(cfg: PlatformConfig, team: TeamConfig) -> str:
+    return f"{cfg.environment}-team-{team.name}"
 
 
 def _version() -> str:

@@ -38,13 +38,14 @@ def aws_eks_access_entry(name: str, cluster_name: pulumi.Input[str], principal: 
 
 
 class TeamAccess(pulumi.ComponentResource):
+    TYPE = "trainforge:infra:TeamAccess"
     role: Role  # with its storage policy: what the team's pods assume
 
     def __init__(self, name: str, team: TeamConfig, *, cluster_name: pulumi.Input[str], oidc_provider_arn: pulumi.Input[str],
                  oidc_issuer_url: pulumi.Input[str],
                  bucket_arns: dict[str, pulumi.Input[str]], data_key_arn: pulumi.Input[str], tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
-        super().__init__("trainforge:infra:TeamAccess", name, None, opts)
+        super().__init__(self.TYPE, name, None, opts)
         # The team's own cost centre, so its identity shows up on the team's bill.
         team_tags = named(tags, name, **{contract.TAG_COST_CENTRE: team.cost_centre, contract.TAG_TEAM: team.name})
         role = irsa_role(

@@ -24,7 +24,7 @@ from trainforge.platform.components.objects import apply, helm_release
 from trainforge.platform.manifests import charts as chart_table
 from trainforge.platform.manifests import budget, guardrails, kueue, monitoring, storage, tenancy, tracking, values
 from trainforge.platform.training.runtime import cluster_training_runtimes
-from trainforge.stackconfig import PlatformConfig
+from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY_LABEL_VALUE}
 
@@ -107,16 +107,17 @@ class Autoscaler(pulumi.ComponentResource):
 
 class SharedStorage(pulumi.ComponentResource):
     """The default block StorageClass (encrypted gp3) for the platform's own volumes; the FSx file system as a static
-    StorageClass and, per team, a read-write and a read-only volume."""
+    StorageClass and, per team the platform stack declares, a read-write and a read-only volume."""
+
+    TYPE = "trainforge:platform:SharedStorage"
 
     def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, opts: pulumi.ResourceOptions):
-        super().__init__("trainforge:platform:SharedStorage", name, None, opts)
+        super().__init__(self.TYPE, name, None, opts)
         self.block = apply(storage.block_storage_class(aws.data_key.arn), parent=self, depends_on=aws.system_ready)
         self.storage_class = apply(storage.storage_class(), parent=self)
         # Per team, its read-write and read-only volume: a team's claims bind to its own volumes only (volumeName).
-        self.volumes = {team.name: [apply(storage.team_volume(team.name, **fsx_volume(cfg, aws), read_only=read_only,
-                                                              datasets_path=cfg.fsx.datasets_path), parent=self)
-                                    for read_only in (False, True)]
+        self.volumes = {team.name: [apply(v, parent=self) for v in storage.team_volumes(team.name, **fsx_volume(cfg, aws),
+                                                                                         datasets_path=cfg.fsx.datasets_path)]
                         for team in cfg.teams}
         self.objects = [self.storage_class, *(volume for volumes in self.volumes.values() for volume in volumes)]
         self.register_outputs({"storage_class": storage.STORAGE_CLASS})
@@ -127,16 +128,22 @@ def fsx_volume(cfg: PlatformConfig, aws: AwsLayer) -> dict[str, Any]:
     return dict(file_system_id=fs.id, dns_name=fs.dns_name, mount_name=fs.mount_name, capacity_gib=cfg.fsx.storage_capacity_gib)
 
 
+def team_directory_job(cfg: PlatformConfig, team: TeamConfig, image: pulumi.Input[str]) -> dict[str, Any]:
+    return storage.team_directory_job(team.name, image, tenancy.cost_labels(team, cfg.environment), cfg.fsx.datasets_path)
+
+
 class TeamDirectories(pulumi.ComponentResource):
-    """The FSx root in trainforge's namespace and, per team, the Job that creates and owns `/fsx/teams/<team>`
-    (`jobs[team]`: the team's objects wait for it; Pulumi waits for a Job to complete)."""
+    """The FSx root in trainforge's namespace and, per team the platform stack declares, the Job that creates and owns
+    `/fsx/teams/<team>` (`jobs[team]`: the team's objects wait for it; Pulumi waits for a Job to complete)."""
+
+    TYPE = "trainforge:platform:TeamDirectories"
 
     def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, image: pulumi.Input[str], system: pulumi.Resource,
                  after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
-        super().__init__("trainforge:platform:TeamDirectories", name, None, opts)
+        super().__init__(self.TYPE, name, None, opts)
         root = [apply(o, parent=self, depends_on=[system, *after]) for o in storage.root_volume(**fsx_volume(cfg, aws))]
         # Its pod needs a system node and the FSx CSI node plugin (system_ready).
-        self.jobs = {team.name: apply(storage.team_directory_job(team.name, image, tenancy.cost_labels(team, cfg.environment), cfg.fsx.datasets_path), parent=self, depends_on=[*root, *aws.system_ready])
+        self.jobs = {team.name: apply(team_directory_job(cfg, team, image), parent=self, depends_on=[*root, *aws.system_ready])
                      for team in cfg.teams}
         self.register_outputs({"teams": sorted(self.jobs)})
 
@@ -206,6 +213,18 @@ def database_secret(aws: AwsLayer) -> dict[str, Any]:
             "data": {"username": encode(USERNAME), "password": pulumi.Output.secret(aws.database.password).apply(encode)}}  # type: ignore[arg-type]  # pulumi's Output.secret stub
 
 
+def shared_storage_name(cfg: PlatformConfig) -> str:
+    return f"{cfg.cluster_name}-storage"
+
+
+def team_directories_name(cfg: PlatformConfig) -> str:
+    return f"{cfg.cluster_name}-team-dirs"
+
+
+def tenancy_name(cfg: PlatformConfig, team: TeamConfig) -> str:
+    return f"{cfg.cluster_name}-team-{team.name}"
+
+
 @dataclass(frozen=True)
 class KubernetesLayer:
     outputs: dict[str, Any]
@@ -218,14 +237,14 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     name = cfg.cluster_name
     default_image = aws.runtime_image  # pushed before anything that runs it is created (its output carries the dependency)
     after = aws.system_ready  # pods need a node, DNS and (for volumes) the CSI drivers
-    shared = SharedStorage(f"{name}-storage", cfg, aws, opts)
+    shared = SharedStorage(shared_storage_name(cfg), cfg, aws, opts)
     monitoring_ = Monitoring(f"{name}-monitoring", cfg, charts, [*after, shared.block], opts)
     scheduling = Scheduling(f"{name}-scheduling", cfg, charts, after, monitoring_.release, opts)
     TrainingOperators(f"{name}-training", cfg, charts, default_image, after, opts)
     GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, after, opts)
     cost = CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, after, opts)
     guard = Guardrails(f"{name}-guardrails", opts)
-    directories = TeamDirectories(f"{name}-team-dirs", cfg, aws, default_image, cost.system, shared.objects[:1], opts)
+    directories = TeamDirectories(team_directories_name(cfg), cfg, aws, default_image, cost.system, shared.objects[:1], opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role, after, opts)
     tracking_server = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, opts)
     from trainforge.pricing import price_table
@@ -233,7 +252,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking_server.namespace, tracking_server.secret])
     tracking_user = TrackingUser(default_image, after=[tracking_server.release])
     for team in cfg.teams:
-        Tenancy(f"{name}-team-{team.name}", cfg, team, role_arn=aws.team_role_arns[team.name], prices_as_of=price_table().as_of,
+        Tenancy(tenancy_name(cfg, team), cfg, team, role_arn=aws.team_role_arns[team.name], prices_as_of=price_table().as_of,
                 after=[scheduling.release, shared.storage_class, *shared.volumes[team.name], *guard.objects, directories.jobs[team.name]], database=database,
                 tracking=tracking_user, opts=opts)
     return KubernetesLayer({

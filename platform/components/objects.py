@@ -39,15 +39,27 @@ class CustomObject(pulumi.CustomResource):
         super().__init__(f"kubernetes:{manifest['apiVersion']}:{manifest['kind']}", resource_name, dict(manifest), opts)
 
 
-def apply(manifest: dict[str, Any], *, parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None) -> pulumi.CustomResource:
-    """One Pulumi resource for one object; the Kubernetes provider comes from the parent."""
-    name = "-".join(p for p in (manifest["metadata"].get("namespace"), manifest["kind"].lower(), manifest["metadata"]["name"]) if p)
-    opts = pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or []))
+def apply(manifest: dict[str, Any], *, parent: pulumi.Resource | None, depends_on: Sequence[pulumi.Resource] | None = None,
+          provider: pulumi.ProviderResource | None = None, aliases: Sequence[pulumi.Alias] = ()) -> pulumi.CustomResource:
+    """One Pulumi resource for one object; the Kubernetes provider comes from the parent, or is given (a top-level object)."""
+    name = resource_name(manifest)
+    opts = pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or []), provider=provider, aliases=list(aliases) or None)
     typed = CORE_KINDS.get((manifest["apiVersion"], manifest["kind"]))
     if typed is None:
         return CustomObject(name, manifest, opts)
     fields = {_snake(k): v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
     return typed(name, **fields, opts=opts)
+
+
+def resource_name(manifest: dict[str, Any]) -> str:
+    """The Pulumi name of an object: namespace, kind and name (unique in a stack, stable across stacks)."""
+    return "-".join(p for p in (manifest["metadata"].get("namespace"), manifest["kind"].lower(), manifest["metadata"]["name"]) if p)
+
+
+def type_token(manifest: dict[str, Any]) -> str:
+    """The Pulumi type of an object, as the Kubernetes provider names it (`v1` is the core group)."""
+    api_version = manifest["apiVersion"] if "/" in manifest["apiVersion"] else f"core/{manifest['apiVersion']}"
+    return f"kubernetes:{api_version}:{manifest['kind']}"
 
 
 def _snake(key: str) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 
 from trainforge.infra import engine
 from trainforge.infra.engine import Evaluation, RecordingMocks
-from trainforge.platform.components.program import main as pulumi_main
-from trainforge.stackconfig import ConfigError
+from trainforge.platform.components.program import STACKS_DIR, main as pulumi_main
+from trainforge.stackconfig import ConfigError, is_team_stack_file, read_team_stack_file
 
 
 def program() -> None:
@@ -26,13 +26,30 @@ def program() -> None:
 
 
 def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | None = None, *, sdk_shortcuts: bool = True) -> Evaluation:
-    """The trainforge program for stack `environment` with a stack file's `config:` map, under the mock engine."""
-    return engine.evaluate(program, config, environment, mocks, sdk_shortcuts=sdk_shortcuts)
+    """The trainforge program for stack `environment` with a stack file's `config:` map, under the mock engine. The config
+    is the whole cohort: no team stack files are read."""
+    stacks_dir = STACKS_DIR.set(None)
+    try:
+        return engine.evaluate(program, config, environment, mocks, sdk_shortcuts=sdk_shortcuts)
+    finally:
+        STACKS_DIR.reset(stacks_dir)
 
 
 def evaluate_stack_file(path: str | Path, mocks: RecordingMocks | None = None) -> Evaluation:
-    """The trainforge program for one stack file under the mock engine."""
-    return engine.evaluate_stack_file(program, path, mocks)
+    """The trainforge program for one stack file under the mock engine. A team stack's StackReference reads the outputs
+    of its platform stack's evaluation (the platform's own stack file, evaluated first)."""
+    path = Path(path)
+    stacks_dir = STACKS_DIR.set(path.parent)
+    try:
+        if not is_team_stack_file(path):
+            return engine.evaluate_stack_file(program, path, mocks)
+        team_stack = read_team_stack_file(path)
+        platform = engine.evaluate_stack_file(program, team_stack.platform_path)
+        mocks = mocks or RecordingMocks(platform.outputs["region"])
+        mocks.referenced[team_stack.environment] = platform
+        return engine.evaluate(program, team_stack.config, team_stack.stack, mocks)
+    finally:
+        STACKS_DIR.reset(stacks_dir)
 
 
 def report(evaluation: Evaluation) -> None:

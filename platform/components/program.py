@@ -7,21 +7,60 @@ layer may import both.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 import pulumi
 
 from trainforge.infra.layer import build_aws_layer
 from trainforge.platform.components.kubernetes import build_kubernetes_layer
-from trainforge.stackconfig import CONFIG_KEY, ConfigError, PlatformConfig, from_config_map
+from trainforge.stackconfig import (CONFIG_KEY, TEAM_CONFIG_KEY, ConfigError, PlatformConfig, TeamConfig, cohort, from_config_map,
+                                    load_cohort, split_stack_name, team_from_config_map)
+
+# Where the stack files are: Pulumi.yaml's stackConfigDir, relative to the project (where `pulumi` runs the program).
+# The offline engine points it at the directory of the stack file it evaluates, or at none for a config given whole
+# (then the cohort is the teams the config lists).
+STACKS_DIR: ContextVar[Path | None] = ContextVar("trainforge_stacks_dir", default=Path("stacks"))
+
+
+def _config_object(key: str) -> Any:
+    namespace, name = key.split(":")
+    return pulumi.Config(namespace).get_object(name)
 
 
 def config_from_pulumi() -> PlatformConfig:
-    """The stack's `trainforge:platform` object, validated. Raises ConfigError naming the field and the fix."""
-    namespace, key = CONFIG_KEY.split(":")
-    stack = pulumi.get_stack()
-    return from_config_map({CONFIG_KEY: pulumi.Config(namespace).get_object(key)}, environment=stack,
-                           source=f"stacks/Pulumi.{stack}.yaml")
+    """The stack's `trainforge:platform` object, validated, and checked with the team stacks next to it as one cohort.
+    Raises ConfigError naming the field and the fix."""
+    stack, stacks_dir = pulumi.get_stack(), STACKS_DIR.get()
+    source = str((stacks_dir or Path("stacks")) / f"Pulumi.{stack}.yaml")
+    cfg = from_config_map({CONFIG_KEY: _config_object(CONFIG_KEY)}, environment=stack, source=source)
+    if stacks_dir is not None:
+        cohort(cfg, stacks_dir, source)  # e.g. node groups too small for the team stacks' quotas are refused
+    return cfg
+
+
+def team_config_from_pulumi() -> tuple[PlatformConfig, TeamConfig]:
+    """A team stack's team, and the platform it builds on, read from the platform's stack file in this checkout and
+    checked with every other team of the cohort."""
+    stack, stacks_dir = pulumi.get_stack(), STACKS_DIR.get() or Path("stacks")
+    environment, _ = split_stack_name(stack)
+    team = team_from_config_map({TEAM_CONFIG_KEY: _config_object(TEAM_CONFIG_KEY)}, stack=stack,
+                                source=str(stacks_dir / f"Pulumi.{stack}.yaml"))
+    platform_file = stacks_dir / f"Pulumi.{environment}.yaml"
+    if not platform_file.exists():
+        raise ConfigError(str(platform_file), [f"team stack {stack!r} builds on platform stack {environment!r}, whose stack file is "
+                                               "not in this checkout. Fix: run it from the project with the platform's stack file"])
+    members = load_cohort(platform_file)
+    declared = next((t for t in members.teams if t.name == team.name), None)
+    if declared != team:
+        raise ConfigError(str(stacks_dir / f"Pulumi.{stack}.yaml"), [
+            "the team this stack is run with differs from its stack file in this checkout. Fix: commit the stack file, then `pulumi up`"])
+    return members.platform, team
+
+
+def is_team_stack() -> bool:
+    return split_stack_name(pulumi.get_stack())[1] is not None
 
 
 def build(cfg: PlatformConfig) -> dict[str, Any]:
@@ -35,6 +74,15 @@ def main(refuse_blockers: bool = True) -> None:
     """Entry point for `pulumi up`: a bad config stops here, before any resource, without a traceback. A config that is
     well-formed but cannot deploy (ClusterConfig.deploy_blockers) stops a real update; a preview, and the offline
     evaluation (`refuse_blockers=False`, which shows them itself), only warn."""
+    if is_team_stack():
+        from trainforge.platform.components.team_stack import build_team_stack
+        try:
+            platform, team = team_config_from_pulumi()
+        except ConfigError as exc:
+            raise pulumi.RunError(str(exc)) from None
+        for name, value in build_team_stack(platform, team).items():
+            pulumi.export(name, value)
+        return
     try:
         cfg = config_from_pulumi()
     except ConfigError as exc:

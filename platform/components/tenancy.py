@@ -32,9 +32,11 @@ class SweepDatabase:
 
 
 class Tenancy(pulumi.ComponentResource):
+    TYPE = "trainforge:platform:Tenancy"
+
     def __init__(self, name: str, cfg: PlatformConfig, team: TeamConfig, *, role_arn: pulumi.Input[str], prices_as_of: str,
                  after: Sequence[pulumi.Resource], database: SweepDatabase, tracking: TrackingUser, opts: pulumi.ResourceOptions):
-        super().__init__("trainforge:platform:Tenancy", name, None, opts)
+        super().__init__(self.TYPE, name, None, opts)
         namespace, *rest = tenancy.team_objects(cfg, team, role_arn=role_arn, prices_as_of=prices_as_of)
         ns = apply(namespace, parent=self)
         self.objects = [ns] + [apply(o, parent=self, depends_on=[ns, *after]) for o in rest]
@@ -50,4 +52,5 @@ class Tenancy(pulumi.ComponentResource):
                                                                 image=tracking.image)
         secrets = [apply(in_team, parent=self, depends_on=[ns]), apply(for_job, parent=self, depends_on=[*database.after])]
         self.objects += [*secrets, apply(job, parent=self, depends_on=[*secrets, *tracking.after])]
-        self.register_outputs({"namespace": namespace["metadata"]["name"]})
+        self.namespace: str = namespace["metadata"]["name"]
+        self.register_outputs({"namespace": self.namespace})

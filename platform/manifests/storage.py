@@ -93,6 +93,13 @@ def team_directory_job(team: str, image: Any, labels: dict[str, str], datasets_p
                 "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": ROOT_CLAIM}}]}}}}
 
 
+def team_volumes(team: str, *, file_system_id: Any, dns_name: Any, mount_name: Any, capacity_gib: int,
+                 datasets_path: str) -> list[dict[str, Any]]:
+    """A team's two volumes: its own directory, read-write, and the datasets, read-only."""
+    return [team_volume(team, file_system_id=file_system_id, dns_name=dns_name, mount_name=mount_name, capacity_gib=capacity_gib,
+                        read_only=read_only, datasets_path=datasets_path) for read_only in (False, True)]
+
+
 def team_volume(team: str, *, file_system_id: Any, dns_name: Any, mount_name: Any, capacity_gib: int, read_only: bool,
                 datasets_path: str) -> dict[str, Any]:
     """The team's directory (read-write) or the datasets (read-only), each a fileset of the one file system."""

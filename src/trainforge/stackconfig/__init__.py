@@ -6,16 +6,21 @@
     teams.py     a team: cost centre, GPU quota per flavour, budget, members
     platform.py  PlatformConfig, the whole stack, with the rules that span slices
     loader.py    read a stack file or the Pulumi config map; ConfigError names the field and the fix
+    team_stacks.py  a team in its own stack (Pulumi.<env>.team-<team>.yaml); the cohort of a platform's teams, checked whole
 """
 
 from trainforge.stackconfig.aws import BucketsConfig, ClusterConfig, DataRepositoryConfig, FsxConfig, NetworkConfig, TagsConfig
 from trainforge.stackconfig.node_groups import NodeGroupConfig
 from trainforge.stackconfig.kubernetes import KubernetesConfig, MlflowConfig, MonitoringConfig
-from trainforge.stackconfig.loader import (CONFIG_KEY, STACK_FILE_PATTERN, ConfigError, StackFile, from_config_map,
-                                           load_stack_file, parse, read_stack_file, stack_files)
+from trainforge.stackconfig.loader import (CONFIG_KEY, STACK_FILE_PATTERN, ConfigError, StackFile, from_config_map, parse,
+                                           read_stack_file, stack_files)
 from trainforge.stackconfig.platform import PlatformConfig
 from trainforge.stackconfig.teams import TeamConfig
+from trainforge.stackconfig.team_stacks import (TEAM_CONFIG_KEY, Cohort, TeamStack, cohort, is_team_stack_file, load_cohort,
+                                                load_stack_file, read_team_stack_file, split_stack_name, team_from_config_map,
+                                                team_stack_name)
 
 __all__ = ["BucketsConfig", "CONFIG_KEY", "ClusterConfig", "ConfigError", "DataRepositoryConfig", "FsxConfig", "KubernetesConfig", "MlflowConfig", "MonitoringConfig", "NetworkConfig",
            "NodeGroupConfig", "PlatformConfig", "STACK_FILE_PATTERN", "StackFile", "TagsConfig", "TeamConfig", "from_config_map",
-           "load_stack_file", "parse", "read_stack_file", "stack_files"]
+           "load_stack_file", "parse", "read_stack_file", "stack_files", "TEAM_CONFIG_KEY", "Cohort", "TeamStack", "cohort",
+           "is_team_stack_file", "load_cohort", "read_team_stack_file", "split_stack_name", "team_from_config_map", "team_stack_name"]

@@ -88,11 +88,5 @@ def from_config_map(config: dict[str, Any], *, environment: str, source: str) ->
     return parse(raw, environment=environment, source=source)
 
 
-def load_stack_file(path: str | Path) -> PlatformConfig:
-    """Read `stacks/Pulumi.<env>.yaml` the way the Pulumi CLI would hand it to the program."""
-    stack = read_stack_file(path)
-    return from_config_map(stack.config, environment=stack.environment, source=str(stack.path))
-
-
 def stack_files(stacks_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(stacks_dir).iterdir() if STACK_FILE_PATTERN.match(p.name))

@@ -6,6 +6,7 @@ Pulumi program reads the same model from the stack's config.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 
@@ -90,39 +91,7 @@ class PlatformConfig(_Model):
         return out
 
     def _team_problems(self) -> list[str]:
-        out = []
-        dupes = [n for n, c in Counter(t.name for t in self.teams).items() if c > 1]
-        if dupes:
-            out.append(f"teams: names {dupes} are used twice (a team is a namespace). Fix: give every team its own name")
-        ids: dict[int, str] = {}
-        for i, team in enumerate(self.teams):
-            posix_id = contract.team_posix_id(team.name)
-            if ids.setdefault(posix_id, team.name) != team.name:
-                out.append(f"teams[{i}].name: {team.name!r} has the same POSIX id ({posix_id}) as team {ids[posix_id]!r}: "
-                           "they could read each other's files. Fix: rename one of them")
-        # Each principal gets exactly one EKS access entry: a second one for the same principal fails the deploy (409).
-        seen: dict[str, str] = {}
-        for i, team in enumerate(self.teams):
-            for member in team.members:
-                if member in self.cluster.admin_principal_arns:
-                    out.append(f"teams[{i}].members: {member} is already an admin (cluster.admin_principal_arns): a second access "
-                               "entry for it fails the deploy. Fix: leave admins out of team members")
-                elif member in seen:
-                    out.append(f"teams[{i}].members: {member} is also a member of team {seen[member]!r}: one principal, one access "
-                               "entry, one team. Fix: give the person one team (or a separate role per team)")
-                seen.setdefault(member, team.name)
-        capacity = self.gpu_capacity()
-        for i, team in enumerate(self.teams):
-            for flavour, gpus in team.gpu_quota.items():
-                have = capacity.get(flavour, 0)
-                if gpus > have:
-                    groups = [g.name for g in self.node_groups if g.flavour is flavour]
-                    where = f"node groups {groups} reach at most {have} GPUs" if groups else f"no node group provides {flavour.value}"
-                    out.append(
-                        f"teams[{i}].gpu_quota.{flavour.value}: team {team.name!r} asks for {gpus} GPUs but {where}. "
-                        f"Fix: lower the quota to <= {have} or raise max_size of a {flavour.value} group"
-                    )
-        return out
+        return team_problems(self, [(f"teams[{i}]", team) for i, team in enumerate(self.teams)])
 
     def gpu_capacity(self) -> dict[Flavour, int]:
         """Most GPUs each flavour can offer at once (sum of max_size × GPUs per node)."""
@@ -131,6 +100,12 @@ class PlatformConfig(_Model):
             if group.has_gpus:
                 out[group.flavour] = out.get(group.flavour, 0) + group.max_gpus
         return out
+
+    def settings_digest(self) -> str:
+        """A digest of the platform's settings without its teams: what a team stack checks the deployed platform against
+        (adding a team inline does not change it)."""
+        canonical = self.model_dump_json(exclude={"teams"})
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     @property
     def cluster_name(self) -> str:
@@ -143,3 +118,62 @@ class PlatformConfig(_Model):
             if group.efa:
                 return group.availability_zone  # type: ignore[return-value]  # validated non-None for EFA
         return self.availability_zones[0]
+
+
+def team_problems(platform: PlatformConfig, teams: list[tuple[str, TeamConfig]]) -> list[str]:
+    """The rules a cohort of teams obeys together, whether the teams are listed in the platform stack or each has its own
+    team stack: each is labelled by where it is declared (`teams[1]`, or a team stack file)."""
+    out = []
+    dupes = [n for n, c in Counter(t.name for _, t in teams).items() if c > 1]
+    if dupes:
+        declared = {n: [label for label, t in teams if t.name == n] for n in dupes}
+        out.append(f"teams: names {dupes} are used twice ({declared}; a team is a namespace). Fix: give every team its own "
+                   "name, and declare each team once: in the platform stack or in its own team stack")
+    ids: dict[int, str] = {}
+    for label, team in teams:
+        posix_id = contract.team_posix_id(team.name)
+        if ids.setdefault(posix_id, team.name) != team.name:
+            out.append(f"{label}.name: {team.name!r} has the same POSIX id ({posix_id}) as team {ids[posix_id]!r}: "
+                       "they could read each other's files. Fix: rename one of them")
+    # Each principal gets exactly one EKS access entry: a second one for the same principal fails the deploy (409).
+    seen: dict[str, str] = {}
+    for label, team in teams:
+        for member in team.members:
+            if member in platform.cluster.admin_principal_arns:
+                out.append(f"{label}.members: {member} is already an admin (cluster.admin_principal_arns): a second access "
+                           "entry for it fails the deploy. Fix: leave admins out of team members")
+            elif member in seen and seen[member] != team.name:
+                out.append(f"{label}.members: {member} is also a member of team {seen[member]!r}: one principal, one access "
+                           "entry, one team. Fix: give the person one team (or a separate role per team)")
+            seen.setdefault(member, team.name)
+    capacity = platform.gpu_capacity()
+    for label, team in teams:
+        for flavour, gpus in team.gpu_quota.items():
+            have = capacity.get(flavour, 0)
+            if gpus > have:
+                groups = [g.name for g in platform.node_groups if g.flavour is flavour]
+                where = f"node groups {groups} reach at most {have} GPUs" if groups else f"no node group provides {flavour.value}"
+                out.append(
+                    f"{label}.gpu_quota.{flavour.value}: team {team.name!r} asks for {gpus} GPUs but {where}. "
+                    f"Fix: lower the quota to <= {have} or raise max_size of a {flavour.value} group"
+                )
+    out += cohort_capacity_problems(platform, [team for _, team in teams])
+    return out
+
+
+def cohort_capacity_problems(platform: PlatformConfig, teams: list[TeamConfig]) -> list[str]:
+    """Kueue's nominal quotas are guarantees: a job within its team's quota is admitted and its pods must then find nodes.
+    If the cohort's quotas of a flavour add up to more GPUs than its node groups reach, an admitted job can wait for nodes
+    that never come (the autoscaler stops at max_size, and Kueue preempts nobody for a team within its own quota)."""
+    out = []
+    capacity = platform.gpu_capacity()
+    for flavour in sorted({f for team in teams for f in team.gpu_quota}, key=lambda f: f.value):
+        total = sum(team.gpu_quota.get(flavour, 0) for team in teams)
+        have = capacity.get(flavour, 0)
+        if total > have >= max(team.gpu_quota.get(flavour, 0) for team in teams):
+            shares = ", ".join(f"{t.name} {t.gpu_quota[flavour]}" for t in teams if t.gpu_quota.get(flavour))
+            out.append(f"teams: the cohort's {flavour.value} quotas add up to {total} GPUs ({shares}) but its node groups reach at "
+                       f"most {have}: a job admitted within its quota could wait for nodes that never come. Fix: lower quotas by "
+                       f"{total - have} GPUs in all (lend idle GPUs with borrowing_limit instead), or raise max_size of a "
+                       f"{flavour.value} group")
+    return out

@@ -1,0 +1,119 @@
+"""A team stack's program (`<env>.team-<team>`): one team's resources on a platform another stack deployed.
+
+It reads the platform stack's outputs through a StackReference (the cluster, its OIDC provider, the buckets and data key,
+FSx, the runtime image, the database) and builds exactly what the platform stack builds for a team it declares itself:
+the same components, names and inputs (infra/teams.py's TeamAccess, the team's two FSx volumes and its directory Job,
+platform/components/tenancy.py's Tenancy). So a team moved out of the platform stack with `pulumi state move` is adopted,
+not recreated (README, "Teams in their own stacks"); a test checks each moved URN against this program's.
+
+What the move cannot carry is a parent that stays behind: the volumes, the directory Job and the Kubernetes provider lived
+under platform components (SharedStorage, TeamDirectories, Cluster). `pulumi state move` keeps a resource's URN (only the
+stack is renamed) and hangs it under the root stack, so here they are top-level resources aliased to those URNs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from trainforge import contract
+from trainforge.infra.cluster import Cluster, kubernetes_provider
+from trainforge.infra.layer import aws_provider, team_access_name
+from trainforge.infra.storage import BUCKET_KINDS
+from trainforge.infra.teams import TeamAccess
+from trainforge.infra.tags import cost_tags
+from trainforge.platform.components import kubernetes as platform_k8s
+from trainforge.platform.components.objects import apply, resource_name, type_token
+from trainforge.platform.components.tenancy import SweepDatabase, Tenancy, TrackingUser
+from trainforge.platform.manifests import storage
+from trainforge.stackconfig import PlatformConfig, TeamConfig
+
+
+def platform_stack_reference(environment: str) -> str:
+    """The platform stack's fully qualified name: same organisation and project, stack `<env>`."""
+    return f"{pulumi.get_organization()}/{pulumi.get_project()}/{environment}"
+
+
+def moved_from(parent_type: str, parent_name: str) -> pulumi.Alias:
+    """Where `pulumi state move` leaves a resource whose platform parent stayed behind: its old URN, in this stack."""
+    return pulumi.Alias(parent=f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{parent_type}::{parent_name}")
+
+
+def refuse_other_settings(deployed: str, expected: str, environment: str) -> str:
+    if deployed != expected:
+        raise pulumi.RunError(
+            f"the platform stack {environment!r} was deployed from other settings than stacks/Pulumi.{environment}.yaml in this "
+            f"checkout (settings digest {deployed}, here {expected}): the team's objects would not match its cluster. "
+            f"Fix: `pulumi up -s {environment}` first (or update this checkout to the revision the platform runs)")
+    return deployed
+
+
+def build_team_stack(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
+    """Register one team's resources on the deployed platform `cfg` describes; return the team stack's outputs."""
+    from trainforge.pricing import price_table
+
+    env = cfg.environment
+    platform = pulumi.StackReference(f"{env}-platform", stack_name=platform_stack_reference(env))
+    out = platform.get_output
+    digest = out("config_digest").apply(lambda d: refuse_other_settings(d, cfg.settings_digest(), env))
+
+    aws_opts = pulumi.ResourceOptions(providers={"aws": aws_provider(cfg)})
+    k8s = kubernetes_provider(cfg.cluster_name, out("kubeconfig"),
+                              pulumi.ResourceOptions(aliases=[moved_from(Cluster.TYPE, cfg.cluster_name)]))
+    arns = out("bucket_arns")
+    bucket_arns: dict[str, pulumi.Input[str]] = {kind: arns[kind] for kind in BUCKET_KINDS}
+    access = TeamAccess(team_access_name(cfg, team), team, cluster_name=out("cluster_name"), oidc_provider_arn=out("oidc_provider_arn"),
+                        oidc_issuer_url=out("oidc_issuer_url"), bucket_arns=bucket_arns,
+                        data_key_arn=out("data_key_arn"), tags=cost_tags(cfg.tags, env), opts=aws_opts)
+
+    fsx = out("fsx")
+    volumes = [apply(v, parent=None, provider=k8s, aliases=[moved_from(platform_k8s.SharedStorage.TYPE, platform_k8s.shared_storage_name(cfg))])
+               for v in storage.team_volumes(team.name, file_system_id=fsx["id"], dns_name=fsx["dns_name"], mount_name=fsx["mount_name"],
+                                             capacity_gib=cfg.fsx.storage_capacity_gib, datasets_path=cfg.fsx.datasets_path)]
+    image = out("runtime_image")
+    directory = apply(platform_k8s.team_directory_job(cfg, team, image), parent=None, provider=k8s,
+                      aliases=[moved_from(platform_k8s.TeamDirectories.TYPE, platform_k8s.team_directories_name(cfg))])
+    # The platform's own objects (Kueue, the StorageClass, guardrails, the MLflow server) are deployed: nothing to wait for
+    # but this team's volumes and directory.
+    tenancy = Tenancy(platform_k8s.tenancy_name(cfg, team), cfg, team, role_arn=access.role.arn, prices_as_of=price_table().as_of,
+                      after=[*volumes, directory],
+                      database=SweepDatabase(out("mlflow_database"), platform_k8s.DATABASE_SECRET, after=[]),
+                      tracking=TrackingUser(image, after=[]), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s}))
+    return {
+        "environment": env,
+        "team": team.name,
+        "namespace": tenancy.namespace,
+        "role_arn": access.role.arn,
+        "gpu_quota": {f.value: n for f, n in team.gpu_quota.items()},
+        contract.SETTING_BUDGET_USD: team.monthly_budget_usd,
+        "platform_config_digest": digest,  # exported, so a platform deployed from other settings fails the update
+    }
+
+
+PROJECT = "trainforge"  # Pulumi.yaml's name
+
+
+def state_move_urns(cfg: PlatformConfig, team: TeamConfig, project: str = PROJECT) -> list[str]:
+    """What `pulumi state move --source <env> --dest <env>.team-<team>` is given to move a team the platform stack declares
+    into its own stack: the team's two components (their children follow), its volumes and its directory Job. The
+    providers are copied by the command itself."""
+    def urn(type_chain: str, name: str) -> str:
+        return f"urn:pulumi:{cfg.environment}::{project}::{type_chain}::{name}"
+    fsx = dict(file_system_id="", dns_name="", mount_name="", capacity_gib=cfg.fsx.storage_capacity_gib, datasets_path=cfg.fsx.datasets_path)
+    volumes = storage.team_volumes(team.name, **fsx)  # type: ignore[arg-type]  # names only: the ids do not name anything
+    job = platform_k8s.team_directory_job(cfg, team, "")
+    return [urn(TeamAccess.TYPE, team_access_name(cfg, team)),
+            urn(Tenancy.TYPE, platform_k8s.tenancy_name(cfg, team)),
+            *(urn(f"{platform_k8s.SharedStorage.TYPE}${type_token(v)}", resource_name(v)) for v in volumes),
+            urn(f"{platform_k8s.TeamDirectories.TYPE}${type_token(job)}", resource_name(job))]
+
+
+def move_commands(cfg: PlatformConfig, team: TeamConfig) -> list[str]:
+    """The commands that move an already-deployed team out of the platform stack without recreating anything."""
+    stack = f"{cfg.environment}.team-{team.name}"
+    urns = " \\\n    ".join(f"'{u}'" for u in state_move_urns(cfg, team))
+    return [f"pulumi stack init {stack}",
+            f"pulumi state move --source {cfg.environment} --dest {stack} \\\n    {urns}",
+            f"pulumi preview -s {stack}   # expect: 0 to create, 0 to replace, 0 to delete",
+            f"pulumi preview -s {cfg.environment}   # expect: no change to any resource (the team's outputs go)"]

@@ -1,0 +1,223 @@
+"""Teams in their own stacks (issue 24, items 2 and 3): a team stack builds on the platform stack's real outputs (its
+StackReference reads the platform program's evaluation), builds exactly what the platform stack builds for a team it
+declares itself, so a deployed team moved out with `pulumi state move` is adopted rather than recreated, and the
+cohort's rules (one name, one principal, quotas within capacity) hold across the stack files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+from conftest import REPO, run_cli
+
+from trainforge.platform.components.offline import evaluate_stack_file
+from trainforge.platform.components.team_stack import state_move_urns
+from trainforge.stackconfig import (CONFIG_KEY, TEAM_CONFIG_KEY, ConfigError, load_cohort, load_stack_file, read_stack_file,
+                                    team_stack_name)
+
+STACKS = REPO / "stacks"
+
+
+def engine_urn(urn: str) -> str:
+    """The URN the Pulumi engine gives: the mock monitor puts the root stack's type in front of a top-level resource's."""
+    return urn.replace("::pulumi:pulumi:Stack$", "::")
+
+
+def move_out(platform_file: Path, team: str, into: Path) -> tuple[Path, Path]:
+    """A checkout after moving `team` out of the platform stack: the platform file without it, and its team stack file
+    (the team's fields as they were)."""
+    into.mkdir(parents=True, exist_ok=True)
+    document = yaml.safe_load(platform_file.read_text())
+    teams = document["config"][CONFIG_KEY]["teams"]
+    (fields,) = [t for t in teams if t["name"] == team]
+    teams.remove(fields)
+    platform = into / platform_file.name
+    platform.write_text(yaml.safe_dump(document))
+    environment = read_stack_file(platform_file).environment
+    team_file = into / f"Pulumi.{team_stack_name(environment, team)}.yaml"
+    team_file.write_text(yaml.safe_dump({"config": {TEAM_CONFIG_KEY: fields}}))
+    return platform, team_file
+
+
+def moved_closure(evaluation, top_urns: list[str]) -> list:
+    """What `pulumi state move` moves: the given resources and every descendant (by parent)."""
+    wanted = set(top_urns)
+    moved = [r for r in evaluation.resources if engine_urn(r.urn) in wanted]
+    assert {engine_urn(r.urn) for r in moved} == wanted, f"URNs the platform stack does not have: {wanted - {engine_urn(r.urn) for r in moved}}"
+    frontier = {r.urn for r in moved}
+    while frontier:
+        children = [r for r in evaluation.resources if r.parent in frontier]
+        moved += children
+        frontier = {r.urn for r in children}
+    return moved
+
+
+def canonical(inputs: dict) -> str:
+    return json.dumps(inputs, sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize("stack_file,team", [("Pulumi.dev.yaml", "vision"), ("Pulumi.prod.yaml", "foundation"),
+                                             ("Pulumi.prod.yaml", "evaluation")])
+def test_a_deployed_team_moved_into_its_own_stack_is_adopted_not_recreated(tmp_path, stack_file, team):
+    before = evaluate_stack_file(STACKS / stack_file)
+    cfg = load_stack_file(STACKS / stack_file)
+    (team_cfg,) = [t for t in cfg.teams if t.name == team]
+    moved = moved_closure(before, state_move_urns(cfg, team_cfg))
+    destination = team_stack_name(cfg.environment, team)
+
+    platform_file, team_file = move_out(STACKS / stack_file, team, tmp_path)
+    after_team = evaluate_stack_file(team_file)
+    after_platform = evaluate_stack_file(platform_file)
+
+    # What the state move leaves in the team stack (URNs keep their type chain; only the stack is renamed), each claimed by
+    # a resource the team program registers, under its own URN or an alias, with the same inputs: no create, no replace.
+    claims = {}
+    for r in after_team.resources:
+        for urn in (engine_urn(r.urn), *r.aliases):
+            claims[urn] = r
+    providers = {r.provider.rsplit("::", 1)[0] for r in moved if r.provider}
+    copied = [r for r in before.resources if r.type.startswith("pulumi:providers:") and r.urn in providers]
+    assert {r.type for r in copied} == {"pulumi:providers:aws", "pulumi:providers:kubernetes"}
+    for old in [*moved, *copied]:
+        expected = engine_urn(old.urn).replace(f"urn:pulumi:{cfg.environment}::", f"urn:pulumi:{destination}::", 1)
+        assert expected in claims, f"{old.type} {old.name}: the team stack would create it anew (nothing answers to {expected})"
+        new = claims[expected]
+        assert new.type == old.type
+        assert canonical(new.inputs) == canonical(old.inputs), f"{old.type} {old.name}: its inputs differ, so it would be updated"
+    # ... and the team stack registers nothing else but its reference to the platform.
+    adopted = {id(claims[engine_urn(r.urn).replace(f"urn:pulumi:{cfg.environment}::", f"urn:pulumi:{destination}::", 1)])
+               for r in [*moved, *copied]}
+    extra = [(r.type, r.name) for r in after_team.resources if id(r) not in adopted]
+    assert extra == [("pulumi:pulumi:StackReference", f"{cfg.environment}-platform")]
+
+    # The platform stack keeps every other resource with the same inputs and gains nothing.
+    moved_urns = {r.urn for r in moved}
+    kept = {r.urn: r for r in before.resources if r.urn not in moved_urns}
+    now = {r.urn: r for r in after_platform.resources}
+    assert set(now) == set(kept)
+    assert [u for u in kept if canonical(kept[u].inputs) != canonical(now[u].inputs)] == []
+    assert team not in after_platform.outputs["team_role_arns"]
+    assert after_team.outputs["role_arn"] == before.outputs["team_role_arns"][team]
+
+
+def test_a_team_stack_builds_on_the_platform_stacks_real_outputs(tmp_path):
+    platform_file, team_file = move_out(STACKS / "Pulumi.dev.yaml", "language", tmp_path)
+    evaluation = evaluate_stack_file(team_file)
+    platform = evaluate_stack_file(platform_file)
+    (reference,) = evaluation.of_type("pulumi:pulumi:StackReference")
+    assert reference.inputs["name"] == "organization/trainforge/dev"
+    (role,) = evaluation.of_type("aws:iam/role:Role")
+    issuer = platform.outputs["oidc_issuer_url"].removeprefix("https://")
+    assert issuer in role.inputs["assumeRolePolicy"]  # trusts the platform cluster's OIDC provider
+    (policy,) = evaluation.of_type("aws:iam/rolePolicy:RolePolicy")
+    assert platform.outputs["bucket_arns"]["checkpoints"] in policy.inputs["policy"]
+    volume = evaluation.named("kubernetes:core/v1:PersistentVolume", "persistentvolume-trainforge-fsx-language")
+    assert volume.inputs["spec"]["csi"]["volumeHandle"].startswith(platform.outputs["fsx"]["id"])
+    (provider,) = evaluation.of_type("pulumi:providers:kubernetes")
+    assert provider.inputs["kubeconfig"]["value"] == platform.outputs["kubeconfig"]  # the provider marks it secret
+    assert evaluation.outputs["namespace"] == "team-language"
+    assert evaluation.outputs["gpu_quota"] == {"gpu-spot": 2}
+
+
+def test_a_team_stack_refuses_a_platform_deployed_from_other_settings(tmp_path):
+    platform_file, team_file = move_out(STACKS / "Pulumi.dev.yaml", "language", tmp_path)
+    from trainforge.infra.engine import RecordingMocks
+
+    deployed = evaluate_stack_file(platform_file)
+    document = yaml.safe_load(platform_file.read_text())
+    document["config"][CONFIG_KEY]["node_groups"][1]["max_size"] += 1  # the checkout moved on; the platform was not deployed
+    platform_file.write_text(yaml.safe_dump(document))
+    mocks = RecordingMocks("us-west-2")
+    mocks.referenced["dev"] = deployed
+    # offline.evaluate_stack_file would evaluate the changed file as the platform; here the platform is the deployed one.
+    from trainforge.infra import engine
+    from trainforge.platform.components.offline import program
+    from trainforge.platform.components.program import STACKS_DIR
+    from trainforge.stackconfig import read_team_stack_file
+
+    token = STACKS_DIR.set(tmp_path)
+    try:
+        with pytest.raises(Exception, match="deployed from other settings.*pulumi up -s dev"):
+            engine.evaluate(program, read_team_stack_file(team_file).config, "dev.team-language", mocks)
+    finally:
+        STACKS_DIR.reset(token)
+
+
+def test_the_cohort_is_checked_across_stack_files(tmp_path):
+    shutil.copy(STACKS / "Pulumi.dev.yaml", tmp_path)
+    document = yaml.safe_load((STACKS / "Pulumi.dev.yaml").read_text())
+    spot = document["config"][CONFIG_KEY]["teams"][0]["members"][0]
+
+    def team_file(name: str, **fields) -> Path:
+        path = tmp_path / f"Pulumi.dev.team-{name}.yaml"
+        path.write_text(yaml.safe_dump({"config": {TEAM_CONFIG_KEY: {"cost_centre": f"cc-{name}", "monthly_budget_usd": 500, **fields}}}))
+        return path
+
+    fits = team_file("audio", gpu_quota={"gpu-spot": 2}, members=["arn:aws:iam::111122223333:role/sso-zoe"])
+    cohort = load_cohort(tmp_path / "Pulumi.dev.yaml")
+    assert [t.name for t in cohort.teams] == ["vision", "language", "audio"]
+    assert cohort.declared_in("audio") == str(fits)
+    assert load_stack_file(fits).teams == cohort.teams  # a team stack file names the same cohort
+
+    # One more GPU than the spot groups reach, from a team in another file: refused, naming the files and the shares.
+    over = team_file("speech", gpu_quota={"gpu-spot": 1})
+    with pytest.raises(ConfigError, match=r"gpu-spot quotas add up to 9 GPUs \(vision 4, language 2, audio 2, speech 1\) but its node groups reach at most 8"):
+        load_cohort(tmp_path / "Pulumi.dev.yaml")
+    over.unlink()
+    # The same principal in two teams, across files: one access entry per principal.
+    twice = team_file("speech", members=[spot])
+    with pytest.raises(ConfigError, match=rf"Pulumi.dev.team-speech.yaml: {TEAM_CONFIG_KEY}.members: .* also a member of team 'vision'"):
+        load_cohort(tmp_path / "Pulumi.dev.yaml")
+    twice.unlink()
+    # A team declared in the platform stack and in its own: moved out but not removed from teams:.
+    team_file("vision", gpu_quota={"gpu-spot": 1})
+    with pytest.raises(ConfigError, match=r"names \['vision'\] are used twice"):
+        load_cohort(tmp_path / "Pulumi.dev.yaml")
+
+
+def test_bad_team_stack_files_name_the_field_and_the_fix(tmp_path):
+    shutil.copy(STACKS / "Pulumi.dev.yaml", tmp_path)
+    path = tmp_path / "Pulumi.dev.team-audio.yaml"
+    cases = [
+        ({TEAM_CONFIG_KEY: {"name": "speech", "cost_centre": "cc", "monthly_budget_usd": 1}}, "does not match the stack's team 'audio'"),
+        ({TEAM_CONFIG_KEY: {"cost_centre": "cc", "monthly_budget_usd": 1, "gpu_qouta": {}}}, "trainforge:team.gpu_qouta"),
+        ({TEAM_CONFIG_KEY: {"cost_centre": "cc", "monthly_budget_usd": 1}, CONFIG_KEY: {}}, "a team stack holds only trainforge:team"),
+        ({}, "no trainforge:team key"),
+    ]
+    for config, message in cases:
+        path.write_text(yaml.safe_dump({"config": config}))
+        with pytest.raises(ConfigError, match=message):
+            load_cohort(tmp_path / "Pulumi.dev.yaml")
+    lonely = tmp_path / "elsewhere" / "Pulumi.qa.team-audio.yaml"
+    lonely.parent.mkdir()
+    lonely.write_text(yaml.safe_dump({"config": {TEAM_CONFIG_KEY: {"cost_centre": "cc", "monthly_budget_usd": 1}}}))
+    with pytest.raises(ConfigError, match="its platform stack file .*Pulumi.qa.yaml does not exist"):
+        load_stack_file(lonely)
+
+
+def test_the_platform_program_refuses_node_groups_too_small_for_its_team_stacks(tmp_path):
+    platform_file, team_file = move_out(STACKS / "Pulumi.dev.yaml", "language", tmp_path)
+    document = yaml.safe_load(platform_file.read_text())
+    for group in document["config"][CONFIG_KEY]["node_groups"]:
+        if group["capacity"] == "spot":
+            group["max_size"] = 2  # 4 spot GPUs; vision (inline) 4 + language (its own stack) 2
+    platform_file.write_text(yaml.safe_dump(document))
+    with pytest.raises(pulumi.RunError, match="gpu-spot quotas add up to 6 GPUs"):
+        evaluate_stack_file(platform_file)
+
+
+def test_the_submitter_finds_a_team_declared_in_its_own_stack(tmp_path):
+    platform_file, team_file = move_out(STACKS / "Pulumi.dev.yaml", "language", tmp_path)
+    spec = tmp_path / "job.yaml"
+    spec.write_text((REPO / "examples" / "quickstart.yaml").read_text())
+    document = yaml.safe_load(spec.read_text())
+    document["team"] = "language"
+    spec.write_text(yaml.safe_dump(document))
+    for stack in (platform_file, team_file):
+        result = run_cli("check", str(spec), "--stack", str(stack), home=tmp_path / "home")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "language / gpu-spot" in result.stdout and "admitted" in result.stdout
