@@ -178,6 +178,9 @@ def _trusted_subjects(assume_role_policy: Any) -> list[str]:
 def team_roles_confined(resources: list[StackResource], ctx: Context) -> Violations:
     datasets = {str(b.props.get("arn")) for b in of_type(resources, "aws:s3/bucket:Bucket")
                 if (b.props.get("tags") or {}).get("purpose") == "datasets"}
+    # A team stack has no buckets of its own: it reads the platform's through its StackReference.
+    datasets |= {str(arns["datasets"]) for arns in (platform_outputs(r).get("bucket_arns") for r in _references(resources))
+                 if isinstance(arns, dict) and "datasets" in arns}
     for role in of_type(resources, "aws:iam/role:Role"):
         team = (role.props.get("tags") or {}).get(contract.TAG_TEAM)
         if not team:
@@ -200,3 +203,28 @@ def team_roles_confined(resources: list[StackResource], ctx: Context) -> Violati
                 for statement in statements(policy_document(policy.props.get("policy"))):
                     for problem in _team_statement_problems(statement, team, datasets):
                         yield f"team {team!r}'s policy {policy.name} {problem}", policy.urn
+
+
+def _references(resources: list[StackResource]) -> list[StackResource]:
+    return of_type(resources, "pulumi:pulumi:StackReference")
+
+
+def platform_outputs(reference: StackResource) -> Mapping[str, Any]:
+    outputs = reference.props.get("outputs")
+    return outputs if isinstance(outputs, Mapping) else {}
+
+
+@stack_rule("A team stack's GPU quota fits the capacity its platform stack reports (its StackReference's gpu_capacity).")
+def team_quota_within_platform_capacity(resources: list[StackResource], ctx: Context) -> Violations:
+    capacity = next((platform_outputs(r).get("gpu_capacity") for r in _references(resources)
+                     if isinstance(platform_outputs(r).get("gpu_capacity"), Mapping)), None)
+    if capacity is None:
+        return  # a platform stack: its own config check sums the cohort against its node groups
+    for queue in of_type(resources, "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"):
+        for group in (queue.props.get("spec") or {}).get("resourceGroups") or []:
+            for flavour in group.get("flavors") or []:
+                gpus = next((r.get("nominalQuota") for r in flavour.get("resources") or [] if r.get("name") == contract.RESOURCE_GPU), None)
+                have = capacity.get(flavour.get("name"), 0)
+                if gpus is not None and float(gpus) > have:
+                    yield (f"{queue.name} asks for {float(gpus):g} {flavour.get('name')} GPUs, but the platform's node groups reach at most {have}. "
+                           f"Fix: lower the team's gpu_quota, or raise the platform's node groups first"), queue.urn

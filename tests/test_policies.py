@@ -217,8 +217,18 @@ def _read_write_everywhere(statements):
     next(s for s in statements if s.get("Sid") == "ReadWriteOwnPrefix")["Resource"] = [f"{arn}/*" for arn in BUCKET_ARNS.values()]
 
 
+def team_stack_quota(*, capacity: int):
+    """A team stack: its ClusterQueue asks for 8 spot GPUs; its StackReference reads the platform's gpu_capacity."""
+    queue = {"spec": {"resourceGroups": [{"flavors": [{"name": "gpu-spot", "resources": [
+        {"name": "cpu", "nominalQuota": "512"}, {"name": contract.RESOURCE_GPU, "nominalQuota": 8}]}]}]}}
+    return [sr("pulumi:pulumi:StackReference", "prod-platform", {"outputs": {"gpu_capacity": {"gpu-spot": capacity}}}),
+            sr("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue", "clusterqueue-team-vision", queue)]
+
+
 # stack rule -> (compliant resources, violating resources, what the message must say)
 STACK_CASES = {
+    "team-quota-within-platform-capacity": (team_stack_quota(capacity=8), team_stack_quota(capacity=4),
+                                            "asks for 8 gpu-spot GPUs, but the platform's node groups reach at most 4"),
     "buckets-fully-guarded": (bucket_stack(*BUCKET_GUARDS), bucket_stack(*list(BUCKET_GUARDS)[:2]), "denies plain HTTP"),
     "efa-groups-coherent": (efa_stack(), efa_stack(fsx_zone="us-east-1b"), "put FSx in the EFA group's AZ"),
     "resource-flavours-match-node-groups": (flavour_stack({contract.LABEL_FLAVOUR: "gpu-spot"}),

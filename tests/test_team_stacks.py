@@ -221,3 +221,37 @@ def test_the_submitter_finds_a_team_declared_in_its_own_stack(tmp_path):
         result = run_cli("check", str(spec), "--stack", str(stack), home=tmp_path / "home")
         assert result.returncode == 0, result.stdout + result.stderr
         assert "language / gpu-spot" in result.stdout and "admitted" in result.stdout
+
+
+def test_plan_of_a_team_stack_shows_its_quota_against_capacity_and_its_cost(tmp_path):
+    platform_file, team_file = move_out(STACKS / "Pulumi.prod.yaml", "applied", tmp_path)
+    result = run_cli("plan", "--stack", str(team_file), "-o", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["stack"] == "prod.team-applied" and plan["team"] == "applied"
+    assert plan["policy"]["passed"], plan["policy"]["violations"]
+    quota = {row["flavour"]: row for row in plan["quota"]}
+    # applied: 32 spot (and may borrow 16 more), 16 on-demand; the cohort: foundation 16 + applied 32 + evaluation 8 spot.
+    assert quota["gpu-spot"] == {"flavour": "gpu-spot", "team_gpus": 32, "borrowable": 16, "cohort_gpus": 56, "capacity": 64}
+    assert quota["gpu-ondemand"]["cohort_gpus"] == 24 and quota["gpu-ondemand"]["capacity"] == 24
+    lines = {line["item"]: line for line in plan["breakdown"]}
+    assert lines["gpu-spot quota"]["at_max_usd"] > lines["gpu-spot quota"]["monthly_usd"] > 0
+    assert lines["monthly budget (cap)"]["at_max_usd"] == 40000
+    assert "EKS control plane" not in lines  # the platform's costs are the platform stack's
+    assert plan["resource_count"] < 60
+
+
+def test_the_policy_pack_reads_the_platform_capacity_through_the_stack_reference(tmp_path):
+    from trainforge.platform.plan.plan import policy_view
+    from trainforge.policies.registry import check_stack, rules
+
+    platform_file, team_file = move_out(STACKS / "Pulumi.prod.yaml", "applied", tmp_path)
+    _, whole = policy_view(evaluate_stack_file(team_file))
+    (rule,) = [r for r in rules() if r.name == "team-quota-within-platform-capacity"]
+    assert list(check_stack(rule, whole)) == []
+    shrunk = [r if r.resource_type != "pulumi:pulumi:StackReference" else
+              type(r)(r.resource_type, r.name, r.urn, {**r.props, "outputs": {**r.props["outputs"], "gpu_capacity": {"gpu-spot": 16}}})
+              for r in whole]
+    (message, urn), *rest = check_stack(rule, shrunk)
+    assert "asks for 32 gpu-spot GPUs, but the platform's node groups reach at most 16" in message
+    assert rest == [(m, u) for m, u in rest if "gpu-ondemand" in m]

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from trainforge.pricing import PriceUnknown, price_table, service_prices
-from trainforge.stackconfig import PlatformConfig
+from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 
 @dataclass(frozen=True)
@@ -129,3 +129,34 @@ def _node_group(cost: Cost, group, region, instances, services, hours, assume: A
     add(f"root volumes {group.name}", f"{expected:g} x {group.disk_gib} GiB gp3", per_volume * expected,
         "one root volume per running node" + (f", {iops} IOPS / {throughput} MiB/s" if iops else ""),
         at_min_usd=per_volume * group.min_size, at_max_usd=per_volume * group.max_size)
+
+
+def team_monthly_cost(cfg: PlatformConfig, team: TeamConfig, assume: Assumptions = Assumptions()) -> Cost:
+    """A team stack's cost: its own resources (an IAM role, access entries, Kubernetes objects) cost nothing; what it
+    spends is GPU time, at most its quota of each flavour running all month (priced per GPU at the flavour's cheapest
+    group: its first instance type, spot price for spot groups), and capped by its monthly budget (the budget controller
+    holds its queue there). Expected: `gpu_utilisation` of its quota in use."""
+    services, instances = service_prices(), price_table()
+    hours = services["hours_per_month"]
+    cost = Cost(as_of={"services": str(services["as_of"]), "instances": instances.as_of})
+    for flavour, gpus in sorted(team.gpu_quota.items(), key=lambda item: item[0].value):
+        per_gpu_hour = []
+        for group in (g for g in cfg.node_groups if g.flavour is flavour and g.has_gpus):
+            try:
+                per_gpu_hour.append((instances.quote(group.instance_types[0], cfg.region).hourly(group.capacity) / group.gpus_per_node,
+                                     group.instance_types[0]))
+            except PriceUnknown:
+                continue
+        if not per_gpu_hour:
+            cost.lines.append(Line(f"{flavour.value} quota", f"{gpus} GPUs", None, "no price for its node groups' instance types"))
+            cost.unknown.append(f"{flavour.value} quota")
+            continue
+        price, instance = min(per_gpu_hour)
+        full = gpus * price * hours
+        cost.lines.append(Line(f"{flavour.value} quota", f"{gpus} GPUs", round(assume.gpu_utilisation * full, 2),
+                               f"{assume.gpu_utilisation:.0%} of the quota in use, {hours} h/month at ${price:.2f}/GPU-h ({instance})",
+                               at_min_usd=0.0, at_max_usd=round(full, 2)))
+    cost.lines.append(Line("monthly budget (cap)", f"team {team.name}", 0.0,
+                           f"the budget controller holds the team's queue at ${team.monthly_budget_usd:,.0f} a month",
+                           at_max_usd=round(team.monthly_budget_usd, 2)))
+    return cost

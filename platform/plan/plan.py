@@ -13,9 +13,10 @@ from typing import Any
 
 from trainforge.infra.engine import Evaluation, RegisteredResource
 from trainforge.platform.components.offline import evaluate_stack_file
-from trainforge.platform.plan.costs import Assumptions, Cost, monthly_cost
+from trainforge.contract import Flavour
+from trainforge.platform.plan.costs import Assumptions, Cost, monthly_cost, team_monthly_cost
 from trainforge.policies.registry import StackResource, check_resource, check_stack, rules
-from trainforge.stackconfig import PlatformConfig, load_stack_file
+from trainforge.stackconfig import PlatformConfig, TeamConfig, is_team_stack_file, load_stack_file, read_team_stack_file
 from trainforge.stackconfig.loader import stack_path  # noqa: F401 - the plan command names stacks the same way
 
 PROVIDER_PREFIX = "pulumi:providers:"
@@ -29,17 +30,39 @@ class Violation:
     message: str
 
 
+@dataclass(frozen=True)
+class QuotaRow:
+    """A team's GPUs of one flavour against what the cluster has: its quota, what it may borrow on top, the whole cohort's
+    quotas (every team, every stack) and the node groups' capacity."""
+
+    flavour: str
+    team_gpus: int
+    borrowable: int
+    cohort_gpus: int
+    capacity: int
+
+
+def quota_rows(cfg: PlatformConfig, team: TeamConfig) -> list[QuotaRow]:
+    """`cfg`: the platform with its whole cohort in `teams` (load_stack_file)."""
+    capacity = {f.value: n for f, n in cfg.gpu_capacity().items()}
+    flavours = sorted({f.value for f in (*team.gpu_quota, *team.borrowing_limit)} | set(capacity))
+    return [QuotaRow(f, team.gpu_quota.get(Flavour(f), 0), team.borrowing_limit.get(Flavour(f), 0),
+                     sum(t.gpu_quota.get(Flavour(f), 0) for t in cfg.teams), capacity.get(f, 0)) for f in flavours]
+
+
 @dataclass
 class Plan:
     stack: str
     path: Path
-    config: PlatformConfig
+    config: PlatformConfig  # the platform, with every team of its cohort
     resources: list[RegisteredResource]  # providers excluded
     components: dict[str, str]  # resource URN -> its top-level component's name
     violations: list[Violation]
     cost: Cost
     seconds: float
     assumptions: Assumptions = field(default_factory=Assumptions)
+    team: TeamConfig | None = None  # a team stack's team
+    quotas: list[QuotaRow] = field(default_factory=list)  # a team stack's quota against the cluster's capacity
 
     @property
     def mandatory_failures(self) -> list[Violation]:
@@ -50,19 +73,24 @@ class Plan:
             "stack": self.stack, "stack_file": str(self.path), "resource_count": len(self.resources),
             "resources": [{"type": r.type, "name": r.name, "component": self.components.get(r.urn, "")} for r in self.resources],
             "policy": {"violations": [v.__dict__ for v in self.violations], "passed": not self.mandatory_failures},
-            "deploy_blockers": self.config.cluster.deploy_blockers(),
+            "deploy_blockers": [] if self.team else self.config.cluster.deploy_blockers(),
+            **({"team": self.team.name, "quota": [r.__dict__ for r in self.quotas],
+                "monthly_budget_usd": self.team.monthly_budget_usd} if self.team else {}),
             **self.cost.to_json(), "assumptions": [line.assumption for line in self.cost.lines] + [f"{k}={v}" for k, v in self.assumptions.__dict__.items()],
             "seconds": round(self.seconds, 3),
         }
 
 
 def make_plan(path: Path, assumptions: Assumptions = Assumptions()) -> Plan:
+    """A platform stack's plan, or a team stack's (its platform evaluated first: the StackReference reads its outputs)."""
     started = time.perf_counter()
-    config = load_stack_file(path)  # a bad stack file stops here with the field and the fix (exit 2)
+    config = load_stack_file(path)  # a bad stack file, or a cohort that does not fit, stops here (exit 2)
     evaluation = evaluate_stack_file(path)
     resources = [r for r in evaluation.resources if not r.type.startswith(PROVIDER_PREFIX)]
-    return Plan(config.environment, path, config, resources, top_components(evaluation), verdicts(evaluation),
-                monthly_cost(config, resources, assumptions), time.perf_counter() - started, assumptions)
+    team = read_team_stack_file(path).team if is_team_stack_file(path) else None
+    cost = team_monthly_cost(config, team, assumptions) if team else monthly_cost(config, resources, assumptions)
+    return Plan(evaluation.environment, path, config, resources, top_components(evaluation), verdicts(evaluation),
+                cost, time.perf_counter() - started, assumptions, team, quota_rows(config, team) if team else [])
 
 
 def top_components(evaluation: Evaluation) -> dict[str, str]:

@@ -229,7 +229,14 @@ def plan_tables(plan, diff=None, base=None) -> None:
         if r.type in KEY_PROPERTIES:
             key.add_row(r.type.rsplit(":", 1)[-1], r.name, KEY_PROPERTIES[r.type](r.inputs))
     console.print(key)
-    teams = Table(title="teams", title_justify="left")
+    if plan.team is not None:
+        quota = Table(title=f"team {plan.team.name}: GPU quota against the cluster's capacity", title_justify="left")
+        for column in ("flavour", "quota", "may borrow", "cohort's quotas (every team)", "capacity (node groups at max)"):
+            quota.add_column(column, justify="left" if column == "flavour" else "right")
+        for row in plan.quotas:
+            quota.add_row(row.flavour, str(row.team_gpus), str(row.borrowable), str(row.cohort_gpus), str(row.capacity))
+        console.print(quota)
+    teams = Table(title="teams (the platform stack's and the team stacks')", title_justify="left")
     for column in ("team", "cost centre", "GPU quota", "monthly budget"):
         teams.add_column(column)
     for team in plan.config.teams:
@@ -243,7 +250,7 @@ def plan_tables(plan, diff=None, base=None) -> None:
             policy.add_row(v.rule, f"[red]{v.level}[/]" if v.level == "mandatory" else v.level, v.resource, v.message)
         console.print(policy)
     console.print("policy pack: [green]passed[/]" if not plan.mandatory_failures else f"policy pack: [red]{len(plan.mandatory_failures)} mandatory violation(s)[/]")
-    for blocker in plan.config.cluster.deploy_blockers():
+    for blocker in [] if plan.team else plan.config.cluster.deploy_blockers():
         console.print(f"[red]`pulumi up` refuses this stack until:[/] {blocker}")
     cost = Table(title=f"monthly cost (USD; instance prices of {plan.cost.as_of['instances']}, service prices of {plan.cost.as_of['services']})",
                  title_justify="left")
