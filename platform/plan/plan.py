@@ -13,6 +13,7 @@ from typing import Any
 
 from trainforge.infra.engine import Evaluation, RegisteredResource
 from trainforge.platform.components.offline import evaluate_stack_file
+from trainforge import contract
 from trainforge.contract import Flavour
 from trainforge.platform.plan.costs import Assumptions, Cost, monthly_cost, team_monthly_cost
 from trainforge.policies.registry import StackResource, check_resource, check_stack, rules
@@ -75,7 +76,7 @@ class Plan:
             "policy": {"violations": [v.__dict__ for v in self.violations], "passed": not self.mandatory_failures},
             "deploy_blockers": [] if self.team else self.config.cluster.deploy_blockers(),
             **({"team": self.team.name, "quota": [r.__dict__ for r in self.quotas],
-                "monthly_budget_usd": self.team.monthly_budget_usd} if self.team else {}),
+                contract.SETTING_BUDGET_USD: self.team.monthly_budget_usd} if self.team else {}),
             **self.cost.to_json(), "assumptions": [line.assumption for line in self.cost.lines] + [f"{k}={v}" for k, v in self.assumptions.__dict__.items()],
             "seconds": round(self.seconds, 3),
         }
