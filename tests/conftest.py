@@ -17,7 +17,9 @@ def run_cli(*argv: str, home: Path | None = None, env: dict | None = None, cwd: 
     return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=cwd,
                           env=environment, timeout=timeout)
 STACKS = REPO / "stacks"
-STACK_FILES = sorted(STACKS.glob("Pulumi.*.yaml"))
+# Platform stacks (Pulumi.<env>.yaml); team stacks (Pulumi.<env>.team-<team>.yaml) build on one of them.
+STACK_FILES = sorted(p for p in STACKS.glob("Pulumi.*.yaml") if ".team-" not in p.name)
+TEAM_STACK_FILES = sorted(STACKS.glob("Pulumi.*.team-*.yaml"))
 
 
 DEPLOYER_CIDR = "1.2.3.4/32"  # where a test "runs pulumi up from"

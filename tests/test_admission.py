@@ -83,7 +83,7 @@ def test_the_team_budget_left_this_month_is_enforced():
 
 def test_an_unknown_team_is_named():
     decision = admit(with_(QUICKSTART, team="nobody"), DEV)
-    assert "team: 'nobody' is not onboarded in the dev stack (teams: ['vision', 'language'])" in decision.problems[0]
+    assert "team: 'nobody' is not onboarded in the dev stack (teams: ['vision', 'language', 'audio'])" in decision.problems[0]  # audio: its own stack
 
 
 def test_check_command_exit_codes_and_json(tmp_path):

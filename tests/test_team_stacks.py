@@ -12,7 +12,7 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-from conftest import REPO, run_cli
+from conftest import REPO, STACK_FILES, TEAM_STACK_FILES, run_cli
 
 from trainforge.platform.components.offline import evaluate_stack_file
 from trainforge.platform.components.team_stack import state_move_urns
@@ -20,6 +20,13 @@ from trainforge.stackconfig import (CONFIG_KEY, TEAM_CONFIG_KEY, ConfigError, lo
                                     team_stack_name)
 
 STACKS = REPO / "stacks"
+
+
+def read_inline_teams(path: Path) -> list:
+    """The teams a platform stack file declares itself (not its team stacks')."""
+    from trainforge.stackconfig import parse
+    stack = read_stack_file(path)
+    return parse(stack.config[CONFIG_KEY], environment=stack.environment, source=str(path)).teams
 
 
 def engine_urn(urn: str) -> str:
@@ -60,8 +67,10 @@ def canonical(inputs: dict) -> str:
     return json.dumps(inputs, sort_keys=True, default=str)
 
 
-@pytest.mark.parametrize("stack_file,team", [("Pulumi.dev.yaml", "vision"), ("Pulumi.prod.yaml", "foundation"),
-                                             ("Pulumi.prod.yaml", "evaluation")])
+INLINE_TEAMS = [(path.name, team.name) for path in STACK_FILES for team in read_inline_teams(path)]
+
+
+@pytest.mark.parametrize("stack_file,team", INLINE_TEAMS, ids=[f"{f}:{t}" for f, t in INLINE_TEAMS])
 def test_a_deployed_team_moved_into_its_own_stack_is_adopted_not_recreated(tmp_path, stack_file, team):
     before = evaluate_stack_file(STACKS / stack_file)
     cfg = load_stack_file(STACKS / stack_file)
@@ -102,6 +111,19 @@ def test_a_deployed_team_moved_into_its_own_stack_is_adopted_not_recreated(tmp_p
     assert [u for u in kept if canonical(kept[u].inputs) != canonical(now[u].inputs)] == []
     assert team not in after_platform.outputs["team_role_arns"]
     assert after_team.outputs["role_arn"] == before.outputs["team_role_arns"][team]
+
+
+def test_the_shipped_team_stacks_pass_the_policy_pack_and_join_their_cohort():
+    from trainforge.platform.plan.plan import make_plan
+
+    assert TEAM_STACK_FILES, "a shipped team stack shows the self-service path working end to end"
+    for path in TEAM_STACK_FILES:
+        plan = make_plan(path)
+        assert plan.team is not None and plan.mandatory_failures == [], plan.violations
+        cohort = load_cohort(path)
+        assert cohort.declared_in(plan.team.name) == str(path)
+        assert plan.team.name not in [t.name for t in read_inline_teams(cohort.source and Path(cohort.source))]
+        assert len(plan.resources) == 42, sorted((r.type, r.name) for r in plan.resources)
 
 
 def test_a_team_stack_builds_on_the_platform_stacks_real_outputs(tmp_path):

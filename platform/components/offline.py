@@ -58,6 +58,12 @@ def report(evaluation: Evaluation) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     out = evaluation.outputs
+    if "team" in out:  # a team stack: its own resources on the platform it references
+        console.print(f"[bold]trainforge[/] team stack [cyan]{evaluation.environment}[/]: team {out['team']} "
+                      f"(namespace {out['namespace']}, GPU quota {out['gpu_quota']}): {len(evaluation.resources)} resources "
+                      f"registered in {evaluation.seconds:.2f} s under the Pulumi mock engine")
+        _counts(console, evaluation)
+        return
     console.print(f"[bold]trainforge[/] stack [cyan]{evaluation.environment}[/] ({out['region']}): "
                   f"{len(evaluation.resources)} resources registered in {evaluation.seconds:.2f} s under the Pulumi mock engine")
 
@@ -89,6 +95,12 @@ def report(evaluation: Evaluation) -> None:
         charts.add_row(release.inputs["name"], release.inputs["chart"], release.inputs["version"], release.inputs["namespace"])
     console.print(charts)
 
+    _counts(console, evaluation)
+
+
+def _counts(console: Any, evaluation: Evaluation) -> None:
+    from rich.table import Table
+
     counts = Table(title="Resources by type", title_justify="left")
     counts.add_column("type")
     counts.add_column("count", justify="right")
@@ -99,7 +111,7 @@ def report(evaluation: Evaluation) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    paths = [Path(a) for a in args] or sorted(Path("stacks").glob("Pulumi.*.yaml"))
+    paths = [Path(a) for a in args] or sorted(Path("stacks").glob("Pulumi.*.yaml"))  # platform and team stacks
     for path in paths:
         try:
             report(evaluate_stack_file(path))
