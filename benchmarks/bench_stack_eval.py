@@ -8,6 +8,10 @@ Prints a table of wall times and ratios against the shipped prod stack measured 
 
 Then the marginal cost per added resource between successive team counts, and the growth check of issue 24: the
 marginal seconds per resource from 100 to 200 teams against those from 10 to 50 (linear: about 1x; the goal: <= 1.5x).
+
+Then the same teams each in its own team stack (README, "Teams in their own stacks"): the platform stack alone (its
+cohort check reads every team stack file), one team stack (what onboarding or changing a team evaluates), and the
+platform stack plus every team stack, with the seconds per team stack at each count against those at the smallest.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 from rich.console import Console
 from rich.table import Table
@@ -25,9 +32,9 @@ import pulumi
 
 from trainforge.infra import engine
 from trainforge.infra.layer import build_aws_layer
-from trainforge.platform.components.offline import evaluate
+from trainforge.platform.components.offline import evaluate, evaluate_stack_file
 from trainforge.platform.components.program import config_from_pulumi
-from trainforge.stackconfig import CONFIG_KEY, parse, read_stack_file
+from trainforge.stackconfig import CONFIG_KEY, TEAM_CONFIG_KEY, parse, read_stack_file, team_stack_name
 
 PROD = Path(__file__).resolve().parents[1] / "stacks" / "Pulumi.prod.yaml"
 
@@ -73,6 +80,45 @@ def measure(config: dict, repeats: int, aws_only: bool = False, shortcuts: bool 
     return statistics.median(validate), statistics.median(whole), resources
 
 
+def team_stacks_checkout(directory: Path, base: dict, count: int) -> tuple[Path, list[Path]]:
+    """prod with no inline teams and `count` team stack files next to it (with_teams' teams, each in its own stack)."""
+    platform = copy.deepcopy(base)
+    teams = with_teams(base, count)[CONFIG_KEY]["teams"]
+    platform[CONFIG_KEY]["teams"] = []
+    platform_file = directory / "Pulumi.prod.yaml"
+    platform_file.write_text(yaml.safe_dump({"config": platform}))
+    team_files = []
+    for team in teams:
+        path = directory / f"Pulumi.{team_stack_name('prod', team['name'])}.yaml"
+        path.write_text(yaml.safe_dump({"config": {TEAM_CONFIG_KEY: team}}))
+        team_files.append(path)
+    return platform_file, team_files
+
+
+def measure_team_stacks(base: dict, counts: list[int], repeats: int, console: Console) -> None:
+    table = Table(title=f"Teams in their own stacks (median of {repeats})", title_justify="left")
+    for column in ("team stacks", "platform stack s", "one team stack s", "team stack resources", "platform + every team stack s",
+                   "s per team stack", "ratio vs fewest"):
+        table.add_column(column, justify="right")
+    first = None
+    for count in counts:
+        with tempfile.TemporaryDirectory(prefix="trainforge-bench-") as scratch:
+            platform_file, team_files = team_stacks_checkout(Path(scratch), base, count)
+            platform_s, team_s, total_s, resources = [], [], [], 0
+            for _ in range(repeats):
+                platform = evaluate_stack_file(platform_file)
+                seconds = [evaluate_stack_file(path, platform=platform).seconds for path in team_files]
+                resources = len(evaluate_stack_file(team_files[0], platform=platform).resources)
+                platform_s.append(platform.seconds)
+                team_s.append(statistics.median(seconds))
+                total_s.append(platform.seconds + sum(seconds))
+        per_stack = (statistics.median(total_s) - statistics.median(platform_s)) / count
+        first = first or per_stack
+        table.add_row(str(count), f"{statistics.median(platform_s):.3f}", f"{statistics.median(team_s):.3f}", str(resources),
+                      f"{statistics.median(total_s):.2f}", f"{per_stack:.3f}", f"{per_stack / first:.2f}x")
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -116,6 +162,7 @@ def main() -> None:
         ratio = per_resource[100, 200] / per_resource[10, 50]
         console.print(f"growth: ms per resource 100->200 teams / 10->50 teams = {ratio:.2f}x (linear ~1x; goal <= 1.5x); "
                       f"prod + 100 teams {by_teams[100][1]:.1f} s (goal <= 10 s)")
+    measure_team_stacks(base, args.teams, args.repeats, console)
 
 
 if __name__ == "__main__":

@@ -35,16 +35,16 @@ def evaluate(config: dict[str, Any], environment: str, mocks: RecordingMocks | N
         STACKS_DIR.reset(stacks_dir)
 
 
-def evaluate_stack_file(path: str | Path, mocks: RecordingMocks | None = None) -> Evaluation:
+def evaluate_stack_file(path: str | Path, mocks: RecordingMocks | None = None, platform: Evaluation | None = None) -> Evaluation:
     """The trainforge program for one stack file under the mock engine. A team stack's StackReference reads the outputs
-    of its platform stack's evaluation (the platform's own stack file, evaluated first)."""
+    of its platform stack's evaluation (`platform`, or the platform's own stack file, evaluated first)."""
     path = Path(path)
     stacks_dir = STACKS_DIR.set(path.parent)
     try:
         if not is_team_stack_file(path):
             return engine.evaluate_stack_file(program, path, mocks)
         team_stack = read_team_stack_file(path)
-        platform = engine.evaluate_stack_file(program, team_stack.platform_path)
+        platform = platform or engine.evaluate_stack_file(program, team_stack.platform_path)
         mocks = mocks or RecordingMocks(platform.outputs["region"])
         mocks.referenced[team_stack.environment] = platform
         return engine.evaluate(program, team_stack.config, team_stack.stack, mocks)
