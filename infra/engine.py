@@ -81,14 +81,16 @@ class RecordingMonitor(pulumi.runtime.mocks.MockMonitor):
     @staticmethod
     def _alias_urn(request: Any, alias: Any) -> str:
         """The URN an alias names, computed as the engine computes it: a whole URN as given; a spec from its parts, each
-        defaulting to the resource's own (the parent's URN contributes its own type to the type chain)."""
+        defaulting to the resource's own. (The mock monitor's own URNs keep only the parent's last type: the two agree for
+        a top-level parent, the only kind the program's aliases name.)"""
         if alias.urn:
             return alias.urn
         spec = alias.spec
         parent = "" if spec.noParent else (spec.parentUrn or request.parent)
         type_ = spec.type or request.type
-        if parent and parent.split("::")[2].split("$")[-1] != "pulumi:pulumi:Stack":
-            type_ = parent.split("::")[2].split("$")[-1] + "$" + type_
+        chain = [t for t in parent.split("::")[2].split("$") if t != "pulumi:pulumi:Stack"] if parent else []
+        if chain:  # the engine qualifies a child's type with its parent's whole type chain (the root stack's left out)
+            type_ = "$".join([*chain, type_])
         return "urn:pulumi:" + "::".join([spec.stack or pulumi.get_stack(), spec.project or pulumi.get_project(), type_,
                                           spec.name or request.name])
 

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, STACKS
+from conftest import REPO, STACKS, TEAM_STACK_FILES
 from helm import program_releases, rendered_program
 from kubeapi import KubeApi, serve
 
@@ -23,10 +23,13 @@ from trainforge.platform.plan.verify import PLATFORM_NAMESPACES
 ADMIN = "platform-admin-token"
 
 
-def healthy_cluster(evaluation) -> KubeApi:
+def healthy_cluster(evaluation, *team_stacks) -> KubeApi:
+    """The platform stack deployed and healthy, with the objects of its team stacks (`team_stacks`: their evaluations)."""
     api = KubeApi(tokens={ADMIN: None})
     objects, _ = rendered_program(evaluation)
     everything = [o for r in FirstUp(evaluation, objects, {}).kubernetes_resources for o in FirstUp(evaluation, objects, {}).creates(r)]
+    for team_stack in team_stacks:
+        everything += [o for r in FirstUp(team_stack, {}, {}).kubernetes_resources for o in FirstUp(team_stack, {}, {}).creates(r)]
     for name, release in program_releases(evaluation).items():
         api.namespaces.add(release["namespace"])
         api.put({"apiVersion": "v1", "kind": "Secret", "metadata": {
@@ -68,7 +71,11 @@ def healthy_cluster(evaluation) -> KubeApi:
 
 @pytest.fixture
 def cluster(evaluations, tmp_path):
-    api = healthy_cluster(evaluations(STACKS / "Pulumi.dev.yaml"))
+    from trainforge.platform.components.offline import evaluate_stack_file
+
+    platform = evaluations(STACKS / "Pulumi.dev.yaml")
+    team_stacks = [evaluate_stack_file(path) for path in TEAM_STACK_FILES if path.name.startswith("Pulumi.dev.")]
+    api = healthy_cluster(platform, *team_stacks)
     with serve(api) as served:
         yield api, served.kubeconfig(tmp_path / "kubeconfig", ADMIN)
 

@@ -167,6 +167,24 @@ def test_a_team_stack_refuses_a_platform_deployed_from_other_settings(tmp_path):
             engine.evaluate(program, read_team_stack_file(team_file).config, "dev.team-language", mocks)
     finally:
         STACKS_DIR.reset(token)
+    # Nothing that reads the platform was sent to the engine: every platform input waits for the check.
+    created = sorted({r.type for r in mocks.resources})
+    assert not [t for t in created if t.startswith(("kubernetes:", "aws:", "pulumi:providers:kubernetes"))], created
+
+
+def test_the_deployers_cidr_set_at_deploy_does_not_count_as_other_settings():
+    cfg = load_stack_file(STACKS / "Pulumi.dev.yaml")
+    cidrs = cfg.cluster.model_copy(update={"public_access_cidrs": ["1.2.3.4/32"]})
+    assert cfg.model_copy(update={"cluster": cidrs}).settings_digest() == cfg.settings_digest()
+    larger = cfg.node_groups[1].model_copy(update={"max_size": cfg.node_groups[1].max_size + 1})
+    assert cfg.model_copy(update={"node_groups": [cfg.node_groups[0], larger, *cfg.node_groups[2:]]}).settings_digest() != cfg.settings_digest()
+
+
+def test_a_team_stack_under_a_name_that_is_not_a_team_stacks_is_told_how_to_name_it():
+    from trainforge.platform.components.offline import evaluate
+
+    with pytest.raises(pulumi.RunError, match="team stacks are named <env>.team-<team>"):
+        evaluate({TEAM_CONFIG_KEY: {"cost_centre": "cc", "monthly_budget_usd": 1}}, "dev-audio")
 
 
 def test_the_cohort_is_checked_across_stack_files(tmp_path):
@@ -214,6 +232,12 @@ def test_bad_team_stack_files_name_the_field_and_the_fix(tmp_path):
         path.write_text(yaml.safe_dump({"config": config}))
         with pytest.raises(ConfigError, match=message):
             load_cohort(tmp_path / "Pulumi.dev.yaml")
+    path.unlink()
+    stray = tmp_path / "Pulumi.dev.team_audio.yaml"  # left out silently, its quota would escape the cohort's check
+    stray.write_text(yaml.safe_dump({"config": {TEAM_CONFIG_KEY: {"cost_centre": "cc", "monthly_budget_usd": 1}}}))
+    with pytest.raises(ConfigError, match=r"\['Pulumi.dev.team_audio.yaml'\] are named like neither .* Fix: rename them"):
+        load_cohort(tmp_path / "Pulumi.dev.yaml")
+    stray.unlink()
     lonely = tmp_path / "elsewhere" / "Pulumi.qa.team-audio.yaml"
     lonely.parent.mkdir()
     lonely.write_text(yaml.safe_dump({"config": {TEAM_CONFIG_KEY: {"cost_centre": "cc", "monthly_budget_usd": 1}}}))
@@ -277,3 +301,22 @@ def test_the_policy_pack_reads_the_platform_capacity_through_the_stack_reference
     (message, urn), *rest = check_stack(rule, shrunk)
     assert "asks for 32 gpu-spot GPUs, but the platform's node groups reach at most 16" in message
     assert rest == [(m, u) for m, u in rest if "gpu-ondemand" in m]
+
+
+def test_plan_of_a_team_stack_against_a_revision_reads_that_revisions_platform():
+    result = run_cli("plan", "--stack", "dev.team-audio", "--against-rev", "HEAD", "-o", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    against = json.loads(result.stdout)["against"]
+    assert against["added"] == [] and against["removed"] == [] and against["monthly_delta_usd"] == 0
+
+
+def test_plan_against_another_checkout_names_the_teams_that_join_and_leave(tmp_path):
+    from trainforge.platform.plan.plan import difference, make_plan
+
+    platform_file, team_file = move_out(STACKS / "Pulumi.dev.yaml", "language", tmp_path / "with")
+    without = tmp_path / "without"
+    without.mkdir()
+    shutil.copy(platform_file, without)
+    diff = difference(make_plan(platform_file), make_plan(without / platform_file.name))
+    assert diff.teams_removed == ["language"] and diff.teams_added == []
+    assert diff.removed == []  # the platform stack's own resources are untouched: the team's are its stack's

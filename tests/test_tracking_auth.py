@@ -13,6 +13,7 @@ import base64
 import configparser
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -111,7 +112,8 @@ def train(workdir: Path, uri: str, team: str, login: tuple[str, str], job: str) 
     done = subprocess.run(command(workdir, [f"job_id={job}", f"team={team}", f"tracking.uri={uri}", "max_steps=10", "warmup_steps=2", "log_every=5",
                                             "eval_every=10"], None), cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "unreachable" not in done.stderr and "403" not in done.stderr, done.stderr[-3000:]
+    # A word of its own: a run id (hex) may hold the digits 403 (CI printed one).
+    assert "unreachable" not in done.stderr and not re.search(r"\b403\b", done.stderr), done.stderr[-3000:]
 
 
 def runs_of(uri: str, login: tuple[str, str], team: str, job: str) -> list[dict]:

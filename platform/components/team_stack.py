@@ -55,8 +55,13 @@ def build_team_stack(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
 
     env = cfg.environment
     platform = pulumi.StackReference(f"{env}-platform", stack_name=platform_stack_reference(env))
-    out = platform.get_output
-    digest = out("config_digest").apply(lambda d: refuse_other_settings(d, cfg.settings_digest(), env))
+    digest = platform.get_output("config_digest").apply(lambda d: refuse_other_settings(d, cfg.settings_digest(), env))
+
+    def out(name: str) -> pulumi.Output:
+        """A platform output, only once the platform is known to run this checkout's settings: every resource takes its
+        platform inputs from here (the Kubernetes objects through the provider's kubeconfig), so on other settings the
+        update fails before anything is created."""
+        return pulumi.Output.all(digest, platform.get_output(name)).apply(lambda values: values[1])
 
     aws_opts = pulumi.ResourceOptions(providers={"aws": aws_provider(cfg)})
     k8s = kubernetes_provider(cfg.cluster_name, out("kubeconfig"),

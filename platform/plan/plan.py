@@ -130,17 +130,27 @@ def verdicts(evaluation: Evaluation) -> list[Violation]:
 
 
 def stack_file_at_revision(path: Path, revision: str) -> Path:
-    """The same stack file as it was at a git revision, in a temporary directory (named as Pulumi names stack files)."""
+    """The same stack file as it was at a git revision, in a temporary directory (named as Pulumi names stack files), with
+    the stack files next to it at that revision: a team stack's platform, a platform's team stacks (the cohort then)."""
+    from trainforge.errors import TrainforgeError
+
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], capture_output=True, text=True, check=True).stdout
+
     try:
-        relative = subprocess.run(["git", "ls-files", "--full-name", str(path)], capture_output=True, text=True, check=True).stdout.strip()
-        content = subprocess.run(["git", "show", f"{revision}:{relative or path}"], capture_output=True, text=True, check=True).stdout
+        relative = git("ls-files", "--full-name", str(path)).strip() or str(path)
+        directory = str(Path(relative).parent)
+        siblings = [f for f in git("ls-tree", "--name-only", f"{revision}:{directory}" if directory != "." else revision).splitlines()
+                    if f.startswith("Pulumi.") and f.endswith(".yaml")]
+        if Path(relative).name not in siblings:
+            git("show", f"{revision}:{relative}")  # fails with git's own reason
+        out = Path(tempfile.mkdtemp(prefix="trainforge-plan-"))
+        for name in siblings:
+            (out / name).write_text(git("show", f"{revision}:{Path(directory) / name}"))
     except (OSError, subprocess.CalledProcessError) as exc:
-        from trainforge.errors import TrainforgeError
         detail = (getattr(exc, "stderr", "") or str(exc)).strip().splitlines()[-1:]
         raise TrainforgeError("", [f"--against-rev: cannot read {path} at {revision!r}: {' '.join(detail)}. Fix: a commit that has the file"]) from None
-    out = Path(tempfile.mkdtemp(prefix="trainforge-plan-")) / path.name
-    out.write_text(content)
-    return out
+    return out / path.name
 
 
 @dataclass
@@ -149,6 +159,8 @@ class Difference:
     removed: list[str]
     changed: list[str]
     cost: list[dict[str, Any]]  # per line: before, after, delta
+    teams_added: list[str] = field(default_factory=list)  # the cohort's teams (a team stack added or removed shows here)
+    teams_removed: list[str] = field(default_factory=list)
 
     @property
     def monthly_delta_usd(self) -> float:
@@ -156,7 +168,7 @@ class Difference:
 
     def to_json(self) -> dict[str, Any]:
         return {"added": self.added, "removed": self.removed, "changed": self.changed, "cost": self.cost,
-                "monthly_delta_usd": self.monthly_delta_usd}
+                "monthly_delta_usd": self.monthly_delta_usd, "teams_added": self.teams_added, "teams_removed": self.teams_removed}
 
 
 def difference(before: Plan, after: Plan) -> Difference:
@@ -173,7 +185,9 @@ def difference(before: Plan, after: Plan) -> Difference:
         delta = None if was is None or now is None else round(now - was, 2)
         if delta != 0:
             rows.append({"item": item, "before": was, "after": now, "delta": delta})
-    return Difference(sorted(new.keys() - old.keys()), sorted(old.keys() - new.keys()), changed, rows)
+    teams_before, teams_after = {t.name for t in before.config.teams}, {t.name for t in after.config.teams}
+    return Difference(sorted(new.keys() - old.keys()), sorted(old.keys() - new.keys()), changed, rows,
+                      sorted(teams_after - teams_before), sorted(teams_before - teams_after))
 
 
 def _canonical(inputs: dict[str, Any]) -> str:

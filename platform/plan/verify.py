@@ -146,7 +146,8 @@ def _queues(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
         detail = "active" if active.get("status") == "True" else f"not active: {active.get('reason', status)} {active.get('message', '')}".strip()
         report.add(f"queue {name}", active.get("status") == "True", detail + (" (held: stopPolicy set)" if held else ""),
                    "a flavour it names has no ResourceFlavor, or Kueue is not running: `kubectl get clusterqueue "
-                   f"{name} -o yaml`" if status == 200 else "`pulumi up` (the team's queue does not exist)")
+                   f"{name} -o yaml`" if status == 200 else f"`pulumi up` of the stack that declares team {team.name} (the platform's, "
+                   f"or {cfg.environment}.team-{team.name}): its queue does not exist")
 
 
 def _targets(cfg: PlatformConfig, api: Api, report: Report, now) -> None:

@@ -270,6 +270,9 @@ def plan_tables(plan, diff=None, base=None) -> None:
             for name in names:
                 changes.add_row(mark, name)
         console.print(changes)
+        for verb, teams in (("joins", diff.teams_added), ("leaves", diff.teams_removed)):
+            for team in teams:  # a team stack's own resources are not this stack's: say who comes and goes
+                console.print(f"team [cyan]{team}[/] {verb} the cohort")
         dollars = Table(title=f"cost difference: {diff.monthly_delta_usd:+,.2f} USD/month", title_justify="left")
         for column in ("item", "before", "after", "delta"):
             dollars.add_column(column, justify="left" if column == "item" else "right")

@@ -103,8 +103,8 @@ class PlatformConfig(_Model):
 
     def settings_digest(self) -> str:
         """A digest of the platform's settings without its teams: what a team stack checks the deployed platform against
-        (adding a team inline does not change it)."""
-        canonical = self.model_dump_json(exclude={"teams"})
+        (adding a team inline does not change it, nor does the deployer's CIDR, which `pulumi config set` gives at deploy)."""
+        canonical = self.model_dump_json(exclude={"teams": True, "cluster": {"public_access_cidrs"}})
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     @property

@@ -25,6 +25,14 @@ from trainforge.stackconfig.platform import PlatformConfig, team_problems
 from trainforge.stackconfig.teams import TeamConfig
 
 TEAM_CONFIG_KEY = "trainforge:team"
+
+
+class TeamConfigError(ConfigError):
+    """A team stack's `trainforge:team` that must not reach the cloud."""
+
+    def _message(self) -> str:
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        return f"invalid trainforge team stack {self.source} ({TEAM_CONFIG_KEY}):\n{lines}"
 TEAM_STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.team-(?P<team>[a-z0-9][a-z0-9-]*)\.yaml$")
 TEAM_STACK_MARK = ".team-"
 
@@ -64,27 +72,29 @@ class TeamStack:
 def parse_team(raw: Any, *, team: str, source: str) -> TeamConfig:
     """Validate the `trainforge:team` object of a team stack; the stack name names the team."""
     if not isinstance(raw, dict):
-        raise ConfigError(source, [f"{TEAM_CONFIG_KEY} must be a mapping of a team's fields (name, cost_centre, gpu_quota, "
-                                   f"monthly_budget_usd, members), got {type(raw).__name__}. Fix: see docs in stacks/README.md"])
+        raise TeamConfigError(source, [f"{TEAM_CONFIG_KEY} must be a mapping of a team's fields (cost_centre, gpu_quota, "
+                                       f"monthly_budget_usd, members, ...), got {type(raw).__name__}. Fix: see stacks/Pulumi.dev.team-audio.yaml"])
     declared = raw.get("name", team)
     if declared != team:
-        raise ConfigError(source, [f"{TEAM_CONFIG_KEY}.name: {declared!r} does not match the stack's team {team!r} "
+        raise TeamConfigError(source, [f"{TEAM_CONFIG_KEY}.name: {declared!r} does not match the stack's team {team!r} "
                                    f"(the file is named for it). Fix: name: {team}, or rename the file"])
     try:
         return TeamConfig.model_validate({**raw, "name": team})
     except ValidationError as exc:
-        raise ConfigError(source, [f"{TEAM_CONFIG_KEY}.{p}" for p in errors.problems(exc, STACK_FIXES)]) from None
+        raise TeamConfigError(source, [f"{TEAM_CONFIG_KEY}.{p}" for p in errors.problems(exc, STACK_FIXES)]) from None
 
 
 def team_from_config_map(config: dict[str, Any], *, stack: str, source: str) -> TeamConfig:
     """The team of team stack `stack` (`<env>.team-<team>`) from its `config:` map (a file's, or the Pulumi CLI's)."""
     _, team = split_stack_name(stack)
     if team is None:
-        raise ConfigError(source, [f"stack {stack!r} has a {TEAM_CONFIG_KEY} key, but team stacks are named <env>.team-<team>. "
-                                   f"Fix: `pulumi stack init <env>.team-<team>`, or move the team into the platform stack's teams:"])
+        raise TeamConfigError(source, [f"stack {stack!r} has a {TEAM_CONFIG_KEY} key, but team stacks are named <env>.team-<team> "
+                                       "(lower-case letters, digits and hyphens). Fix: `pulumi stack init <env>.team-<team>` with the "
+                                       "file renamed to match, or move the team into the platform stack's teams:"])
     raw = config.get(TEAM_CONFIG_KEY)
     if raw is None:
-        raise ConfigError(source, [f"no {TEAM_CONFIG_KEY} key under config:. Fix: a team stack declares its team there"])
+        raise TeamConfigError(source, [f"no {TEAM_CONFIG_KEY} key under config:. Fix: a team stack declares its team there "
+                                       "(see stacks/Pulumi.dev.team-audio.yaml)"])
     return parse_team(raw, team=team, source=source)
 
 
@@ -92,24 +102,31 @@ def read_team_stack_file(path: str | Path) -> TeamStack:
     path = Path(path)
     match = TEAM_STACK_FILE_PATTERN.match(path.name)
     if match is None:
-        raise ConfigError(str(path), [f"team stack files are named Pulumi.<env>.team-<team>.yaml, got {path.name!r}"])
+        raise TeamConfigError(str(path), [f"team stack files are named Pulumi.<env>.team-<team>.yaml, got {path.name!r}"])
     try:
         document = yamlfile.read(path) or {}
     except FileNotFoundError:
-        raise ConfigError(str(path), ["no such team stack file. Fix: --stack stacks/Pulumi.<env>.team-<team>.yaml"]) from None
+        raise TeamConfigError(str(path), ["no such team stack file. Fix: --stack stacks/Pulumi.<env>.team-<team>.yaml"]) from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(str(path), [yamlfile.describe(exc)]) from None
+        raise TeamConfigError(str(path), [yamlfile.describe(exc)]) from None
     config = (document.get("config") or {}) if isinstance(document, dict) else {}
     strays = sorted(k for k in config if k.startswith("trainforge:") and k != TEAM_CONFIG_KEY)
     if strays:
-        raise ConfigError(str(path), [f"{strays}: a team stack holds only {TEAM_CONFIG_KEY} (the platform's settings live in "
+        raise TeamConfigError(str(path), [f"{strays}: a team stack holds only {TEAM_CONFIG_KEY} (the platform's settings live in "
                                       f"Pulumi.{match['env']}.yaml). Fix: remove them"])
     team = team_from_config_map(config, stack=team_stack_name(match["env"], match["team"]), source=str(path))
     return TeamStack(path, match["env"], team, config)
 
 
 def team_stack_files(stacks_dir: str | Path, environment: str) -> list[Path]:
-    return sorted(p for p in Path(stacks_dir).glob(f"Pulumi.{environment}{TEAM_STACK_MARK}*.yaml") if is_team_stack_file(p))
+    """The platform's team stack files. A file that looks like one of this platform's stacks but is named like neither
+    kind is refused: left out silently, its team's quota would escape the cohort's check."""
+    found = sorted(Path(stacks_dir).glob(f"Pulumi.{environment}.*.yaml"))
+    strays = [p.name for p in found if not is_team_stack_file(p)]
+    if strays:
+        raise TeamConfigError(str(Path(stacks_dir)), [f"{strays} are named like neither a platform stack (Pulumi.<env>.yaml) nor a team "
+                                                      "stack (Pulumi.<env>.team-<team>.yaml, lower-case team). Fix: rename them"])
+    return found
 
 
 @dataclass(frozen=True)
