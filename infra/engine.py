@@ -29,9 +29,10 @@ from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from trainforge import contract
 from trainforge.stackconfig import CONFIG_KEY, read_stack_file
 
-PROJECT = "trainforge"
+PROJECT = contract.PROJECT  # Pulumi.yaml's name
 MOCK_ACCOUNT = "123456789012"
 ORGANIZATION = "organization"  # what a self-managed backend (S3) calls every stack's organisation
 

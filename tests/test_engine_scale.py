@@ -8,8 +8,8 @@ prints the seconds): a quadratic fan-in shows here as edges per team that grow w
 
 from __future__ import annotations
 
-import copy
 import signal
+import sys
 
 import pulumi
 import pytest
@@ -21,25 +21,13 @@ from trainforge.platform.components.offline import evaluate
 from trainforge.stackconfig import CONFIG_KEY, read_stack_file
 
 PROD = REPO / "stacks" / "Pulumi.prod.yaml"
-
-
-def fitting_quota(i: int) -> dict[str, int]:
-    """Team i's GPU quota: one GPU of a flavour while prod's node groups have one left for it (64 spot, 64 EFA, 24
-    on-demand), so the cohort's quotas never add up to more than the capacity (the stack refuses that)."""
-    for flavour, first, capacity in (("gpu-spot", 0, 64), ("gpu-efa", 64, 64), ("gpu-ondemand", 128, 24)):
-        if first <= i < first + capacity:
-            return {flavour: 1}
-    return {}
+sys.path.insert(0, str(REPO / "benchmarks"))
+import bench_stack_eval  # noqa: E402 - found once benchmarks/ is on the path
 
 
 def with_teams(count: int) -> dict:
-    config = copy.deepcopy(read_stack_file(PROD).config)
-    config[CONFIG_KEY]["teams"] = [
-        {"name": f"team-{i:03d}", "cost_centre": f"cc-{i:04d}", "monthly_budget_usd": 1000 + i,
-         "gpu_quota": fitting_quota(i),
-         "members": [f"arn:aws:iam::444455556666:role/sso-user{i}"]}
-        for i in range(count)]
-    return config
+    """prod with `count` generated teams: the benchmark's own (benchmarks/bench_stack_eval.py), so the two measure the same."""
+    return bench_stack_eval.with_teams(read_stack_file(PROD).config, count)
 
 
 def edges(evaluation) -> int:

@@ -18,9 +18,6 @@ from trainforge.platform.components.kubernetes import build_kubernetes_layer
 from trainforge.stackconfig import (CONFIG_KEY, TEAM_CONFIG_KEY, ConfigError, PlatformConfig, TeamConfig, cohort, from_config_map,
                                     load_cohort, split_stack_name, team_from_config_map)
 
-# Where the stack files are: Pulumi.yaml's stackConfigDir, relative to the project (where `pulumi` runs the program).
-# The offline engine points it at the directory of the stack file it evaluates, or at none for a config given whole
-# (then the cohort is the teams the config lists).
 def project_stacks_dir(project: Path = Path(".")) -> Path:
     """Pulumi.yaml's stackConfigDir (where `pulumi` reads Pulumi.<stack>.yaml), relative to the project."""
     import yaml
@@ -31,6 +28,9 @@ def project_stacks_dir(project: Path = Path(".")) -> Path:
     return project / str(settings.get("stackConfigDir") or ".")
 
 
+# Where the stack files are: Pulumi.yaml's stackConfigDir, relative to the project (where `pulumi` runs the program).
+# The offline engine points it at the directory of the stack file it evaluates, or at none for a config given whole
+# (then the cohort is the teams the config lists).
 STACKS_DIR: ContextVar[Path | None] = ContextVar("trainforge_stacks_dir", default=project_stacks_dir())  # noqa: B039 - a Path is immutable
 
 
@@ -54,12 +54,12 @@ def team_config_from_pulumi() -> tuple[PlatformConfig, TeamConfig]:
     """A team stack's team, and the platform it builds on, read from the platform's stack file in this checkout and
     checked with every other team of the cohort."""
     stack, stacks_dir = pulumi.get_stack(), STACKS_DIR.get()
+    team = team_from_config_map({TEAM_CONFIG_KEY: _config_object(TEAM_CONFIG_KEY)}, stack=stack,
+                                source=str((stacks_dir or Path("stacks")) / f"Pulumi.{stack}.yaml"))
     if stacks_dir is None:
         raise ConfigError(stack, ["a team stack reads its platform's stack file: evaluate it from its stack file "
                                   "(offline.evaluate_stack_file), not from a config alone"])
     environment, _ = split_stack_name(stack)
-    team = team_from_config_map({TEAM_CONFIG_KEY: _config_object(TEAM_CONFIG_KEY)}, stack=stack,
-                                source=str(stacks_dir / f"Pulumi.{stack}.yaml"))
     platform_file = stacks_dir / f"Pulumi.{environment}.yaml"
     if not platform_file.exists():
         raise ConfigError(str(platform_file), [f"team stack {stack!r} builds on platform stack {environment!r}, whose stack file is "
@@ -87,14 +87,9 @@ def main(refuse_blockers: bool = True) -> None:
     """Entry point for `pulumi up`: a bad config stops here, before any resource, without a traceback. A config that is
     well-formed but cannot deploy (ClusterConfig.deploy_blockers) stops a real update; a preview, and the offline
     evaluation (`refuse_blockers=False`, which shows them itself), only warn."""
-    if _config_object(TEAM_CONFIG_KEY) is not None and not is_team_stack():
-        try:  # a team stack under a name that is not <env>.team-<team>: say so, rather than ask for a platform's config
-            team_from_config_map({TEAM_CONFIG_KEY: _config_object(TEAM_CONFIG_KEY)}, stack=pulumi.get_stack(), source=pulumi.get_stack())
-        except ConfigError as exc:
-            raise pulumi.RunError(str(exc)) from None
-    if is_team_stack():
+    if is_team_stack() or _config_object(TEAM_CONFIG_KEY) is not None:
         from trainforge.platform.components.team_stack import build_team_stack
-        try:
+        try:  # a team stack under a name that is not <env>.team-<team> is told the naming rule here
             platform, team = team_config_from_pulumi()
         except ConfigError as exc:
             raise pulumi.RunError(str(exc)) from None

@@ -96,17 +96,14 @@ def build_team_stack(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
     }
 
 
-PROJECT = "trainforge"  # Pulumi.yaml's name
-
-
-def state_move_urns(cfg: PlatformConfig, team: TeamConfig, project: str = PROJECT) -> list[str]:
+def state_move_urns(cfg: PlatformConfig, team: TeamConfig, project: str = contract.PROJECT) -> list[str]:
     """What `pulumi state move --source <env> --dest <env>.team-<team>` is given to move a team the platform stack declares
     into its own stack: the team's two components (their children follow), its volumes and its directory Job. The
     providers are copied by the command itself."""
     def urn(type_chain: str, name: str) -> str:
         return f"urn:pulumi:{cfg.environment}::{project}::{type_chain}::{name}"
-    fsx = dict(file_system_id="", dns_name="", mount_name="", capacity_gib=cfg.fsx.storage_capacity_gib, datasets_path=cfg.fsx.datasets_path)
-    volumes = storage.team_volumes(team.name, **fsx)  # type: ignore[arg-type]  # names only: the ids do not name anything
+    volumes = storage.team_volumes(team.name, file_system_id="", dns_name="", mount_name="",  # names only: ids name nothing
+                                   capacity_gib=cfg.fsx.storage_capacity_gib, datasets_path=cfg.fsx.datasets_path)
     job = platform_k8s.team_directory_job(cfg, team, "")
     return [urn(TeamAccess.TYPE, team_access_name(cfg, team)),
             urn(Tenancy.TYPE, platform_k8s.tenancy_name(cfg, team)),

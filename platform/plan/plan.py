@@ -17,7 +17,7 @@ from trainforge import contract
 from trainforge.contract import Flavour
 from trainforge.platform.plan.costs import Assumptions, Cost, monthly_cost, team_monthly_cost
 from trainforge.policies.registry import StackResource, check_resource, check_stack, rules
-from trainforge.stackconfig import PlatformConfig, TeamConfig, is_team_stack_file, load_stack_file, read_team_stack_file
+from trainforge.stackconfig import PlatformConfig, TeamConfig, load_cohort
 from trainforge.stackconfig.loader import stack_path  # noqa: F401 - the plan command names stacks the same way
 
 PROVIDER_PREFIX = "pulumi:providers:"
@@ -85,10 +85,11 @@ class Plan:
 def make_plan(path: Path, assumptions: Assumptions = Assumptions()) -> Plan:
     """A platform stack's plan, or a team stack's (its platform evaluated first: the StackReference reads its outputs)."""
     started = time.perf_counter()
-    config = load_stack_file(path)  # a bad stack file, or a cohort that does not fit, stops here (exit 2)
+    cohort = load_cohort(path)  # a bad stack file, or a cohort that does not fit, stops here (exit 2)
+    config = cohort.as_platform()
     evaluation = evaluate_stack_file(path)
     resources = [r for r in evaluation.resources if not r.type.startswith(PROVIDER_PREFIX)]
-    team = read_team_stack_file(path).team if is_team_stack_file(path) else None
+    team = next((s.team for s in cohort.stacks if s.path.name == path.name), None)
     cost = team_monthly_cost(config, team, assumptions) if team else monthly_cost(config, resources, assumptions)
     return Plan(evaluation.environment, path, config, resources, top_components(evaluation), verdicts(evaluation),
                 cost, time.perf_counter() - started, assumptions, team, quota_rows(config, team) if team else [])

@@ -69,15 +69,20 @@ def read_stack_file(path: str | Path) -> StackFile:
     if match is None:
         raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}. Fix: --stack stacks/Pulumi.<env>.yaml "
                                       "(the environment is read from the name)"])
+    return StackFile(path, match["env"], read_config_map(path, ConfigError, "--stack stacks/Pulumi.<env>.yaml"))
+
+
+def read_config_map(path: Path, error: type[ConfigError], usage: str) -> dict[str, Any]:
+    """A stack file's `config:` map, as the Pulumi CLI reads it; `error` names what kind of stack file it is."""
     try:
         document = yamlfile.read(path) or {}
     except FileNotFoundError:
-        raise ConfigError(str(path), ["no such stack file. Fix: --stack stacks/Pulumi.<env>.yaml"]) from None
+        raise error(str(path), [f"no such stack file. Fix: {usage}"]) from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(str(path), [yamlfile.describe(exc)]) from None
+        raise error(str(path), [yamlfile.describe(exc)]) from None
     if not isinstance(document, dict):
-        raise ConfigError(str(path), ["a stack file is a mapping with a config: key. Fix: see stacks/Pulumi.dev.yaml"])
-    return StackFile(path, match["env"], document.get("config") or {})
+        raise error(str(path), ["a stack file is a mapping with a config: key. Fix: see stacks/Pulumi.dev.yaml"])
+    return document.get("config") or {}
 
 
 def from_config_map(config: dict[str, Any], *, environment: str, source: str) -> PlatformConfig:

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
-from trainforge import errors, yamlfile
-from trainforge.stackconfig.loader import STACK_FIXES, ConfigError, StackFile, from_config_map, read_stack_file
+from trainforge import errors
+from trainforge.stackconfig.loader import STACK_FIXES, ConfigError, StackFile, from_config_map, read_config_map, read_stack_file
 from trainforge.stackconfig.platform import PlatformConfig, team_problems
 from trainforge.stackconfig.teams import TeamConfig
 
@@ -33,6 +32,8 @@ class TeamConfigError(ConfigError):
     def _message(self) -> str:
         lines = "\n".join(f"  - {p}" for p in self.problems)
         return f"invalid trainforge team stack {self.source} ({TEAM_CONFIG_KEY}):\n{lines}"
+
+
 TEAM_STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.team-(?P<team>[a-z0-9][a-z0-9-]*)\.yaml$")
 TEAM_STACK_MARK = ".team-"
 
@@ -103,13 +104,7 @@ def read_team_stack_file(path: str | Path) -> TeamStack:
     match = TEAM_STACK_FILE_PATTERN.match(path.name)
     if match is None:
         raise TeamConfigError(str(path), [f"team stack files are named Pulumi.<env>.team-<team>.yaml, got {path.name!r}"])
-    try:
-        document = yamlfile.read(path) or {}
-    except FileNotFoundError:
-        raise TeamConfigError(str(path), ["no such team stack file. Fix: --stack stacks/Pulumi.<env>.team-<team>.yaml"]) from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise TeamConfigError(str(path), [yamlfile.describe(exc)]) from None
-    config = (document.get("config") or {}) if isinstance(document, dict) else {}
+    config = read_config_map(path, TeamConfigError, "--stack stacks/Pulumi.<env>.team-<team>.yaml")
     strays = sorted(k for k in config if k.startswith("trainforge:") and k != TEAM_CONFIG_KEY)
     if strays:
         raise TeamConfigError(str(path), [f"{strays}: a team stack holds only {TEAM_CONFIG_KEY} (the platform's settings live in "
