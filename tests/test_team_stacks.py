@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import REPO, STACK_FILES, TEAM_STACK_FILES, run_cli
 
+from trainforge import contract
 from trainforge.platform.components.offline import evaluate_stack_file
 from trainforge.platform.components.team_stack import state_move_urns
 from trainforge.stackconfig import (CONFIG_KEY, TEAM_CONFIG_KEY, ConfigError, load_cohort, load_stack_file, read_stack_file,
@@ -63,6 +64,20 @@ def moved_closure(evaluation, top_urns: list[str]) -> list:
     return moved
 
 
+def urns_after_move(old, moved_urns: set[str], by_urn: dict, source: str, destination: str) -> tuple[str, str]:
+    """The URN a moved resource (or a provider the move copies) has in the destination stack, as `pulumi state move`
+    gives it (pulumi/pulumi pkg/cmd/pulumi/state/state_move.go): before CLI 3.224.0 only the stack is renamed; since
+    (pulumi/pulumi#21953) a resource whose parent stays behind goes under the root stack and its URN is rebuilt without
+    the old parent's type, and a moved child's URN follows its parent's."""
+    def current(r) -> str:
+        if r.parent in moved_urns:  # qualified by the parent's type, as the mock monitor qualifies it (its last type only)
+            parent_type = current(by_urn[r.parent]).split("::")[2].rsplit("$", 1)[-1]
+            return f"urn:pulumi:{destination}::{contract.PROJECT}::{parent_type}${r.type}::{r.name}"
+        return f"urn:pulumi:{destination}::{contract.PROJECT}::{r.type}::{r.name}"
+    legacy = engine_urn(old.urn).replace(f"urn:pulumi:{source}::", f"urn:pulumi:{destination}::", 1)
+    return legacy, current(old)
+
+
 def canonical(inputs: dict) -> str:
     return json.dumps(inputs, sort_keys=True, default=str)
 
@@ -82,8 +97,9 @@ def test_a_deployed_team_moved_into_its_own_stack_is_adopted_not_recreated(tmp_p
     after_team = evaluate_stack_file(team_file)
     after_platform = evaluate_stack_file(platform_file)
 
-    # What the state move leaves in the team stack (URNs keep their type chain; only the stack is renamed), each claimed by
-    # a resource the team program registers, under its own URN or an alias, with the same inputs: no create, no replace.
+    # What the state move leaves in the team stack, with an older CLI (stack renamed) and a newer one (URNs rebuilt under the
+    # root stack), each claimed by one resource the team program registers, under its own URN or an alias, with the same
+    # inputs: no create, no replace.
     claims = {}
     for r in after_team.resources:
         for urn in (engine_urn(r.urn), *r.aliases):
@@ -91,20 +107,21 @@ def test_a_deployed_team_moved_into_its_own_stack_is_adopted_not_recreated(tmp_p
     providers = {r.provider.rsplit("::", 1)[0] for r in moved if r.provider}
     copied = [r for r in before.resources if r.type.startswith("pulumi:providers:") and r.urn in providers]
     assert {r.type for r in copied} == {"pulumi:providers:aws", "pulumi:providers:kubernetes"}
+    moved_urns, by_urn = {r.urn for r in moved}, {r.urn: r for r in before.resources}
+    adopted = set()
     for old in [*moved, *copied]:
-        expected = engine_urn(old.urn).replace(f"urn:pulumi:{cfg.environment}::", f"urn:pulumi:{destination}::", 1)
-        assert expected in claims, f"{old.type} {old.name}: the team stack would create it anew (nothing answers to {expected})"
-        new = claims[expected]
-        assert new.type == old.type
+        legacy, current = urns_after_move(old, moved_urns, by_urn, cfg.environment, destination)
+        for expected in (legacy, current):
+            assert expected in claims, f"{old.type} {old.name}: the team stack would create it anew (nothing answers to {expected})"
+        new = claims[current]
+        assert claims[legacy] is new and new.type == old.type
         assert canonical(new.inputs) == canonical(old.inputs), f"{old.type} {old.name}: its inputs differ, so it would be updated"
+        adopted.add(id(new))
     # ... and the team stack registers nothing else but its reference to the platform.
-    adopted = {id(claims[engine_urn(r.urn).replace(f"urn:pulumi:{cfg.environment}::", f"urn:pulumi:{destination}::", 1)])
-               for r in [*moved, *copied]}
     extra = [(r.type, r.name) for r in after_team.resources if id(r) not in adopted]
     assert extra == [("pulumi:pulumi:StackReference", f"{cfg.environment}-platform")]
 
     # The platform stack keeps every other resource with the same inputs and gains nothing.
-    moved_urns = {r.urn for r in moved}
     kept = {r.urn: r for r in before.resources if r.urn not in moved_urns}
     now = {r.urn: r for r in after_platform.resources}
     assert set(now) == set(kept)
@@ -320,3 +337,19 @@ def test_plan_against_another_checkout_names_the_teams_that_join_and_leave(tmp_p
     diff = difference(make_plan(platform_file), make_plan(without / platform_file.name))
     assert diff.teams_removed == ["language"] and diff.teams_added == []
     assert diff.removed == []  # the platform stack's own resources are untouched: the team's are its stack's
+
+
+def test_plan_of_the_platform_stack_shows_the_whole_cohorts_quotas_against_capacity(tmp_path):
+    from trainforge.platform.plan.plan import make_plan
+
+    platform_file, team_file = move_out(STACKS / "Pulumi.prod.yaml", "applied", tmp_path)
+    plan = make_plan(platform_file).to_json()
+    # The team stack's quota counts with the platform stack's own teams: foundation 16 + applied 32 + evaluation 8 spot.
+    cohort = {row["flavour"]: row for row in plan["cohort_quota"]}
+    assert cohort["gpu-spot"] == {"flavour": "gpu-spot", "teams": 3, "quota_gpus": 56, "capacity": 64, "free": 8}
+    assert cohort["gpu-ondemand"]["free"] == 0
+    stacks = {t["name"]: t["stack"] for t in plan["teams"]}
+    assert stacks["applied"] == "prod.team-applied" and stacks["foundation"] == "prod"
+    # The same numbers as the team stack's own plan reads.
+    team_plan = make_plan(team_file).to_json()
+    assert {r["flavour"]: r["cohort_gpus"] for r in team_plan["quota"]} == {f: r["quota_gpus"] for f, r in cohort.items()}

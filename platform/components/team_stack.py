@@ -7,8 +7,11 @@ platform/components/tenancy.py's Tenancy). So a team moved out of the platform s
 not recreated (README, "Teams in their own stacks"); a test checks each moved URN against this program's.
 
 What the move cannot carry is a parent that stays behind: the volumes, the directory Job and the Kubernetes provider lived
-under platform components (SharedStorage, TeamDirectories, Cluster). `pulumi state move` keeps a resource's URN (only the
-stack is renamed) and hangs it under the root stack, so here they are top-level resources aliased to those URNs.
+under platform components (SharedStorage, TeamDirectories, Cluster). `pulumi state move` hangs such a resource under the
+destination's root stack (pulumi/pulumi pkg/cmd/pulumi/state/state_move.go). Since CLI 3.224.0 (pulumi/pulumi#21953) it
+also rebuilds the URN from the new parent, dropping the old parent's type: that is the URN of a top-level resource, so
+here they are top-level resources. Older CLIs renamed only the stack and kept the type chain: the aliases answer to those
+URNs. A test checks both against the platform program's real URNs.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def platform_stack_reference(environment: str) -> str:
 
 
 def moved_from(parent_type: str, parent_name: str) -> pulumi.Alias:
-    """Where `pulumi state move` leaves a resource whose platform parent stayed behind: its old URN, in this stack."""
+    """Where a `pulumi state move` before CLI 3.224.0 leaves a resource whose platform parent stayed behind: its old URN
+    (parent type chain kept), in this stack. Later CLIs give it the top-level URN this program registers anyway."""
     return pulumi.Alias(parent=f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{parent_type}::{parent_name}")
 
 
