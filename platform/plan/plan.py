@@ -51,6 +51,29 @@ def quota_rows(cfg: PlatformConfig, team: TeamConfig) -> list[QuotaRow]:
                      sum(t.gpu_quota.get(Flavour(f), 0) for t in cfg.teams), capacity.get(f, 0)) for f in flavours]
 
 
+@dataclass(frozen=True)
+class CohortQuotaRow:
+    """Every team's GPUs of one flavour together against the node groups' capacity: what a platform team watches as teams
+    join (the stack refuses quotas past the capacity; `free` is what the next team may still be given)."""
+
+    flavour: str
+    teams: int  # teams with a quota of this flavour
+    quota_gpus: int
+    capacity: int
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.quota_gpus
+
+
+def cohort_quota_rows(cfg: PlatformConfig) -> list[CohortQuotaRow]:
+    """`cfg`: the platform with its whole cohort in `teams` (load_stack_file)."""
+    capacity = {f.value: n for f, n in cfg.gpu_capacity().items()}
+    flavours = sorted({f.value for t in cfg.teams for f in t.gpu_quota} | set(capacity))
+    quotas = {f: [t.gpu_quota.get(Flavour(f), 0) for t in cfg.teams] for f in flavours}
+    return [CohortQuotaRow(f, sum(1 for n in quotas[f] if n), sum(quotas[f]), capacity.get(f, 0)) for f in flavours]
+
+
 @dataclass
 class Plan:
     stack: str
@@ -64,6 +87,11 @@ class Plan:
     assumptions: Assumptions = field(default_factory=Assumptions)
     team: TeamConfig | None = None  # a team stack's team
     quotas: list[QuotaRow] = field(default_factory=list)  # a team stack's quota against the cluster's capacity
+    declared_in: dict[str, str] = field(default_factory=dict)  # team -> the stack declaring it (the platform's or its own)
+
+    @property
+    def cohort_quotas(self) -> list[CohortQuotaRow]:
+        return cohort_quota_rows(self.config)
 
     @property
     def mandatory_failures(self) -> list[Violation]:
@@ -77,6 +105,9 @@ class Plan:
             "deploy_blockers": [] if self.team else self.config.cluster.deploy_blockers(),
             **({"team": self.team.name, "quota": [r.__dict__ for r in self.quotas],
                 contract.SETTING_BUDGET_USD: self.team.monthly_budget_usd} if self.team else {}),
+            "cohort_quota": [{**r.__dict__, "free": r.free} for r in self.cohort_quotas],
+            "teams": [{"name": t.name, "stack": self.declared_in.get(t.name, self.stack), "gpu_quota": {f.value: n for f, n in t.gpu_quota.items()},
+                       contract.SETTING_BUDGET_USD: t.monthly_budget_usd} for t in self.config.teams],
             **self.cost.to_json(), "assumptions": [line.assumption for line in self.cost.lines] + [f"{k}={v}" for k, v in self.assumptions.__dict__.items()],
             "seconds": round(self.seconds, 3),
         }
@@ -91,8 +122,9 @@ def make_plan(path: Path, assumptions: Assumptions = Assumptions()) -> Plan:
     resources = [r for r in evaluation.resources if not r.type.startswith(PROVIDER_PREFIX)]
     team = next((s.team for s in cohort.stacks if s.path.name == path.name), None)
     cost = team_monthly_cost(config, team, assumptions) if team else monthly_cost(config, resources, assumptions)
+    declared_in = {t.name: cohort.platform.environment for t in cohort.platform.teams} | {s.team.name: s.stack for s in cohort.stacks}
     return Plan(evaluation.environment, path, config, resources, top_components(evaluation), verdicts(evaluation),
-                cost, time.perf_counter() - started, assumptions, team, quota_rows(config, team) if team else [])
+                cost, time.perf_counter() - started, assumptions, team, quota_rows(config, team) if team else [], declared_in)
 
 
 def top_components(evaluation: Evaluation) -> dict[str, str]:

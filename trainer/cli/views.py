@@ -237,11 +237,18 @@ def plan_tables(plan, diff=None, base=None) -> None:
             quota.add_row(row.flavour, str(row.team_gpus), str(row.borrowable), str(row.cohort_gpus), str(row.capacity))
         console.print(quota)
     teams = Table(title="teams (the platform stack's and the team stacks')", title_justify="left")
-    for column in ("team", "cost centre", "GPU quota", "monthly budget"):
+    for column in ("team", "stack", "cost centre", "GPU quota", "monthly budget"):
         teams.add_column(column)
     for team in plan.config.teams:
-        teams.add_row(team.name, team.cost_centre, ", ".join(f"{f.value}: {n}" for f, n in team.gpu_quota.items()), f"${team.monthly_budget_usd:,.0f}")
+        teams.add_row(team.name, plan.declared_in.get(team.name, plan.stack), team.cost_centre,
+                      ", ".join(f"{f.value}: {n}" for f, n in team.gpu_quota.items()), f"${team.monthly_budget_usd:,.0f}")
     console.print(teams)
+    cohort = Table(title="the cohort's GPU quotas against the cluster's capacity (every team, every stack)", title_justify="left")
+    for column in ("flavour", "teams", "quotas", "capacity (node groups at max)", "free for new quotas"):
+        cohort.add_column(column, justify="left" if column == "flavour" else "right")
+    for row in plan.cohort_quotas:
+        cohort.add_row(row.flavour, str(row.teams), str(row.quota_gpus), str(row.capacity), str(row.free))
+    console.print(cohort)
     if plan.violations:
         policy = Table(title="policy pack: violations", title_justify="left")
         for column in ("rule", "level", "resource", "what to change"):
