@@ -222,8 +222,9 @@ def test_the_cohort_is_checked_across_stack_files(tmp_path):
 
     # One more GPU than the spot groups reach, from a team in another file: refused, naming the files and the shares.
     over = team_file("speech", gpu_quota={"gpu-spot": 1})
-    with pytest.raises(ConfigError, match=r"gpu-spot quotas add up to 9 GPUs \(vision 4, language 2, audio 2, speech 1\) but its node groups reach at most 8"):
+    with pytest.raises(ConfigError, match=r"gpu-spot quotas add up to 9 GPUs \(vision 4, language 2, audio 2, speech 1\) but its node groups reach at most 8") as refused:
         load_cohort(tmp_path / "Pulumi.dev.yaml")
+    assert str(refused.value).startswith(f"the teams of platform stack {tmp_path / 'Pulumi.dev.yaml'} and of its team stack files do not fit together")
     over.unlink()
     # The same principal in two teams, across files: one access entry per principal.
     twice = team_file("speech", members=[spot])
@@ -255,6 +256,15 @@ def test_bad_team_stack_files_name_the_field_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"\['Pulumi.dev.team_audio.yaml'\] are named like neither .* Fix: rename them"):
         load_cohort(tmp_path / "Pulumi.dev.yaml")
     stray.unlink()
+    # Given by name (plan --stack), a misnamed team stack file is told the team stacks' naming rule, not the platform's.
+    team = {"config": {TEAM_CONFIG_KEY: {"cost_centre": "cc", "monthly_budget_usd": 1}}}
+    for name in ("Pulumi.dev-team-audio.yaml", "Pulumi.dev.team-Audio.yaml"):
+        (tmp_path / "given").mkdir(exist_ok=True)
+        misnamed = tmp_path / "given" / name
+        misnamed.write_text(yaml.safe_dump(team))
+        with pytest.raises(ConfigError, match=r"team stack files are named Pulumi.<env>.team-<team>.yaml .* Fix: rename the file"):
+            load_stack_file(misnamed)
+        misnamed.unlink()
     lonely = tmp_path / "elsewhere" / "Pulumi.qa.team-audio.yaml"
     lonely.parent.mkdir()
     lonely.write_text(yaml.safe_dump({"config": {TEAM_CONFIG_KEY: {"cost_centre": "cc", "monthly_budget_usd": 1}}}))
@@ -299,6 +309,9 @@ def test_plan_of_a_team_stack_shows_its_quota_against_capacity_and_its_cost(tmp_
     assert quota["gpu-ondemand"]["cohort_gpus"] == 24 and quota["gpu-ondemand"]["capacity"] == 24
     lines = {line["item"]: line for line in plan["breakdown"]}
     assert lines["gpu-spot quota"]["at_max_usd"] > lines["gpu-spot quota"]["monthly_usd"] > 0
+    # At most, what it may borrow runs too: 48 GPUs all month against a quarter of 32 expected.
+    assert lines["gpu-spot quota"]["quantity"] == "32 GPUs + up to 16 borrowed"
+    assert lines["gpu-spot quota"]["at_max_usd"] >= 48 / (0.25 * 32) * lines["gpu-spot quota"]["monthly_usd"]
     assert lines["monthly budget (cap)"]["at_max_usd"] == 40000
     assert "EKS control plane" not in lines  # the platform's costs are the platform stack's
     assert plan["resource_count"] < 60
@@ -353,3 +366,15 @@ def test_plan_of_the_platform_stack_shows_the_whole_cohorts_quotas_against_capac
     # The same numbers as the team stack's own plan reads.
     team_plan = make_plan(team_file).to_json()
     assert {r["flavour"]: r["cohort_gpus"] for r in team_plan["quota"]} == {f: r["quota_gpus"] for f, r in cohort.items()}
+
+
+def test_a_capacity_problem_over_a_hundred_teams_names_the_largest_quotas_and_counts_the_rest():
+    from trainforge.stackconfig.platform import SHARES_SHOWN, cohort_capacity_problems
+    from trainforge.stackconfig.teams import TeamConfig
+
+    cfg = load_stack_file(STACKS / "Pulumi.dev.yaml")  # 8 spot GPUs
+    teams = [TeamConfig(name=f"t{i:03d}", cost_centre="cc", monthly_budget_usd=1, gpu_quota={"gpu-spot": 2 if i == 57 else 1})
+             for i in range(100)]
+    (problem,) = cohort_capacity_problems(cfg, teams)
+    assert "add up to 101 GPUs (t057 2, t000 1, " in problem
+    assert f", and {100 - SHARES_SHOWN} more teams) but its node groups reach at most 8" in problem

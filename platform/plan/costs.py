@@ -133,13 +133,16 @@ def _node_group(cost: Cost, group, region, instances, services, hours, assume: A
 
 def team_monthly_cost(cfg: PlatformConfig, team: TeamConfig, assume: Assumptions = Assumptions()) -> Cost:
     """A team stack's cost: its own resources (an IAM role, access entries, Kubernetes objects) cost nothing; what it
-    spends is GPU time, at most its quota of each flavour running all month (priced per GPU at the flavour's cheapest
-    group: its first instance type, spot price for spot groups), and capped by its monthly budget (the budget controller
-    holds its queue there). Expected: `gpu_utilisation` of its quota in use."""
+    spends is GPU time. Expected: `gpu_utilisation` of its quota in use, per GPU at the flavour's cheapest group (its first
+    instance type, spot price for spot groups). At most: its quota and all it may borrow (`borrowing_limit`: Kueue admits
+    that much more of the cohort's idle GPUs) running all month at the flavour's dearest group, and capped by its monthly
+    budget (the budget controller holds its queue there)."""
     services, instances = service_prices(), price_table()
     hours = services["hours_per_month"]
     cost = Cost(as_of={"services": str(services["as_of"]), "instances": instances.as_of})
-    for flavour, gpus in sorted(team.gpu_quota.items(), key=lambda item: item[0].value):
+    for flavour in sorted({*team.gpu_quota, *team.borrowing_limit}, key=lambda f: f.value):
+        gpus, borrowable = team.gpu_quota.get(flavour, 0), team.borrowing_limit.get(flavour, 0)
+        quantity = f"{gpus} GPUs" + (f" + up to {borrowable} borrowed" if borrowable else "")
         per_gpu_hour = []
         for group in (g for g in cfg.node_groups if g.flavour is flavour and g.has_gpus):
             try:
@@ -148,14 +151,15 @@ def team_monthly_cost(cfg: PlatformConfig, team: TeamConfig, assume: Assumptions
             except PriceUnknown:
                 continue
         if not per_gpu_hour:
-            cost.lines.append(Line(f"{flavour.value} quota", f"{gpus} GPUs", None, "no price for its node groups' instance types"))
+            cost.lines.append(Line(f"{flavour.value} quota", quantity, None, "no price for its node groups' instance types"))
             cost.unknown.append(f"{flavour.value} quota")
             continue
-        price, instance = min(per_gpu_hour)
-        full = gpus * price * hours
-        cost.lines.append(Line(f"{flavour.value} quota", f"{gpus} GPUs", round(assume.gpu_utilisation * full, 2),
-                               f"{assume.gpu_utilisation:.0%} of the quota in use, {hours} h/month at ${price:.2f}/GPU-h ({instance})",
-                               at_min_usd=0.0, at_max_usd=round(full, 2)))
+        (cheapest, instance), (dearest, dear_instance) = min(per_gpu_hour), max(per_gpu_hour)
+        assumption = f"{assume.gpu_utilisation:.0%} of the quota in use, {hours} h/month at ${cheapest:.2f}/GPU-h ({instance})"
+        if borrowable or dearest != cheapest:
+            assumption += f"; at max: {gpus + borrowable} GPUs at ${dearest:.2f}/GPU-h ({dear_instance})"
+        cost.lines.append(Line(f"{flavour.value} quota", quantity, round(assume.gpu_utilisation * gpus * cheapest * hours, 2), assumption,
+                               at_min_usd=0.0, at_max_usd=round((gpus + borrowable) * dearest * hours, 2)))
     cost.lines.append(Line("monthly budget (cap)", f"team {team.name}", 0.0,
                            f"the budget controller holds the team's queue at ${team.monthly_budget_usd:,.0f} a month",
                            at_max_usd=round(team.monthly_budget_usd, 2)))
