@@ -119,7 +119,7 @@ def move_commands(cfg: PlatformConfig, team: TeamConfig) -> list[str]:
     """The commands that move an already-deployed team out of the platform stack without recreating anything."""
     stack = f"{cfg.environment}.team-{team.name}"
     urns = " \\\n    ".join(f"'{u}'" for u in state_move_urns(cfg, team))
-    return [f"pulumi stack init {stack}",
+    return [f"pulumi stack init {stack} --secrets-provider <the platform stack's>   # it reads the platform's secret outputs",
             f"pulumi state move --source {cfg.environment} --dest {stack} \\\n    {urns}",
             f"pulumi preview -s {stack}   # expect: 0 to create, 0 to replace, 0 to delete",
             f"pulumi preview -s {cfg.environment}   # expect: no change to any resource (the team's outputs go)"]

@@ -16,6 +16,9 @@ from trainforge import errors, yamlfile
 from trainforge.stackconfig.platform import PlatformConfig
 
 CONFIG_KEY = "trainforge:platform"
+TEAM_CONFIG_KEY = "trainforge:team"  # a team stack's one key (team_stacks.py)
+TEAM_STACK_NAMING = ("team stack files are named Pulumi.<env>.team-<team>.yaml (the team's name in lower-case letters, digits "
+                     "and hyphens)")
 STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.yaml$")
 
 
@@ -67,6 +70,8 @@ def read_stack_file(path: str | Path) -> StackFile:
     path = Path(path)
     match = STACK_FILE_PATTERN.match(path.name)
     if match is None:
+        if ".team" in path.name:  # meant as a team stack file (those are read by team_stacks.py), misnamed
+            raise ConfigError(str(path), [f"{TEAM_STACK_NAMING}, got {path.name!r}. Fix: rename the file"])
         raise ConfigError(str(path), [f"stack files are named Pulumi.<env>.yaml, got {path.name!r}. Fix: --stack stacks/Pulumi.<env>.yaml "
                                       "(the environment is read from the name)"])
     return StackFile(path, match["env"], read_config_map(path, ConfigError, "--stack stacks/Pulumi.<env>.yaml"))
@@ -88,6 +93,9 @@ def read_config_map(path: Path, error: type[ConfigError], usage: str) -> dict[st
 def from_config_map(config: dict[str, Any], *, environment: str, source: str) -> PlatformConfig:
     """The stack's typed config from its `config:` map (a stack file's, or the one the Pulumi CLI hands the program)."""
     raw = config.get(CONFIG_KEY)
+    if raw is None and TEAM_CONFIG_KEY in config:
+        raise ConfigError(source, [f"this file declares a team ({TEAM_CONFIG_KEY}) but is named like a platform stack file: "
+                                   f"{TEAM_STACK_NAMING}. Fix: rename the file"])
     if raw is None:
         raise ConfigError(source, [f"no {CONFIG_KEY} key under config:. Fix: copy the block from stacks/Pulumi.dev.yaml"])
     return parse(raw, environment=environment, source=source)

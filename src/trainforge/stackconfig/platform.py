@@ -161,6 +161,9 @@ def team_problems(platform: PlatformConfig, teams: list[tuple[str, TeamConfig]])
     return out
 
 
+SHARES_SHOWN = 12  # teams named in a capacity problem, largest quotas first: with a hundred teams the rest is a count
+
+
 def cohort_capacity_problems(platform: PlatformConfig, teams: list[TeamConfig]) -> list[str]:
     """Kueue's nominal quotas are guarantees: a job within its team's quota is admitted and its pods must then find nodes.
     If the cohort's quotas of a flavour add up to more GPUs than its node groups reach, an admitted job can wait for nodes
@@ -171,9 +174,12 @@ def cohort_capacity_problems(platform: PlatformConfig, teams: list[TeamConfig]) 
         total = sum(team.gpu_quota.get(flavour, 0) for team in teams)
         have = capacity.get(flavour, 0)
         if total > have >= max(team.gpu_quota.get(flavour, 0) for team in teams):
-            shares = ", ".join(f"{t.name} {t.gpu_quota[flavour]}" for t in teams if t.gpu_quota.get(flavour))
+            holders = sorted((t for t in teams if t.gpu_quota.get(flavour)), key=lambda t: -t.gpu_quota[flavour])
+            shares = ", ".join(f"{t.name} {t.gpu_quota[flavour]}" for t in holders[:SHARES_SHOWN])
+            if len(holders) > SHARES_SHOWN:
+                shares += f", and {len(holders) - SHARES_SHOWN} more teams"
             out.append(f"teams: the cohort's {flavour.value} quotas add up to {total} GPUs ({shares}) but its node groups reach at "
                        f"most {have}: a job admitted within its quota could wait for nodes that never come. Fix: lower quotas by "
-                       f"{total - have} GPUs in all (lend idle GPUs with borrowing_limit instead), or raise max_size of a "
-                       f"{flavour.value} group")
+                       f"{total - have} GPUs in all (a team with a borrowing_limit still runs on the cohort's idle GPUs, without "
+                       f"a guarantee), or raise max_size of a {flavour.value} group")
     return out

@@ -19,11 +19,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainforge import errors
-from trainforge.stackconfig.loader import STACK_FIXES, ConfigError, StackFile, from_config_map, read_config_map, read_stack_file
+from trainforge.stackconfig.loader import (STACK_FIXES, TEAM_CONFIG_KEY, TEAM_STACK_NAMING, ConfigError, StackFile, from_config_map,
+                                          read_config_map, read_stack_file)
 from trainforge.stackconfig.platform import PlatformConfig, team_problems
 from trainforge.stackconfig.teams import TeamConfig
-
-TEAM_CONFIG_KEY = "trainforge:team"
 
 
 class TeamConfigError(ConfigError):
@@ -50,6 +49,14 @@ def split_stack_name(stack: str) -> tuple[str, str | None]:
 
 def is_team_stack_file(path: str | Path) -> bool:
     return TEAM_STACK_FILE_PATTERN.match(Path(path).name) is not None
+
+
+class CohortError(ConfigError):
+    """Teams that do not fit together, declared across a platform stack file and its team stack files."""
+
+    def _message(self) -> str:
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        return f"the teams of platform stack {self.source} and of its team stack files do not fit together:\n{lines}"
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,7 @@ def read_team_stack_file(path: str | Path) -> TeamStack:
     path = Path(path)
     match = TEAM_STACK_FILE_PATTERN.match(path.name)
     if match is None:
-        raise TeamConfigError(str(path), [f"team stack files are named Pulumi.<env>.team-<team>.yaml, got {path.name!r}"])
+        raise TeamConfigError(str(path), [f"{TEAM_STACK_NAMING}, got {path.name!r}. Fix: rename the file"])
     config = read_config_map(path, TeamConfigError, "--stack stacks/Pulumi.<env>.team-<team>.yaml")
     strays = sorted(k for k in config if k.startswith("trainforge:") and k != TEAM_CONFIG_KEY)
     if strays:
@@ -148,8 +155,8 @@ class Cohort:
 
     def checked(self) -> Cohort:
         problems = self.problems()
-        if problems:
-            raise ConfigError(self.source, problems)
+        if problems:  # the platform's own teams were checked with its file: a team stack file is part of each problem
+            raise CohortError(self.source, problems)
         return self
 
     def as_platform(self) -> PlatformConfig:
