@@ -43,14 +43,6 @@ class QuotaRow:
     capacity: int
 
 
-def quota_rows(cfg: PlatformConfig, team: TeamConfig) -> list[QuotaRow]:
-    """`cfg`: the platform with its whole cohort in `teams` (load_stack_file)."""
-    capacity = {f.value: n for f, n in cfg.gpu_capacity().items()}
-    flavours = sorted({f.value for f in (*team.gpu_quota, *team.borrowing_limit)} | set(capacity))
-    return [QuotaRow(f, team.gpu_quota.get(Flavour(f), 0), team.borrowing_limit.get(Flavour(f), 0),
-                     sum(t.gpu_quota.get(Flavour(f), 0) for t in cfg.teams), capacity.get(f, 0)) for f in flavours]
-
-
 @dataclass(frozen=True)
 class CohortQuotaRow:
     """Every team's GPUs of one flavour together against the node groups' capacity: what a platform team watches as teams
@@ -72,6 +64,15 @@ def cohort_quota_rows(cfg: PlatformConfig) -> list[CohortQuotaRow]:
     flavours = sorted({f.value for t in cfg.teams for f in t.gpu_quota} | set(capacity))
     quotas = {f: [t.gpu_quota.get(Flavour(f), 0) for t in cfg.teams] for f in flavours}
     return [CohortQuotaRow(f, sum(1 for n in quotas[f] if n), sum(quotas[f]), capacity.get(f, 0)) for f in flavours]
+
+
+def quota_rows(cfg: PlatformConfig, team: TeamConfig) -> list[QuotaRow]:
+    """`cfg`: the platform with its whole cohort in `teams` (load_stack_file)."""
+    cohort = {row.flavour: row for row in cohort_quota_rows(cfg)}
+    flavours = sorted({f.value for f in (*team.gpu_quota, *team.borrowing_limit)} | set(cohort))
+    none = CohortQuotaRow("", 0, 0, 0)
+    return [QuotaRow(f, team.gpu_quota.get(Flavour(f), 0), team.borrowing_limit.get(Flavour(f), 0),
+                     cohort.get(f, none).quota_gpus, cohort.get(f, none).capacity) for f in flavours]
 
 
 @dataclass
