@@ -12,11 +12,11 @@
 from trainforge.stackconfig.aws import BucketsConfig, ClusterConfig, DataRepositoryConfig, FsxConfig, NetworkConfig, TagsConfig
 from trainforge.stackconfig.node_groups import NodeGroupConfig
 from trainforge.stackconfig.kubernetes import KubernetesConfig, MlflowConfig, MonitoringConfig
-from trainforge.stackconfig.loader import (CONFIG_KEY, STACK_FILE_PATTERN, ConfigError, StackFile, from_config_map, parse,
+from trainforge.stackconfig.loader import (CONFIG_KEY, STACK_FILE_PATTERN, TEAM_CONFIG_KEY, ConfigError, StackFile, from_config_map, parse,
                                            read_stack_file, stack_files)
 from trainforge.stackconfig.platform import PlatformConfig
 from trainforge.stackconfig.teams import TeamConfig
-from trainforge.stackconfig.team_stacks import (TEAM_CONFIG_KEY, Cohort, TeamStack, cohort, is_team_stack_file, load_cohort,
+from trainforge.stackconfig.team_stacks import (Cohort, TeamStack, cohort, is_team_stack_file, load_cohort,
                                                 load_stack_file, read_team_stack_file, split_stack_name, team_from_config_map,
                                                 team_stack_name)
 

@@ -27,7 +27,11 @@ class ConfigError(errors.TrainforgeError):
 
     def _message(self) -> str:
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        return f"invalid trainforge configuration in {self.source} ({CONFIG_KEY}):\n{lines}"
+        return f"{self._heading()}:\n{lines}"
+
+    def _heading(self) -> str:
+        """What is invalid, before the list of problems (the kinds of stack configuration differ only here)."""
+        return f"invalid trainforge configuration in {self.source} ({CONFIG_KEY})"
 
 
 STACK_FIXES = {

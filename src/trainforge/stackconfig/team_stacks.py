@@ -28,9 +28,8 @@ from trainforge.stackconfig.teams import TeamConfig
 class TeamConfigError(ConfigError):
     """A team stack's `trainforge:team` that must not reach the cloud."""
 
-    def _message(self) -> str:
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        return f"invalid trainforge team stack {self.source} ({TEAM_CONFIG_KEY}):\n{lines}"
+    def _heading(self) -> str:
+        return f"invalid trainforge team stack {self.source} ({TEAM_CONFIG_KEY})"
 
 
 TEAM_STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.team-(?P<team>[a-z0-9][a-z0-9-]*)\.yaml$")
@@ -54,9 +53,8 @@ def is_team_stack_file(path: str | Path) -> bool:
 class CohortError(ConfigError):
     """Teams that do not fit together, declared across a platform stack file and its team stack files."""
 
-    def _message(self) -> str:
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        return f"the teams of platform stack {self.source} and of its team stack files do not fit together:\n{lines}"
+    def _heading(self) -> str:
+        return f"the teams of platform stack {self.source} and of its team stack files do not fit together"
 
 
 @dataclass(frozen=True)
