@@ -1,86 +1,82 @@
+"""Fixtures every module shares, and the suite's two lanes.
+
+- default lane (`pytest`, the README's test command): every kind of real proof at least once.
+- full lane (`pytest --full`, what CI runs): also the tests marked `full` — a variant of a behaviour that keeps its
+  proof in the default lane (another strategy, another stack, another kill point), and the benchmarks' quick modes.
+- inner loop: `pytest -m "not slow"` — no real training, sweep or server start-up.
+
+Tests run on two xdist workers (`-n 2` in pyproject's addopts; `-n 0` runs them in this process). Tests that must not
+overlap each other share an xdist group (support/lanes.py) and run in turn on one worker.
+"""
+
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from support.evaluated import evaluation_of, typed_config
+from support.repo import STACK_FILES
+from support.servers import mlflow_server
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(*argv: str, home: Path | None = None, env: dict | None = None, cwd: Path = REPO, timeout: float = 300):
-    """The real `trainforge` CLI in a child process (this interpreter), as a user runs it: TRAINFORGE_HOME = `home`
-    when given, `env` over this process's environment."""
-    import os
-    import subprocess
-    import sys
-    environment = {**os.environ, **({"TRAINFORGE_HOME": str(home)} if home is not None else {}), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", *argv], capture_output=True, text=True, cwd=cwd,
-                          env=environment, timeout=timeout)
-STACKS = REPO / "stacks"
-# Platform stacks (Pulumi.<env>.yaml); team stacks (Pulumi.<env>.team-<team>.yaml) build on one of them.
-STACK_FILES = sorted(p for p in STACKS.glob("Pulumi.*.yaml") if ".team-" not in p.name)
-TEAM_STACK_FILES = sorted(STACKS.glob("Pulumi.*.team-*.yaml"))
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="run the full lane: also the tests marked `full` (variants and benchmarks' quick modes); CI runs it")
 
 
-DEPLOYER_CIDR = "1.2.3.4/32"  # where a test "runs pulumi up from"
+def full_lane_problems(items) -> list[str]:
+    """A test moved to the full lane says why (`reason=`) and, when it is a variant, which default-lane test keeps the
+    behaviour's proof (`kept_by=` a test function of the same module, or "itself": another parameter of the same
+    test): moving a variant out never drops a behaviour."""
+    default = {(item.module.__name__, item.originalname) for item in items if item.get_closest_marker("full") is None}
+    problems = []
+    for item in items:
+        marker = item.get_closest_marker("full")
+        if marker is None:
+            continue
+        if not marker.kwargs.get("reason"):
+            problems.append(f"{item.nodeid}: @pytest.mark.full needs reason=")
+        kept_by = marker.kwargs.get("kept_by")
+        if kept_by == "itself":  # support.lanes.ITSELF
+            kept_by = item.originalname
+        if kept_by and (item.module.__name__, kept_by) not in default:
+            problems.append(f"{item.nodeid}: kept_by={kept_by!r} is no default-lane test of {item.module.__name__}")
+    return problems
 
 
-def deployable(path: Path) -> dict:
-    """A shipped stack's config with the one value it leaves to the deployer set, as the README's deploy section says
-    (`pulumi config set --path 'trainforge:platform.cluster.public_access_cidrs[0]' ...`)."""
-    import copy
-
-    from trainforge.stackconfig import CONFIG_KEY, read_stack_file
-
-    config = copy.deepcopy(read_stack_file(path).config)
-    config[CONFIG_KEY]["cluster"].setdefault("public_access_cidrs", [DEPLOYER_CIDR])
-    return config
-
-
-_EVALUATED: dict[Path, object] = {}
+def pytest_collection_modifyitems(config, items):
+    problems = full_lane_problems(items)
+    if problems:
+        raise pytest.UsageError("the full lane's rules:\n  " + "\n  ".join(problems))
+    if config.getoption("--full"):
+        return
+    kept = [item for item in items if item.get_closest_marker("full") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full") is not None])
+        items[:] = kept
 
 
-def evaluation_of(path: Path):
-    """A stack file (deployable: the deployer's CIDR set) run through the real program under the mock engine, once per
-    session."""
-    from trainforge.platform.components.offline import evaluate
-    from trainforge.stackconfig import read_stack_file
+def pytest_report_header(config):
+    lane = "full (everything)" if config.getoption("--full") else "default (tests marked `full` deselected; --full runs them)"
+    return f"trainforge lane: {lane}"
 
-    if path not in _EVALUATED:
-        _EVALUATED[path] = evaluate(deployable(path), read_stack_file(path).environment)
-    return _EVALUATED[path]
+
+@pytest.fixture(scope="session")
+def mlflow_tracking(tmp_path_factory):
+    """A real MLflow tracking server (SQLite, no auth) shared by every test of this process; each test keeps to its own
+    job ids and sweep names. The servers with basic-auth, as the chart configures them, are test_tracking_auth's."""
+    pytest.importorskip("mlflow.server", reason="the full mlflow package (tracking server) is not installed")
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
 
 
 @pytest.fixture(scope="session")
 def evaluations():
-    """Every stack file, evaluated once (evaluation_of)."""
+    """Every stack file, evaluated once per test process (evaluation_of)."""
     return evaluation_of
-
-
-def program_manifests(evaluation) -> list[dict]:
-    """Every Kubernetes object a stack's `pulumi up` creates: the program's own, and its Helm releases' (rendered
-    through the vendored charts; hooks left out, they do not stay)."""
-    import helm
-    from test_platform_layer import kubernetes_objects, manifest
-
-    rendered, _ = helm.rendered_program(evaluation)
-    return [manifest(r) for r in kubernetes_objects(evaluation)] + \
-        [o for objects in rendered.values() for o in objects if not helm.is_hook(o)]
-
-
-def member_groups(evaluation, principal_arn: str) -> tuple[str, ...]:
-    """The Kubernetes groups the program's EKS access entry maps an IAM principal to."""
-    (entry,) = [r.inputs for r in evaluation.of_type("aws:eks/accessEntry:AccessEntry") if r.inputs["principalArn"] == principal_arn]
-    return tuple(entry.get("kubernetesGroups") or ())
 
 
 @pytest.fixture(params=STACK_FILES, ids=[p.name for p in STACK_FILES])
 def stack(request, evaluations):
     """One evaluated stack (a new file in stacks/ is picked up with no test edit) and its typed config."""
-    from trainforge.stackconfig import CONFIG_KEY, parse, read_stack_file
-
-    config = deployable(request.param)[CONFIG_KEY]
-    cfg = parse(config, environment=read_stack_file(request.param).environment, source=str(request.param))
+    cfg = typed_config(request.param)
     # The tests loop over the stack's teams, node groups and GPU groups: a stack without them would pass them all
     # vacuously. A stack that means to have none needs tests of its own.
     assert cfg.teams and cfg.node_groups and any(g.has_gpus for g in cfg.node_groups), \

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, STACKS
+from support.repo import REPO, STACKS
 
 from trainforge.contract import Flavour
 from trainforge.stackconfig import load_stack_file

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import yaml
-from conftest import REPO
+from support.repo import REPO
 
 from trainforge import catalog, contract
 from trainforge.stackconfig import CONFIG_KEY, ConfigError, parse, read_stack_file

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_cli
+from support.cli import run_cli
+from support.repo import REPO
 
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 DEV = str(REPO / "stacks" / "Pulumi.dev.yaml")

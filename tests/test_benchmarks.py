@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from support.lanes import TIMING, full
+from support.repo import REPO
 
 pytestmark = pytest.mark.slow
+QUICK_MODE = full("a benchmark's quick mode: it proves the script still runs; its numbers are for closing notes")
 
 # benchmark -> what its output always shows
 BENCHMARKS = {
@@ -27,6 +29,8 @@ def test_every_benchmark_is_listed_here():
     assert {p.name for p in (REPO / "benchmarks").glob("bench_*.py")} == set(BENCHMARKS)
 
 
+@QUICK_MODE
+@TIMING
 @pytest.mark.parametrize("script", BENCHMARKS)
 def test_the_benchmark_runs_in_quick_mode(script, tmp_path):
     if script in ("bench_runtime.py", "bench_sweep.py", "bench_gpu.py", "bench_quickstart.py"):
@@ -39,6 +43,8 @@ def test_the_benchmark_runs_in_quick_mode(script, tmp_path):
     assert BENCHMARKS[script] in done.stdout, done.stdout[-3000:]
 
 
+@QUICK_MODE
+@TIMING
 def test_the_char_lm_search_benchmark_and_the_start_up_measurement_run_in_quick_mode(tmp_path):
     pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
     for extra, shows in ((["--task", "char_lm"], "steps to target, random / tpe+hyperband"), (["--startup"], "start-up, torchrun / direct")):

@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from conftest import REPO
-from kubeapi import serve
-from test_cluster_path import queue, seeded, settings
+from support.repo import REPO
+from support.kubeapi import serve
+from support.cluster import queue, seeded, settings
 
 from trainforge import contract
 from trainforge.trainer.kube import Cluster
@@ -232,7 +232,7 @@ def test_the_command_runs_one_pass_and_exits_1_without_data(world):
 # ---- how the platform deploys it ---------------------------------------------------------------------------------
 
 def platform_objects(evaluation) -> dict[tuple[str, str], dict]:
-    from test_platform_layer import kubernetes_objects, manifest
+    from support.evaluated import kubernetes_objects, manifest
     return {(manifest(r)["kind"], manifest(r)["metadata"]["name"]): manifest(r) for r in kubernetes_objects(evaluation)}
 
 
@@ -270,7 +270,7 @@ def test_the_deployed_command_parses_and_its_metrics_are_scraped(stack):
 
 
 def test_opencost_reads_the_platforms_prometheus(stack):
-    from test_platform_layer import releases
+    from support.evaluated import releases
     evaluation, _ = stack
     internal = releases(evaluation)["opencost"]["values"]["opencost"]["prometheus"]["internal"]
     assert f"http://{internal['serviceName']}.{internal['namespaceName']}.svc.cluster.local:{internal['port']}" == contract.PROMETHEUS_URL

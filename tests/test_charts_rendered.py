@@ -1,4 +1,4 @@
-"""Every Helm release of every stack rendered through its real chart templates at the pinned version (tests/helm.py),
+"""Every Helm release of every stack rendered through its real chart templates at the pinned version (tests/support/helm.py),
 with the values the program really passes, and the rendered objects checked against the rest of the program: the
 Prometheus it renders selects every monitor and rule, IRSA service accounts are the ones the pods run as and the roles
 trust, no alert waits for a target EKS cannot have, every claim has a class, every pod has requests, and the GPU
@@ -13,7 +13,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helm import is_hook, program_releases, rendered_program
+from support.lanes import stack_variants
+from support.helm import is_hook, program_releases, rendered_program
 
 from trainforge import contract, k8s_schema, selectors
 from trainforge.platform.plan.first_up import FirstUp, _plain, pod_templates, volume_claims
@@ -183,13 +184,13 @@ def test_gpu_daemonsets_land_on_every_node_of_every_gpu_group_and_nowhere_else(r
 
 
 @pytest.mark.slow
-def test_mlflow_answers_its_in_cluster_name_with_the_hosts_the_chart_passes(stack, tmp_path):
+@pytest.mark.parametrize("stack_file", stack_variants())
+def test_mlflow_answers_its_in_cluster_name_with_the_hosts_the_chart_passes(stack_file, evaluations, tmp_path):
     """MLflow >= 3.5 refuses unknown Host headers with 403 (its /health is exempt, so the pod looks ready). The allowed
     hosts the chart renders from the program's values go to a real MLflow server on loopback, addressed as in-cluster
     clients address it."""
-    from servers import mlflow_server
-    evaluation, _ = stack
-    rendered_objects, _ = rendered_program(evaluation)
+    from support.servers import mlflow_server
+    rendered_objects, _ = rendered_program(evaluations(stack_file))
     (env,) = [o["data"] for o in rendered_objects["mlflow"] if o["kind"] == "ConfigMap" and "MLFLOW_SERVER_ALLOWED_HOSTS" in o.get("data", {})]
     host = contract.MLFLOW_TRACKING_URI.split("//", 1)[1]
     with mlflow_server(tmp_path, env={"MLFLOW_SERVER_ALLOWED_HOSTS": env["MLFLOW_SERVER_ALLOWED_HOSTS"]}) as uri:

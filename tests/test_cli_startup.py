@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from support.repo import REPO
 
 HEAVY = ("torch", "pulumi", "pulumi_aws", "mlflow", "boto3")
 

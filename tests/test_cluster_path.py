@@ -1,5 +1,5 @@
 """The submitter's cluster path, through the official `kubernetes` client, against a Kubernetes API on loopback
-(tests/kubeapi.py) holding what the dev stack's `pulumi up` creates — the program's objects and its charts' renders —
+(tests/support/kubeapi.py) holding what the dev stack's `pulumi up` creates — the program's objects and its charts' renders —
 and authorising every request with RBAC over the program's own Roles and bindings, for a team member's identity: the
 groups the program's EKS access entry maps their IAM role to.
 
@@ -15,28 +15,14 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-from conftest import REPO, evaluation_of, member_groups, program_manifests, run_cli
-from kubeapi import MASTERS, Identity, KubeApi, serve
+from support.cli import run_cli
+from support.repo import REPO
+from support.kubeapi import serve
 
 from trainforge import contract, k8s_schema
-from trainforge.stackconfig import load_stack_file
+from support.cluster import LANGUAGE, STACK, VISION, queue, raw_request, seeded, settings
 
-STACK = REPO / "stacks" / "Pulumi.dev.yaml"
-VISION, LANGUAGE = contract.namespace_name("vision"), contract.namespace_name("language")
 THIS_MONTH = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m")
-
-
-def member(team: str, index: int = 0) -> Identity:
-    """A member of `team` as the cluster sees them: their IAM role's session, in the groups the program maps it to."""
-    evaluation = evaluation_of(STACK)
-    principal = next(t for t in load_stack_file(STACK).teams if t.name == team).members[index]
-    return Identity(f"{principal}/session", member_groups(evaluation, principal))
-
-
-def seeded() -> KubeApi:
-    """The dev stack's cluster after `pulumi up`: alice (vision), bob (language) and an administrator."""
-    return KubeApi.holding(program_manifests(evaluation_of(STACK)),
-                           {"vision-token": member("vision"), "language-token": member("language"), "admin-token": MASTERS})
 
 
 @pytest.fixture
@@ -64,14 +50,6 @@ def set_conditions(served, kind: str, conditions: dict[str, str], **status) -> N
     obj = job(served, kind)
     obj["status"] = {"conditions": [{"type": t, "status": s, "reason": t, "message": "", "lastTransitionTime": "2026-11-22T00:00:00Z"}
                                     for t, s in conditions.items()], **status}
-
-
-def queue(served, team: str = "vision") -> dict:
-    return served.api.find("kueue.x-k8s.io", "v1beta2", "clusterqueues", None, contract.cluster_queue_name(team))
-
-
-def settings(served, team: str = "vision") -> dict:
-    return served.api.find("", "v1", "configmaps", contract.namespace_name(team), contract.TEAM_SETTINGS_CONFIG_MAP)["data"]
 
 
 @pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
@@ -215,19 +193,6 @@ def test_a_team_without_a_namespace_is_named(cluster, tmp_path):
 
 
 # ---- what a member may and may not do, under the program's own RBAC -------------------------------------------------
-
-def raw_request(served, token: str, method: str, path: str, body: dict | None = None) -> int:
-    import urllib.error
-    import urllib.request
-    data = json.dumps(body).encode() if body is not None else None
-    content = "application/merge-patch+json" if method == "PATCH" else "application/json"
-    request = urllib.request.Request(served.url + path, data=data, method=method,
-                                     headers={"Authorization": f"Bearer {token}", "Content-Type": content})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
 
 
 FORBIDDEN = {

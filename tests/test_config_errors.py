@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO, STACKS
+from support.repo import REPO, STACKS
 
 from trainforge.stackconfig import CONFIG_KEY, ConfigError, load_stack_file, parse
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import yaml
-from conftest import STACKS
+from support.repo import STACKS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

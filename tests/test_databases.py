@@ -16,8 +16,8 @@ import os
 import subprocess
 
 import pytest
-from conftest import STACKS
-from servers import postgres_binaries, postgres_server
+from support.repo import STACKS
+from support.servers import postgres_binaries, postgres_server
 
 from trainforge import contract
 from trainforge.platform.manifests import sweeps, tracking

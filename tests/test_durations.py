@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import yaml
-from conftest import REPO
+from support.repo import REPO
 
 from trainforge import durations
 from trainforge.platform.manifests.values import kueue_configuration

@@ -13,12 +13,12 @@ import sys
 
 import pulumi
 import pytest
-from conftest import REPO
+from support.repo import REPO
 
 from trainforge import contract
 from trainforge.infra import engine
 from trainforge.platform.components.offline import evaluate
-from trainforge.stackconfig import CONFIG_KEY, read_stack_file
+from trainforge.stackconfig import read_stack_file
 
 PROD = REPO / "stacks" / "Pulumi.prod.yaml"
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from support.repo import REPO
 
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 HEAVY = ("torch", "pulumi", "pulumi_aws", "mlflow")

@@ -1,5 +1,5 @@
 """The first `pulumi up` on a new account, over the program's real resource graph: the dependency edges the mock
-engine records, and what each Helm release really renders with the program's values (tests/helm.py). The rules are
+engine records, and what each Helm release really renders with the program's values (tests/support/helm.py). The rules are
 platform/plan/first_up.py's, each a fact about EKS, Kubernetes, Helm or pulumi-kubernetes with its source."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import dataclasses
 
 import pytest
 import yaml
-from conftest import STACK_FILES, deployable
-from helm import program_releases, render, rendered_program
+from support.evaluated import deployable
+from support.repo import STACK_FILES
+from support.helm import program_releases, render, rendered_program
 
 from trainforge.infra.engine import Evaluation
 from trainforge.platform.plan import first_up

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from support.lanes import ITSELF, full
+from support.repo import REPO
 
 COUNT_READS = r"""
 import collections, json, sys
@@ -37,7 +38,7 @@ print(json.dumps(reads))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["classifier", "char_lm"])
+@pytest.mark.parametrize("task", ["classifier", pytest.param("char_lm", marks=full("the same loop over the other bundled task", kept_by=ITSELF))])
 def test_the_loop_reads_the_device_only_at_log_steps(tmp_path, task):
     result = subprocess.run([sys.executable, "-c", COUNT_READS, str(tmp_path), task], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -52,6 +53,7 @@ def test_the_loop_reads_the_device_only_at_log_steps(tmp_path, task):
 
 
 @pytest.mark.slow
+@full("a benchmark script's dry run: benchmarks run in the full lane")
 def test_the_gpu_benchmark_script_runs_as_is():
     """No GPU in CI: its --dry-run takes the same code paths on a tiny model on CPU, so the script stays ready."""
     result = subprocess.run([sys.executable, "bench_gpu.py", "--dry-run"], capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)

@@ -7,7 +7,7 @@ import json
 import subprocess
 import tomllib
 
-from conftest import REPO
+from support.repo import REPO
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 

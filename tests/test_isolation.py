@@ -3,7 +3,7 @@
 - Storage: a team's PVs mount only its own directory of the file system (read-write) and the datasets (read-only);
   no PV bound to a team mounts the root; the data repository never exports back to the datasets bucket.
 - Identity: the pods the operators would build from a rendered job run as the team's own uid/gid; the program's
-  admission policies (their CEL evaluated by cel-python, tests/admission_policies.py) admit them in their team's
+  admission policies (their CEL evaluated by cel-python, tests/support/admission_policies.py) admit them in their team's
   namespace and refuse them in another's, and refuse every way a job author could try to change identity or storage.
 - Queues: the policies refuse a job that leaves out its team's LocalQueue or names another; Kueue also manages
   queue-less jobs in team namespaces.
@@ -15,58 +15,17 @@ import copy
 
 import pytest
 import yaml
-from admission_policies import AdmissionPolicies
-from pod_security import restricted_violations
-from conftest import REPO
-from test_platform_layer import kubernetes_objects, manifest, releases
-from test_spec import SPECS
+from support.pod_security import restricted_violations
+from support.repo import REPO
+from support.evaluated import kubernetes_objects, manifest, releases
+from support.repo import SPECS
 
-from trainforge import contract, k8s_schema, selectors
+from trainforge import contract, selectors
 from trainforge.platform.manifests import guardrails
 from trainforge.trainer.placement import decide
 from trainforge.trainer.render import job_paths, render
 from trainforge.trainer.spec import load_spec
-
-TRAINJOBS = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
-PYTORCHJOBS = ("kubeflow.org", "v1", "pytorchjobs")
-PODS = ("", "v1", "pods")
-
-
-class Program:
-    """The program's Kubernetes objects, and the API server's admission decision over its policies."""
-
-    def __init__(self, evaluation):
-        self.objects = [manifest(r) for r in kubernetes_objects(evaluation)]
-        self.policies = AdmissionPolicies(self.objects)
-
-    def one(self, kind: str, name: str, namespace: str | None = None) -> dict:
-        (found,) = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name
-                    and o["metadata"].get("namespace") == namespace]
-        return found
-
-    def namespace_labels(self, namespace: str) -> dict[str, str] | None:
-        found = [o for o in self.objects if o["kind"] == "Namespace" and o["metadata"]["name"] == namespace]
-        return selectors.namespace_labels(namespace, found[0]["metadata"].get("labels")) if found else None
-
-    def param(self, namespace: str, name: str) -> dict | None:
-        found = [o for o in self.objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name
-                 and o["metadata"].get("namespace") == namespace]
-        return found[0] if found else None
-
-    def denials(self, obj: dict, resource: tuple[str, str, str], operation: str = "CREATE") -> list[str]:
-        group, version, plural = resource
-        found = self.policies.denials(operation, obj, group=group, version=version, plural=plural,
-                                      namespace_labels=self.namespace_labels(obj["metadata"]["namespace"]), param=self.param)
-        return [d.message for d in found]
-
-    def pods(self, job: dict) -> list[dict]:
-        """The pods the Trainer (over the program's ClusterTrainingRuntime) or the training operator would create."""
-        runtime = None
-        if job["kind"] == "TrainJob":
-            runtime = self.one("ClusterTrainingRuntime", job["spec"]["runtimeRef"]["name"])
-        return [{"apiVersion": "v1", "kind": "Pod", "metadata": {**template.get("metadata", {}), "name": f"{job['metadata']['name']}-{name}",
-                                                                 "namespace": job["metadata"]["namespace"]},
-                 "spec": template["spec"]} for name, template in k8s_schema.pod_templates(job, runtime).items()]
+from support.cluster import PODS, PYTORCHJOBS, Program, TRAINJOBS
 
 
 @pytest.fixture
@@ -464,7 +423,7 @@ def platform_destinations(evaluation, cfg) -> list[dict]:
     reached through them). Each at an address inside the VPC, where pods live."""
     import ipaddress
 
-    import helm
+    from support import helm
     rendered, _ = helm.rendered_program(evaluation)
     releases = helm.program_releases(evaluation)
     objects = [(manifest(r), None) for r in kubernetes_objects(evaluation)]

@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 import yaml
-from conftest import REPO, run_cli
+from support.cli import run_cli
+from support.repo import REPO
 
 
 def cli(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from conftest import REPO
+from support.repo import REPO
 
 
 def test_stdlib_platform_is_not_shadowed_from_the_repository_root():

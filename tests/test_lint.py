@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import REPO
+from support.repo import REPO
 
 PRODUCT = ["src", "infra", "platform", "trainer", "policies"]
 

@@ -7,18 +7,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from support.lanes import TRAINING
 import yaml
 
 pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 
-from conftest import run_cli  # noqa: E402
+from support.cli import run_cli  # noqa: E402
 from trainforge import exits  # noqa: E402
+from support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, TRAINING]
 
 
 def spec_file(tmp: Path, name: str, **hyper) -> Path:
@@ -40,16 +41,6 @@ def cli(home: Path, *argv: str, check: bool = True) -> subprocess.CompletedProce
 
 def status(home: Path, name: str) -> dict:
     return json.loads(cli(home, "status", name, "-o", "json").stdout)
-
-
-def wait_until(predicate, timeout: float = 180):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError
 
 
 def test_a_killed_worker_is_restarted_from_the_checkpoint_and_the_job_succeeds(tmp_path):
@@ -150,7 +141,7 @@ def test_a_local_job_gets_its_own_grace_class_not_always_spots(tmp_path, monkeyp
     from trainforge.trainer.backends.local import worker_command
     from trainforge.trainer.spec import parse_spec
     monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path))
-    from conftest import REPO
+    from support.repo import REPO
     raw = _yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     for capacity, grace in (("on-demand", contract.ON_DEMAND_TERMINATION_GRACE_S), ("spot", contract.SPOT_TERMINATION_GRACE_S)):
         command = worker_command(parse_spec({**raw, "capacity": capacity}), tmp_path)

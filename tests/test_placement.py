@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import yaml
-from conftest import REPO, STACK_FILES
+from support.repo import REPO, STACK_FILES
 
 from trainforge import catalog, contract, nodes
 from trainforge.contract import Flavour

@@ -9,7 +9,9 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import REPO, STACK_FILES, deployable, run_cli
+from support.cli import run_cli
+from support.evaluated import deployable
+from support.repo import REPO, STACK_FILES
 
 from trainforge.pricing import price_table, service_prices
 from trainforge.stackconfig import CONFIG_KEY, read_stack_file

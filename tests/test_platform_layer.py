@@ -9,17 +9,16 @@ import json
 import re
 
 import jsonschema
-import pulumi
 import pytest
 import yaml
-import helm
-from conftest import REPO
+from support import helm
+from support.repo import REPO
 
 from trainforge import contract, k8s_schema, versions
 from trainforge.platform.manifests import monitoring
 from trainforge.stackconfig import CONFIG_KEY, ConfigError, parse, read_stack_file
+from support.evaluated import RELEASE, is_secret, kubernetes_objects, manifest, releases
 
-RELEASE = "kubernetes:helm.sh/v3:Release"
 CORE_TYPES = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:ConfigMap", "kubernetes:core/v1:Secret",
               "kubernetes:core/v1:PersistentVolume", "kubernetes:storage.k8s.io/v1:StorageClass",
               # tenancy's
@@ -34,38 +33,6 @@ CORE_TYPES = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:ConfigMap", "k
               # the guardrails over team namespaces
               "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
               "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"}
-SECRET_SIG = pulumi.runtime.rpc._special_secret_sig
-SIG_KEY = pulumi.runtime.rpc._special_sig_key
-
-
-def plain(value):
-    """What the engine recorded, as the provider would send it: secrets unwrapped, integral floats back to ints."""
-    if isinstance(value, dict):
-        if value.get(SIG_KEY) == SECRET_SIG:
-            return plain(value["value"])
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def is_secret(value) -> bool:
-    return isinstance(value, dict) and value.get(SIG_KEY) == SECRET_SIG
-
-
-def manifest(resource) -> dict:
-    return plain(resource.inputs)
-
-
-def releases(evaluation) -> dict[str, dict]:
-    return {r.inputs["name"]: plain(r.inputs) for r in evaluation.of_type(RELEASE)}
-
-
-def kubernetes_objects(evaluation):
-    return [r for r in evaluation.resources if r.type.startswith("kubernetes:") and r.type != RELEASE
-            and not r.type.startswith("kubernetes:kustomize")]
 
 
 # ---- every object valid where it lands ------------------------------------------------------------------------

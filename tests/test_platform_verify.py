@@ -1,4 +1,4 @@
-"""`trainforge platform verify` against the test Kubernetes API (tests/kubeapi.py) holding a deployed stack: the
+"""`trainforge platform verify` against the test Kubernetes API (tests/support/kubeapi.py) holding a deployed stack: the
 releases the program registers (as Helm records them), the Deployments and DaemonSets their charts really render, the
 program's own controller and team ClusterQueues, and Prometheus and MLflow behind the API server's service proxy —
 Prometheus' scrape pools named after the monitors the program and the charts really create."""
@@ -12,12 +12,12 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, STACKS, TEAM_STACK_FILES
-from helm import program_releases, rendered_program
-from kubeapi import KubeApi, serve
+from support.repo import REPO, STACKS, TEAM_STACK_FILES
+from support.helm import program_releases, rendered_program
+from support.kubeapi import KubeApi, serve
 
 from trainforge import contract
-from trainforge.platform.plan.first_up import FirstUp, _plain
+from trainforge.platform.plan.first_up import FirstUp
 from trainforge.platform.plan.verify import PLATFORM_NAMESPACES
 
 ADMIN = "platform-admin-token"

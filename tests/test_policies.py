@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, STACK_FILES
+from support.repo import REPO, STACK_FILES
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 from pulumi_policy.policy import UnknownValueError
 

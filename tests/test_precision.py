@@ -11,10 +11,11 @@ import sys
 import textwrap
 
 import pytest
+from support.lanes import ITSELF, TIMING, full
 
 torch = pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 
-from test_runtime import result, run  # noqa: E402
+from support.training import result, run  # noqa: E402
 
 from trainforge.trainer.runtime import precision  # noqa: E402
 
@@ -40,6 +41,7 @@ def test_auto_never_picks_bf16_where_the_cpu_would_emulate_it():
     assert decided["chosen"] == "fp32" and "emulated" in decided["reason"], decided
 
 
+@TIMING
 def test_auto_on_this_machine_follows_the_measured_cost_of_bf16():
     decided = resolved_in_a_process("auto", {})
     native = decided["slowdown"] <= precision.NATIVE_BF16_MAX_SLOWDOWN
@@ -61,7 +63,8 @@ def test_an_explicit_bf16_that_would_be_emulated_is_kept_with_one_warning(caplog
     assert precision.resolve("fp32", torch.device("cpu")).chosen == "fp32"
 
 
-@pytest.mark.parametrize("first,then", [("fp32", "bf16"), ("bf16", "fp32")])
+@pytest.mark.parametrize("first,then", [pytest.param("fp32", "bf16", marks=full("the other direction of the same resume", kept_by=ITSELF)),
+                                         ("bf16", "fp32")])
 def test_a_checkpoint_resumes_under_another_precision(tmp_path, first, then):
     """Checkpoints hold fp32 master weights and optimizer state whatever the run computed in."""
     run(tmp_path, f"precision={first}", "max_steps=30", nproc=None)

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
-from servers import PricingAPI, ec2_product, free_port, moto_server
+from support.repo import REPO
+from support.servers import PricingAPI, ec2_product, free_port, moto_server
 
 from trainforge.trainer.price_refresh import summarise_spot
 

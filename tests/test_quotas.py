@@ -17,8 +17,9 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO, STACK_FILES, program_manifests
-from test_platform_layer import kubernetes_objects, manifest, releases
+from support.evaluated import program_manifests
+from support.repo import REPO, STACK_FILES
+from support.evaluated import kubernetes_objects, manifest, releases
 
 from trainforge import catalog, contract, kueue, nodes
 from trainforge.contract import Flavour

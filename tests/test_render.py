@@ -9,11 +9,9 @@ import copy
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from test_spec import SPECS
+from support.repo import KUBERNETES_VERSIONS, REPO, SPECS
 
 from trainforge import catalog, contract
-from trainforge.stackconfig import load_stack_file
 from trainforge.k8s_schema import core_problems, pod_templates, problems
 from trainforge.trainer.placement import decide
 from trainforge.trainer.render import render as render_placed
@@ -26,8 +24,6 @@ from trainforge.trainer.spec import load_spec
 
 KINDS = ["trainjob", "pytorchjob"]
 STACKS = sorted((Path(__file__).resolve().parents[1] / "stacks").glob("Pulumi.*.yaml"))
-# The Kubernetes versions the platform's stacks run: rendered pods must be valid on each.
-KUBERNETES_VERSIONS = sorted({load_stack_file(p).cluster.version for p in STACKS})
 CAPACITIES = ["on-demand", "spot", "spot-fallback"]
 
 

@@ -5,54 +5,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 
-from servers import free_port  # noqa: E402
+from support.lanes import ITSELF, TRAINING, full  # noqa: E402
+from support.servers import free_port  # noqa: E402
+from support.training import BASE, result, run, start, wait_for_step  # noqa: E402
 
 from trainforge import exits  # noqa: E402
 from trainforge.trainer.launch import EXIT_WORKER_LOST  # noqa: E402
 
-pytestmark = pytest.mark.slow
-BASE = ["max_steps=60", "checkpoint.interval_steps=10", "eval_every=20", "batch_size=32", "checkpoint.keep_last=3"]
-
-
-def command(workdir: Path, overrides: list[str], nproc: int | None = 2) -> list[str]:
-    sets = [a for o in [*BASE, *overrides] for a in ("--set", o)]
-    # Under the node launcher, as every pod and the local supervisor run it: its exit code is the contract's.
-    launcher = [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", "--", "--standalone"] if nproc \
-        else [sys.executable]
-    return [*launcher, "-m", "trainforge.trainer.runtime", *sets]
-
-
-def run(workdir: Path, *overrides: str, nproc: int | None = 2, check: bool = True) -> subprocess.CompletedProcess:
-    workdir.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(command(workdir, list(overrides), nproc), cwd=workdir, capture_output=True, text=True, timeout=300)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def start(workdir: Path, *overrides: str, nproc: int | None = 2) -> subprocess.Popen:
-    workdir.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(command(workdir, list(overrides), nproc), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for_step(workdir: Path, step: int, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    metrics = workdir / "run" / "metrics.jsonl"
-    while time.time() < deadline:
-        if metrics.exists() and any(json.loads(l).get("step", 0) >= step and "loss" in json.loads(l) for l in metrics.read_text().splitlines() if l):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"step {step} not reached")
+pytestmark = [pytest.mark.slow, TRAINING]
 
 
 def losses(workdir: Path) -> dict[int, float]:
@@ -66,10 +36,6 @@ def losses(workdir: Path) -> dict[int, float]:
 
 def final_params(workdir: Path) -> dict:
     return torch.load(workdir / "run" / "final_model.pt", weights_only=True)
-
-
-def result(workdir: Path) -> dict:
-    return json.loads((workdir / "run" / "result.json").read_text())
 
 
 def assert_bit_identical(a: Path, b: Path) -> None:
@@ -98,7 +64,7 @@ def reference(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=full("the other strategy; both train in the SIGKILL tests", kept_by=ITSELF)), "fsdp"])
 def test_two_ranks_train_the_classifier_to_target(tmp_path, strategy):
     """2-process torchrun, DDP and FSDP2: the bundled classifier reaches 90 % eval accuracy."""
     run(tmp_path, f"strategy={strategy}", "max_steps=300", "target_metric=0.9", "eval_every=25")
@@ -141,13 +107,28 @@ def test_sigterm_exit_code_means_resume_me(tmp_path):
     assert job.wait(timeout=60) == exits.EXIT_PREEMPTED
 
 
+@pytest.fixture(scope="module")
+def trained_30_steps(tmp_path_factory) -> Path:
+    """One single-process run to step 30 (checkpoints at 10, 20, 30), trained once for the tests that damage, plant or
+    resume a copy of it."""
+    workdir = tmp_path_factory.mktemp("trained-30")
+    run(workdir, "max_steps=30", nproc=None)
+    return workdir
+
+
+def copy_of(trained: Path, tmp_path: Path) -> Path:
+    workdir = tmp_path / "job"
+    shutil.copytree(trained, workdir)
+    return workdir
+
+
 DAMAGE_SEEN = {"truncate": "damaged: __0_0.distcp is", "uncommit": "no commit marker",
                "same-size": "damaged: __0_0.distcp does not match its checksum"}
 
 
 @pytest.mark.parametrize("damage", DAMAGE_SEEN)
-def test_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage):
-    run(tmp_path, "max_steps=30", nproc=None)
+def test_damaged_newest_checkpoint_is_skipped_with_a_warning(trained_30_steps, tmp_path, damage):
+    tmp_path = copy_of(trained_30_steps, tmp_path)
     newest = tmp_path / "checkpoints" / "step-00000030"
     shard = newest / "__0_0.distcp"
     if damage == "truncate":
@@ -283,11 +264,11 @@ class _Payload:
 
 
 @pytest.mark.parametrize("planted", ["trainer.pt", "rng-rank0.pt", ".metadata"])
-def test_a_checkpoint_that_would_run_code_is_refused_not_executed(tmp_path, planted):
+def test_a_checkpoint_that_would_run_code_is_refused_not_executed(trained_30_steps, tmp_path, planted):
     import pickle
 
     import torch
-    run(tmp_path, "max_steps=30", nproc=None)
+    tmp_path = copy_of(trained_30_steps, tmp_path)
     newest = tmp_path / "checkpoints" / "step-00000030"
     marker = tmp_path / "pwned"
     target = newest / planted
@@ -308,8 +289,8 @@ def test_a_checkpoint_that_would_run_code_is_refused_not_executed(tmp_path, plan
     assert "Traceback" not in resumed.stderr
 
 
-def test_a_checkpoint_written_now_resumes_with_data_only_loading(tmp_path):
+def test_a_checkpoint_written_now_resumes_with_data_only_loading(trained_30_steps, tmp_path):
     """Every file a save writes loads under the data-only rules (a save that wrote an object would fail here)."""
-    run(tmp_path, "max_steps=30", nproc=None)
+    tmp_path = copy_of(trained_30_steps, tmp_path)
     run(tmp_path, "max_steps=40", nproc=None)
     assert result(tmp_path)["resumed_from"] == 30

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from support.repo import REPO
 
 from trainforge.trainer.runtime import hooks
 

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.parse
 import urllib.request
 
 import pytest
+from support.lanes import TRAINING
 
 pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 
-from servers import free_port, mlflow_server, prometheus  # noqa: E402
-from test_runtime import result, run, start, wait_for_step  # noqa: E402
+from support.servers import Outage, free_port, prometheus  # noqa: E402
+from support.training import result, run, start, wait_for_step  # noqa: E402
+from support.waiting import wait_until  # noqa: E402
 
 from trainforge import run_tags  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, TRAINING]
 
 
 def two_free_ports() -> int:
@@ -46,12 +47,10 @@ def test_prometheus_scrapes_every_rank_of_a_running_job(tmp_path):
                     "max_steps=2000", "step_sleep_s=0.02", "eval_every=100")
         try:
             wait_for_step(tmp_path, 20)
-            deadline, found = time.time() + 60, []
-            while time.time() < deadline:
+            def both_ranks() -> list[dict]:
                 found = query(prom, 'trainforge_step{job="scrape-me", team="vision"} > 0')
-                if {r["metric"]["rank"] for r in found} == {"0", "1"}:
-                    break
-                time.sleep(1)
+                return found if {r["metric"]["rank"] for r in found} == {"0", "1"} else []
+            found = wait_until(both_ranks, 60, interval=0.5, what="both ranks' trainforge_step in Prometheus")
             assert {r["metric"]["rank"] for r in found} == {"0", "1"}, found
             samples_per_s = query(prom, 'trainforge_samples_per_second{job="scrape-me", rank="0"}')
             assert float(samples_per_s[0]["value"][1]) > 0
@@ -62,13 +61,6 @@ def test_prometheus_scrapes_every_rank_of_a_running_job(tmp_path):
             job.wait(60)
 
 
-@pytest.fixture(scope="module")
-def mlflow_uri(tmp_path_factory):
-    pytest.importorskip("mlflow.server", reason="the full mlflow package (tracking server) is not installed")
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
-
-
 def runs_of(uri: str, job_id: str, team: str = "default"):
     """The job's runs, in its team's experiment (`<team>/trainforge`)."""
     from mlflow import MlflowClient
@@ -77,7 +69,8 @@ def runs_of(uri: str, job_id: str, team: str = "default"):
     return client, client.search_runs([experiment.experiment_id], filter_string=f"tags.`trainforge.job_id` = '{job_id}'")
 
 
-def test_one_mlflow_run_per_job_with_lineage_across_ranks_and_restarts(tmp_path, mlflow_uri):
+def test_one_mlflow_run_per_job_with_lineage_across_ranks_and_restarts(tmp_path, mlflow_tracking):
+    mlflow_uri = mlflow_tracking
     run(tmp_path, "job_id=lineage-1", "team=vision", f"tracking.uri={mlflow_uri}", "max_steps=30", "log_every=5")
     run(tmp_path, "job_id=lineage-1", "team=vision", f"tracking.uri={mlflow_uri}", "max_steps=40", "log_every=5")  # resumes
     assert result(tmp_path)["resumed_from"] == 30
@@ -94,17 +87,21 @@ def test_one_mlflow_run_per_job_with_lineage_across_ranks_and_restarts(tmp_path,
     assert client.get_metric_history(runs[0].info.run_id, "eval_accuracy")
 
 
-def test_a_tracking_server_that_is_down_buffers_and_catches_up(tmp_path):
-    pytest.importorskip("mlflow.server", reason="the full mlflow package (tracking server) is not installed")
-    port = free_port()
-    job = start(tmp_path, "job_id=outage-1", f"tracking.uri=http://127.0.0.1:{port}", "max_steps=600", "step_sleep_s=0.05",
-                "log_every=10", "eval_every=100", nproc=None)
-    wait_for_step(tmp_path, 30)
-    with mlflow_server(tmp_path, port) as uri:
+def test_a_tracking_server_that_is_down_buffers_and_catches_up(tmp_path, mlflow_tracking):
+    """The job starts while its tracking endpoint refuses connections, trains on, and once the endpoint answers (a real
+    MLflow server behind it) every metric logged during the outage arrives, in one run."""
+    outage = Outage(mlflow_tracking)
+    try:
+        job = start(tmp_path, "job_id=outage-1", f"tracking.uri={outage.url}", "max_steps=300", "step_sleep_s=0.05",
+                    "log_every=10", "eval_every=100", nproc=None)
+        wait_for_step(tmp_path, 30)
+        outage.restore()
         output, _ = job.communicate(timeout=300)
-        assert job.returncode == 0, output[-3000:]
-        assert "unreachable" in output and "buffering" in output
-        client, runs = runs_of(uri, "outage-1")
-        assert len(runs) == 1
-        steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss"))
-        assert steps == list(range(10, 610, 10)), "metrics logged during the outage were lost"
+    finally:
+        outage.close()
+    assert job.returncode == 0, output[-3000:]
+    assert "unreachable" in output and "buffering" in output
+    client, runs = runs_of(mlflow_tracking, "outage-1")
+    assert len(runs) == 1
+    steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "loss"))
+    assert steps == list(range(10, 310, 10)), "metrics logged during the outage were lost"

@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
 boto3 = pytest.importorskip("boto3")
 
-from servers import free_port, moto_server  # noqa: E402
-from test_runtime import result, run, start, wait_for_step  # noqa: E402
+from support.servers import free_port, moto_server  # noqa: E402
+from support.training import result, run, start, wait_for_step  # noqa: E402
+from support.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -70,10 +71,8 @@ def test_training_goes_on_while_the_endpoint_is_down_and_catches_up_when_it_retu
         records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         steps = [r["step"] for r in records if "loss" in r]
         assert steps == list(range(10, 201, 10)), "a training step was lost to the outage (every log step is recorded)"
-        deadline = time.time() + 30
-        while 200 not in remote_steps(client, "job-2/") and time.time() < deadline:
-            time.sleep(0.5)
-        assert 200 in remote_steps(client, "job-2/"), "the newest checkpoint never reached S3 after the endpoint came back"
+        wait_until(lambda: 200 in remote_steps(client, "job-2/"), 30, interval=0.5,
+                   what="the newest checkpoint to reach S3 after the endpoint came back")
 
 
 def test_an_unreachable_endpoint_at_start_falls_back_to_the_local_tier(tmp_path, monkeypatch):
@@ -103,10 +102,7 @@ def test_the_uploader_survives_a_missing_bucket_and_uploads_once_it_exists(tmp_p
     with moto_server(tmp_path) as endpoint:
         tier = S3Tier("s3://late-bucket/job", endpoint_url=endpoint, backoff_s=0.2, on_event=lambda name, value: events.append(name))
         tier.enqueue(Committed(7, step_dir, None, time.time()))
-        deadline = time.time() + 20
-        while "upload_failures" not in events and time.time() < deadline:
-            time.sleep(0.05)
-        assert "upload_failures" in events, "the upload to a missing bucket should have failed"
+        wait_until(lambda: "upload_failures" in events, 20, interval=0.05, what="the upload to a missing bucket to fail")
         client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket="late-bucket")
         assert tier.flush(timeout=30), "the uploader stopped after the first failure"

@@ -4,12 +4,12 @@ Prometheus (Debian's) against exporters on loopback that send what a hostile pod
 from __future__ import annotations
 
 import json
-import time
 import urllib.parse
 import urllib.request
 
 import pytest
-from servers import free_port, prometheus, trainer_scrape
+from support.servers import free_port, prometheus, trainer_scrape
+from support.waiting import wait_until
 
 from trainforge.platform.manifests import monitoring
 
@@ -23,13 +23,7 @@ def query(url: str, promql: str) -> list[dict]:
 
 def until(url: str, promql: str, timeout: float = 60) -> list[dict]:
     """The query's result once it has one (Prometheus scrapes every second here; the first takes a few)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = query(url, promql)
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"nothing for {promql} in {timeout} s")
+    return wait_until(lambda: query(url, promql), timeout, interval=0.5, what=f"a result for {promql}")
 
 
 def exporter(series: list[dict[str, str]], name: str = "trainforge_step") -> tuple[str, object]:

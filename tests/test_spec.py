@@ -7,14 +7,13 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from support.repo import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainforge.trainer.spec import SpecError, load_spec, parse_spec
+from support.repo import SPECS
 
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
-SPECS = [p for p in EXAMPLES if not p.name.startswith("run-")]
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 
 

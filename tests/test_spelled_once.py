@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import REPO
+from support.repo import REPO
 
 HOMES = tuple(REPO / "src" / "trainforge" / name for name in ("contract.py", "paths.py", "run_tags.py", "exits.py"))
 PRODUCT = ("src/trainforge", "trainer", "platform", "infra", "policies")

@@ -295,7 +295,7 @@ def test_outputs_are_the_platform_contract(stack):
 
 def test_prod_has_the_shape_the_platform_promises():
     """The shipped prod stack: 3 AZs, NAT per AZ, p5 EFA on demand, diversified spot, on-demand GPU, PERSISTENT_2 + DRA."""
-    from conftest import STACKS
+    from support.repo import STACKS
 
     from trainforge.stackconfig import load_stack_file
 

@@ -4,7 +4,6 @@ launcher that is both the cluster pod's command and the local supervisor's."""
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,8 @@ from trainforge import exits
 from trainforge.trainer.launch import EXIT_WORKER_LOST, classify, node_exit_code
 from trainforge.exits import outcome_of
 
-from servers import free_port
+from support.servers import free_port
+from support.waiting import wait_until
 
 
 def record(tmp_path, **codes):
@@ -81,9 +81,7 @@ def test_sigterm_to_the_node_is_forwarded_and_reported_as_preempted(tmp_path):
     sleeper = f"import os, pathlib, time; pathlib.Path({str(started)!r}, os.environ['RANK']).touch(); time.sleep(60)"
     node = subprocess.Popen(launch(*python(sleeper), exit_dir=tmp_path / "exits"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: len(list(started.iterdir())) == 2, 60, interval=0.1, what="both ranks to start")
     node.send_signal(signal.SIGTERM)
     assert node.wait(timeout=60) == exits.EXIT_PREEMPTED
     # Both ranks got the signal (the runtime's emergency checkpoint depends on it) and said so.
@@ -100,9 +98,8 @@ def test_sigterm_before_the_workers_are_up_is_still_a_preemption():
     node = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.launch", "--nproc-per-node=1", "--", "--nnodes=2",
                              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "json.tool"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not children_of(node.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the launcher is up (its handlers are set before torchrun starts)
+    # The launcher is up once torchrun is its child (its handlers are set before torchrun starts).
+    wait_until(lambda: children_of(node.pid), 60, interval=0.05, what="the launcher to start torchrun")
     node.send_signal(signal.SIGTERM)
     assert node.wait(timeout=60) == exits.EXIT_PREEMPTED
 

@@ -8,16 +8,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from conftest import REPO, run_cli
+from support.cli import run_cli
+from support.lanes import ITSELF, full
+from support.repo import REPO
 from optuna.trial import TrialState
-from servers import mlflow_server
-from test_local_backend import wait_until
+from support.waiting import wait_until
 
 from trainforge import contract, k8s_schema
 from trainforge.errors import TrainforgeError
@@ -83,17 +83,11 @@ def test_a_missing_base_is_named(tmp_path):
 
 # ---- a real sweep ---------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tracking(tmp_path_factory):
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
-
-
 @pytest.mark.slow
-def test_a_real_sweep_prunes_runs_in_parallel_beats_the_base_and_is_tracked(tmp_path, tracking):
+def test_a_real_sweep_prunes_runs_in_parallel_beats_the_base_and_is_tracked(tmp_path, mlflow_tracking):
     from mlflow.tracking import MlflowClient
     home = tmp_path / "home"
-    env = {"MLFLOW_TRACKING_URI": tracking}
+    env = {"MLFLOW_TRACKING_URI": mlflow_tracking}
     result = cli(home, "sweep", str(write_sweep(tmp_path)), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all planned trials done" in result.stdout
@@ -119,7 +113,7 @@ def test_a_real_sweep_prunes_runs_in_parallel_beats_the_base_and_is_tracked(tmp_
     base_accuracy = json.loads((home / "jobs" / "clf-base" / "run" / "result.json").read_text())["last_eval"]["accuracy"]
     assert study.best_value > base_accuracy + 0.1, (study.best_value, base_accuracy)
 
-    client = MlflowClient(tracking)
+    client = MlflowClient(mlflow_tracking)
     parent = client.get_run(study.user_attrs["mlflow_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.tags["trainforge.sweep.best_trial"] == str(study.best_trial.number)
     children = client.search_runs([parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
@@ -155,9 +149,9 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
     running trial is adopted (its job is not started twice), the gone one failed and retried once with the same
     parameters, and the sweep ends with exactly the planned trials."""
     home = tmp_path / "home"
-    # Trials slowed to ~15 s of training (the runtime's test hook), so two are surely running at once to be caught.
-    slow_base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "step_sleep_s": 0.12}}
-    sweep = write_sweep(tmp_path, name="resume", pruner={"type": "none"}, max_trials=5, base=slow_base)
+    # Trials slowed to ~5 s of training (the runtime's test hook), so two are surely running at once to be caught.
+    slow_base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 80, "step_sleep_s": 0.06}}
+    sweep = write_sweep(tmp_path, name="resume", pruner={"type": "none"}, max_trials=4, base=slow_base)
     cmd = [sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(sweep)]
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
     log = open(tmp_path / "first-controller.log", "w")
@@ -192,7 +186,7 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
 
     study = study_of(home, "resume")
     trials = study.get_trials()
-    assert counted(study) == 5 and all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
+    assert counted(study) == 4 and all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
     jobs = [t.user_attrs["job"] for t in trials]
     assert len(jobs) == len(set(jobs)), "one job per trial"
     assert next(t for t in trials if t.number == adopted.number).state is TrialState.COMPLETE
@@ -201,7 +195,7 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
     (retry,) = [t for t in trials if t.user_attrs.get("retry_of") == gone.number]
     assert retry.params == gone.params and retry.state is TrialState.COMPLETE
     complete_params = [json.dumps(t.params, sort_keys=True) for t in trials if t.state is TrialState.COMPLETE]
-    assert len(complete_params) == len(set(complete_params)) == 5, "no parameters run to completion twice"
+    assert len(complete_params) == len(set(complete_params)) == 4, "no parameters run to completion twice"
 
 
 @pytest.mark.slow
@@ -210,8 +204,10 @@ def test_no_trial_starts_that_could_pass_the_usd_budget(tmp_path):
     from trainforge.pricing import price_table
     per_trial = estimate("g6.xlarge", 1, 10 / 60, "spot", price_table().regions[0]).expected_usd
     home = tmp_path / "home"
-    # Room for one trial's estimate at a time: never two running at once, though max_parallel is 2.
-    result = cli(home, "sweep", str(write_sweep(tmp_path, name="capped", max_trials=3, pruner={"type": "none"},
+    # Room for one trial's estimate at a time: never two running at once, though max_parallel is 2. The estimate comes
+    # from the base job's limits, not its steps: short trials prove the same.
+    short = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 50, "eval_every": 25}}
+    result = cli(home, "sweep", str(write_sweep(tmp_path, name="capped", max_trials=3, pruner={"type": "none"}, base=short,
                                                  budget={"usd": round(per_trial * 1.5, 4)})))
     assert result.returncode == 0, result.stdout + result.stderr
     trials = study_of(home, "capped").get_trials()
@@ -259,12 +255,12 @@ def test_the_example_sweep_is_valid_as_shipped():
 # ---- on the cluster: one TrainJob per trial, through the Kubernetes API ----------------------------------------
 
 def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, monkeypatch):
-    """The real controller and Kubernetes backend against the API stand-in (tests/kubeapi.py). The test plays the
+    """The real controller and Kubernetes backend against the API stand-in (tests/support/kubeapi.py). The test plays the
     Trainer and the trial pods: it reports each trial to the study and marks its TrainJob complete."""
     import threading
 
-    from kubeapi import serve
-    from test_cluster_path import VISION, queue, seeded
+    from support.kubeapi import serve
+    from support.cluster import VISION, queue, seeded
 
     from trainforge import contract
     from trainforge.stackconfig import load_stack_file
@@ -290,8 +286,8 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
         runner.start()
         seen: set[str] = set()
         study = optuna.load_study(study_name="on-cluster", storage=storage)
-        deadline = time.time() + 120
-        while runner.is_alive() and time.time() < deadline:
+
+        def played_until_the_controller_ends() -> bool:  # the test is the Trainer and the trial pods
             for job in kube.api.of_kind("trainjobs", VISION):
                 name = job["metadata"]["name"]
                 if name in seen:
@@ -312,7 +308,8 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
                 study.tell(trial, 0.9 - 0.01 * trial.number)
                 job["status"] = {"conditions": [{"type": "Complete", "status": "True", "reason": "Done", "message": "",
                                                  "lastTransitionTime": "2026-11-22T00:00:00Z"}]}
-            time.sleep(0.1)
+            return not runner.is_alive()
+        wait_until(played_until_the_controller_ends, 120, interval=0.1, what="the controller to finish its sweep")
         runner.join(5)
         assert outcome == ["all planned trials done"]
         assert len(seen) == 4 and counted(controller.study) == 4
@@ -334,7 +331,7 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
 def test_a_trial_reads_its_study_database_from_the_mounted_file(tmp_path):
     """As on the cluster: the URL is a file (the team's Secret, mounted), not an argument nor a variable. A real run of
     the runtime reports its evaluations to the study it names."""
-    from test_runtime import run
+    from support.training import run
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(study_name="mounted", storage=storage, direction="minimize")
     trial = study.ask()
@@ -498,7 +495,8 @@ def killed_controller_backend(after_record: bool):
     return KilledDuringSubmit()
 
 
-@pytest.mark.parametrize("after_record", [False, True], ids=["before the job exists", "before its supervisor starts"])
+@pytest.mark.parametrize("after_record", [pytest.param(False, marks=full("the other of two kill points in the same launch", kept_by=ITSELF)), True],
+                         ids=["before the job exists", "before its supervisor starts"])
 def test_a_controller_killed_while_launching_loses_and_strands_no_trial(tmp_path, monkeypatch, after_record):
     """Issue 25, item 5: killed between ask() and the job, the trial was failed, counted and never retried (3 planned,
     2 ran); killed between the job's record and its supervisor, the restarted controller adopted a job that never
@@ -613,7 +611,8 @@ def test_a_cancelled_sweep_is_resumed_only_on_purpose_and_an_extended_one_runs_o
     """Issue 25: cancel was final. Now a cancelled sweep refuses to continue by accident, `resume` continues it (the
     trial the cancel stopped runs again with its parameters, uncounted), and `extend` adds trials a resume then runs."""
     home = tmp_path / "home"
-    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.15}}
+    # Trials of ~4 s (step_sleep_s), so the cancel surely meets one running. max_steps stays above the space's warm-up.
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 50, "eval_every": 25, "step_sleep_s": 0.08}}
     spec = write_sweep(tmp_path, name="again", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"})
     controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec)], cwd=REPO, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TRAINFORGE_HOME": str(home)})
@@ -659,7 +658,7 @@ def test_a_running_controller_takes_up_an_extension(tmp_path, monkeypatch):
     from trainforge.trainer.sweeps.limits import controller_running, extend
     from trainforge.trainer.sweeps.spec import load_sweep
     monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path / "home"))
-    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.1}}
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 50, "eval_every": 25, "step_sleep_s": 0.05}}
     sweep = load_sweep(write_sweep(tmp_path, name="live", base=base, max_trials=1, max_parallel=1, pruner={"type": "none"}))
     url = f"sqlite:///{tmp_path / 'study.db'}"
     controller = SweepController(sweep, LocalBackend(), unchecked, url, poll_s=0.2)
@@ -685,32 +684,62 @@ def overlap(intervals: list[tuple[float, float]]) -> int:
     return most
 
 
+def test_a_controller_sigkilled_at_every_step_of_the_launch_path_in_turn_ends_with_the_plan(tmp_path):
+    """Issue 25, 'what must be shown', in one study: the real controller is started again and again, each start killing
+    itself with SIGKILL (TRAINFORGE_SWEEP_KILL_AT) the second time it reaches the next step of the launch path; its
+    trials run on and finish while it is down; a last start runs without a kill. The study ends with exactly max_trials
+    trials counted, every trial settled once and every run trial's cost recorded, no parameters run twice, never more
+    than max_parallel trial jobs alive. Each start also meets what the previous kill left behind."""
+    from trainforge.trainer.sweeps.faults import KILL_AT_ENV, LAUNCH_STEPS
+    home = tmp_path / "home"
+    # Each killed start uses up at most two counted trials: the plan outlasts every kill point.
+    planned = 2 * len(LAUNCH_STEPS) + 2
+    spec = killed_sweep(tmp_path, planned)
+    for step in LAUNCH_STEPS:
+        killed = cli(home, "sweep", str(spec), env={KILL_AT_ENV: f"{step}:2"})
+        assert killed.returncode == -signal.SIGKILL, (step, killed.stdout[-2000:] + killed.stderr[-2000:])
+        wait_until(lambda: all_trial_jobs_ended(home), 240, what=f"the trials to end while the controller is down ({step})")
+    assert_the_plan_ran_once(home, cli(home, "sweep", str(spec)), planned)
+
+
+@full("one kill point per study: the same kills as the test that runs them in turn in one study",
+      kept_by="test_a_controller_sigkilled_at_every_step_of_the_launch_path_in_turn_ends_with_the_plan")
 @pytest.mark.parametrize("step", ["asked", "intended", "admitted", "created", "recorded", "settling"])
 def test_a_controller_sigkilled_at_each_step_of_the_launch_path_ends_with_the_plan(tmp_path, step):
-    """Issue 25, 'what must be shown': the real controller kills itself with SIGKILL (TRAINFORGE_SWEEP_KILL_AT) the
-    second time it reaches `step`; its trials run on and finish while it is down; started again, it ends with exactly
-    max_trials trials counted, every trial settled once and every run trial's cost recorded, no parameters run twice,
-    never more than max_parallel trial jobs alive."""
+    """Each kill point in a study of its own: the first start of the controller is the one killed."""
     from trainforge.trainer.sweeps.faults import KILL_AT_ENV
     home = tmp_path / "home"
-    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.05}}
-    spec = write_sweep(tmp_path, name="killed", base=base, max_trials=3, max_parallel=2, pruner={"type": "none"})
+    spec = killed_sweep(tmp_path, 3)
     first = cli(home, "sweep", str(spec), env={KILL_AT_ENV: f"{step}:2"})
     assert first.returncode == -signal.SIGKILL, first.stdout[-2000:] + first.stderr[-2000:]
+    wait_until(lambda: all_trial_jobs_ended(home), 240, what="the trials to end while the controller is down")
+    assert_the_plan_ran_once(home, cli(home, "sweep", str(spec)), 3)
 
-    def jobs() -> dict[str, dict]:
-        return {d.name: json.loads((d / "state.json").read_text()) for d in (home / "jobs").glob("killed-t*") if (d / "state.json").exists()}
-    wait_until(lambda: all(j["state"] in ("succeeded", "failed", "cancelled", "lost") for j in jobs().values()), 240)  # downtime
 
-    again = cli(home, "sweep", str(spec))
-    assert again.returncode == 0 and "all planned trials done" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+def killed_sweep(tmp: Path, planned: int) -> Path:
+    # Trials that train for a few seconds (step_sleep_s), so some are surely running when the controller dies. max_steps
+    # stays above the space's largest warm-up (40).
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 50, "eval_every": 25, "step_sleep_s": 0.05}}
+    return write_sweep(tmp, name="killed", base=base, max_trials=planned, max_parallel=2, pruner={"type": "none"})
+
+
+def trial_jobs(home: Path) -> dict[str, dict]:
+    return {d.name: json.loads((d / "state.json").read_text()) for d in (home / "jobs").glob("killed-t*") if (d / "state.json").exists()}
+
+
+def all_trial_jobs_ended(home: Path) -> bool:
+    return all(j["state"] in ("succeeded", "failed", "cancelled", "lost") for j in trial_jobs(home).values())
+
+
+def assert_the_plan_ran_once(home: Path, last: subprocess.CompletedProcess, planned: int) -> None:
+    assert last.returncode == 0 and "all planned trials done" in last.stdout, last.stdout[-3000:] + last.stderr[-3000:]
     study = study_of(home, "killed")
     trials = study.get_trials()
-    assert counted(study) == 3, [(t.number, t.state, t.user_attrs) for t in trials]
+    assert counted(study) == planned, [(t.number, t.state, t.user_attrs) for t in trials]
     complete = [t for t in trials if t.state is TrialState.COMPLETE]
-    assert len(complete) == 3 and len({json.dumps(t.params, sort_keys=True) for t in complete}) == 3, "no parameters run twice"
+    assert len(complete) == planned and len({json.dumps(t.params, sort_keys=True) for t in complete}) == planned, "no parameters run twice"
     assert all(study.user_attrs.get(f"trial.{t.number}.settled") for t in trials), "every trial settled"
-    ran = jobs()
+    ran = trial_jobs(home)
     assert all(study.user_attrs.get(f"trial.{t.number}.cost_usd", 0) > 0 for t in trials if t.user_attrs.get("job") in ran), \
         "every trial whose job ran has its cost"
     assert overlap([(j["started_at"], j["ended_at"]) for j in ran.values() if j.get("started_at")]) <= 2, "at most max_parallel alive"
@@ -828,13 +857,13 @@ def test_a_sweep_warm_starts_from_the_best_trials_of_earlier_ones(tmp_path):
         .get_trials(states=(TrialState.WAITING,)) == waiting, "opened again: not enqueued twice"
 
 
-def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_path, tracking):
+def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_path, mlflow_tracking):
     """Issue 25, 'promotion': `sweep best --promote --steps N` submits the best trial's job trained on to N steps
     from the trial's newest checkpoint (weights, optimizer, step), limits scaled, its MLflow run nested under the
     sweep's and tagged with the trial it continues; the trial's own checkpoints are untouched."""
     from mlflow.tracking import MlflowClient
     home = tmp_path / "home"
-    env = {"MLFLOW_TRACKING_URI": tracking}
+    env = {"MLFLOW_TRACKING_URI": mlflow_tracking}
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20}}
     spec = write_sweep(tmp_path, name="promo", base=base, max_trials=2, max_parallel=2, pruner={"type": "none"})
     assert cli(home, "sweep", str(spec), env=env).returncode == 0
@@ -853,7 +882,7 @@ def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_p
     trial_checkpoints = sorted(p.name for p in (home / "jobs" / trial_job / "checkpoints").iterdir())
     assert trial_checkpoints == ["step-00000060"], "the trial's own checkpoints untouched"
     assert (home / "jobs" / "promo-best" / "checkpoints" / "step-00000100" / "COMMITTED").exists()
-    client = MlflowClient(tracking)
+    client = MlflowClient(mlflow_tracking)
     study = study_of(home, "promo")
     (run,) = client.search_runs([client.get_run(study.user_attrs["mlflow_run_id"]).info.experiment_id],
                                 filter_string="tags.`trainforge.job_id` = 'promo-best'")

@@ -1,5 +1,5 @@
 """A cluster sweep's controller runs in the team's namespace (issue 25, 'in the cluster'), tested against the API
-stand-in (tests/kubeapi.py) holding the program's own objects: the controller's TrainJob as a member's CLI creates it,
+stand-in (tests/support/kubeapi.py) holding the program's own objects: the controller's TrainJob as a member's CLI creates it,
 its pod as the Trainer would build it (admitted by the program's policies, restricted), the controller process run
 as that pod would run it — under the program's ServiceAccount, authorised by the program's RBAC — over a real SQLite
 study, killed and restarted as after a node loss. The test plays the Trainer and the trial pods: each trial's rank 0
@@ -13,23 +13,25 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from conftest import REPO, run_cli
-from kubeapi import serve, service_account
+from support.cli import run_cli
+from support.repo import REPO
+from support.kubeapi import serve, service_account
 from optuna.trial import TrialState
-from pod_security import restricted_violations
-from test_cluster_path import STACK, VISION, raw_request, seeded
-from test_isolation import TRAINJOBS, Program
-from test_local_backend import wait_until
-from test_sweep import SWEEP
+from support.pod_security import restricted_violations
+from support.cluster import STACK, VISION, raw_request, seeded
+from support.cluster import Program, TRAINJOBS
+from support.waiting import wait_until
+
 
 from trainforge import contract
 from trainforge.trainer.sweeps.study import counted, load_existing
+
+SWEEP = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-lr.yaml").read_text())
 
 CONTROLLER_TOKEN = "sweep-controller-token"
 
@@ -103,7 +105,7 @@ def cluster(tmp_path):
 
 @pytest.fixture(scope="module")
 def program():
-    from conftest import evaluation_of
+    from support.evaluated import evaluation_of
     return Program(evaluation_of(STACK))
 
 
@@ -162,12 +164,14 @@ def test_the_controller_runs_the_sweep_survives_a_node_loss_and_a_member_follows
         controller.send_signal(signal.SIGKILL)
         controller.wait(30)
         controller = cluster.start_controller("followed")  # the Job's restart, on another node
-        alive_at_most = 0
-        deadline = time.time() + 180
-        while controller.poll() is None and time.time() < deadline:
-            alive_at_most = max(alive_at_most, sum(1 for j in cluster.trials("followed") if not j.get("status")))
+        alive: list[int] = [0]
+
+        def played_until_the_controller_ends() -> bool:  # the test is the Trainer: it finishes each trial it sees
+            alive.append(sum(1 for j in cluster.trials("followed") if not j.get("status")))
             cluster.finish_trials("followed")
-            time.sleep(0.2)
+            return controller.poll() is not None
+        wait_until(played_until_the_controller_ends, 180, what="the restarted controller to finish the sweep")
+        alive_at_most = max(alive)
         output, _ = controller.communicate(timeout=30)
     finally:
         if controller.poll() is None:
@@ -228,10 +232,10 @@ def test_a_member_cancels_extends_and_resumes_a_cluster_sweep(cluster):
     assert resumed.returncode == 0 and "resumed" in resumed.stdout, resumed.stdout + resumed.stderr
     controller = cluster.start_controller("steered")
     try:
-        deadline = time.time() + 180
-        while controller.poll() is None and time.time() < deadline:
+        def played_until_the_controller_ends() -> bool:
             cluster.finish_trials("steered")
-            time.sleep(0.2)
+            return controller.poll() is not None
+        wait_until(played_until_the_controller_ends, 180, what="the controller to finish the extended sweep")
         output, _ = controller.communicate(timeout=30)
     finally:
         if controller.poll() is None:

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from test_platform_layer import kubernetes_objects, manifest
+from support.repo import REPO
+from support.evaluated import kubernetes_objects, manifest
 
 from trainforge import contract
 from trainforge.trainer.render import job_paths

@@ -12,7 +12,8 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-from conftest import REPO, STACK_FILES, TEAM_STACK_FILES, run_cli
+from support.cli import run_cli
+from support.repo import REPO, STACK_FILES, TEAM_STACK_FILES
 
 from trainforge import contract
 from trainforge.platform.components.offline import evaluate_stack_file

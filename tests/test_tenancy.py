@@ -10,8 +10,8 @@ import json
 import re
 
 import pytest
-from conftest import REPO
-from test_platform_layer import manifest
+from support.repo import REPO
+from support.evaluated import manifest
 
 from trainforge import contract, k8s_schema
 from trainforge.contract import Flavour

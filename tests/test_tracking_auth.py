@@ -21,10 +21,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helm import rendered_program
-from servers import mlflow_server
-from test_platform_layer import kubernetes_objects, manifest
-from test_runtime import command
+from support.helm import rendered_program
+from support.servers import mlflow_server
+from support.evaluated import kubernetes_objects, manifest, typed_config
+from support.lanes import stack_variants
+from support.training import command
 
 from trainforge import contract, run_tags
 from trainforge.platform.manifests import tracking
@@ -67,10 +68,12 @@ def call(uri: str, method: str, path: str, credentials: tuple[str, str] | None, 
         return e.code, {}
 
 
-@pytest.fixture
-def deployed_mlflow(stack, tmp_path):
-    """The server as the chart configures it, every team's user made by the program's Jobs; yields (uri, objects, cfg)."""
-    evaluation, cfg = stack
+@pytest.fixture(scope="module", params=stack_variants())
+def deployed_mlflow(request, evaluations, tmp_path_factory):
+    """The server as the chart configures it, every team's user made by the program's Jobs; yields (uri, objects, cfg).
+    One server per stack for the module: its tests use their own job names."""
+    evaluation, cfg = evaluations(request.param), typed_config(request.param)
+    tmp_path = tmp_path_factory.mktemp("mlflow-auth")
     objects = program_objects(evaluation)
     charts, _ = rendered_program(evaluation)
     (template,) = [o["data"]["auth_template.ini"] for o in charts["mlflow"] if o["kind"] == "ConfigMap" and "auth_template.ini" in o.get("data", {})]

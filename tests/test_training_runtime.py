@@ -8,7 +8,7 @@ import copy
 import re
 
 import pytest
-from test_render import KUBERNETES_VERSIONS, SPECS
+from support.repo import KUBERNETES_VERSIONS, SPECS
 
 from trainforge import contract, exits
 from trainforge.platform.training.runtime import cluster_training_runtime, cluster_training_runtimes

@@ -40,7 +40,7 @@ def test_the_pinned_kueue_manages_the_pinned_trainer():
 
 def test_a_trainjob_with_a_grace_period_in_its_patch_is_rejected_by_the_pinned_crd():
     """The field Trainer 2.3 added and 2.2.1 prunes: the strict check must say so, not let it vanish on the cluster."""
-    from conftest import REPO
+    from support.repo import REPO
 
     from trainforge.trainer.placement import decide
     from trainforge.trainer.render import render
@@ -59,7 +59,7 @@ def test_the_tests_run_the_mlflow_server_the_pinned_chart_runs():
     import tomllib
     from pathlib import Path
 
-    import helm
+    from support import helm
     from trainforge.platform.manifests import charts
     version = charts.CHARTS["mlflow"].version
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())

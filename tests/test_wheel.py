@@ -10,7 +10,7 @@ import sysconfig
 import zipfile
 
 import pytest
-from conftest import REPO
+from support.repo import REPO
 
 CHECK = """
 import trainforge, trainforge.k8s_schema as s, trainforge.pricing as p

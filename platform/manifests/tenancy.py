@@ -6,7 +6,7 @@ GPUs through device plugins (no privileged container, no host path, no added cap
 containerd with unlimited locked memory). The rendered pods run as the team's uid, non-root, with the runtime's
 seccomp profile, and every training container drops all capabilities and cannot escalate (the ClusterTrainingRuntime
 and the PyTorchJob template set it, so a researcher's own image needs nothing for it): tests/test_isolation.py checks
-every rendered pod against the standard (tests/pod_security.py).
+every rendered pod against the standard (tests/support/pod_security.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ cluster needs at that moment is already there. Each rule below is one fact about
 pulumi-kubernetes, with where it is written down; `problems()` returns every place the program breaks one.
 
 The model reads the program's own resources (an `Evaluation`) and, for each Helm release, the objects its chart
-really renders with the program's values and the CRDs it installs (the caller renders them: tests/helm.py does,
+really renders with the program's values and the CRDs it installs (the caller renders them: tests/support/helm.py does,
 through the vendored charts) — never a picture of either.
 """
 

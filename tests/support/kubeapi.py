@@ -241,7 +241,7 @@ class KubeApi:
     def holding(cls, manifests: list[dict[str, Any]], identities: dict[str, Identity]) -> KubeApi:
         """An API server holding these objects (those of kinds it serves), authorising `identities` by RBAC over the
         RBAC objects among them (plus the API server's bootstrap roles)."""
-        from admission_policies import AdmissionPolicies
+        from support.admission_policies import AdmissionPolicies
         api = cls(identities=dict(identities), rbac=Rbac([m for m in manifests if m.get("kind") in RBAC_KINDS]),
                   policies=AdmissionPolicies(manifests))
         served = {(f"{g}/{v}".lstrip("/"), kind) for (g, v, _), (kind, _) in SERVED.items()}

@@ -7,10 +7,11 @@ import socket
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+
+from support.waiting import wait_until
 
 
 def free_port() -> int:
@@ -20,16 +21,16 @@ def free_port() -> int:
 
 
 def wait_http(url: str, timeout: float) -> None:
-    deadline = time.time() + timeout
-    last: Exception | None = None
-    while time.time() < deadline:
+    last: list[Exception] = []
+
+    def answers() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=1):
-                return
+                return True
         except Exception as exc:  # noqa: BLE001 - not up yet
-            last = exc
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer in {timeout} s: {last}")
+            last[:] = [exc]
+            return False
+    wait_until(answers, timeout, what=f"{url} to answer (last: {last[-1] if last else None})")
 
 
 @contextmanager
@@ -228,20 +229,73 @@ def postgres_server(tmp: Path, superuser_password: str = "superuser"):
     proc = subprocess.Popen([*run_as, str(binaries / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
                              "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"], stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline, last = time.time() + 60, None
-        while True:
+        def accepts_connections() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"postgres exited: {(tmp / 'postgres.log').read_text()[-2000:]}")
             try:
                 psycopg2.connect(host="127.0.0.1", port=port, user="superuser", password=superuser_password, dbname="postgres").close()
-                break
-            except psycopg2.OperationalError as exc:  # not accepting connections yet
-                last = exc
-                if time.time() > deadline:
-                    raise TimeoutError(f"postgres did not accept connections in 60 s: {last}") from None
-                time.sleep(0.1)
+                return True
+            except psycopg2.OperationalError:  # not accepting connections yet
+                return False
+        wait_until(accepts_connections, 60, interval=0.1, what="postgres to accept connections")
         yield port, "superuser", superuser_password
     finally:
         stop(proc, 20)
         log.close()
         shutil.rmtree(home, ignore_errors=True)
+
+
+class Outage:
+    """A TCP endpoint on loopback that is down (nothing listens: connection refused, as when a server's pod is gone)
+    until `restore()`, then forwards every connection to `target` (host:port). For tests of clients that must ride out an
+    outage of a real server without waiting for that server's own start-up."""
+
+    def __init__(self, target: str):
+        import threading
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._target = target.rsplit(":", 1)[0].split("//")[-1], int(target.rsplit(":", 1)[1])
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._closed = threading.Event()
+
+    def restore(self) -> None:
+        import threading
+
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        accepting = threading.Thread(target=self._accept, daemon=True)
+        accepting.start()
+        self._threads.append(accepting)
+
+    def _accept(self) -> None:
+        import threading
+
+        assert self._listener is not None
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._listener is not None:
+            self._listener.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-CHARTS = Path(__file__).resolve().parent / "data" / "charts"
+CHARTS = Path(__file__).resolve().parents[1] / "data" / "charts"
 
 
 @functools.cache

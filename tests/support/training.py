@@ -1,0 +1,48 @@
+"""The runtime under the node launcher on this machine (torchrun, gloo), as every pod and the local supervisor run it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from support.waiting import wait_until
+
+
+BASE = ["max_steps=60", "checkpoint.interval_steps=10", "eval_every=20", "batch_size=32", "checkpoint.keep_last=3"]
+
+
+def command(workdir: Path, overrides: list[str], nproc: int | None = 2) -> list[str]:
+    sets = [a for o in [*BASE, *overrides] for a in ("--set", o)]
+    # Under the node launcher, as every pod and the local supervisor run it: its exit code is the contract's.
+    launcher = [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", "--", "--standalone"] if nproc \
+        else [sys.executable]
+    return [*launcher, "-m", "trainforge.trainer.runtime", *sets]
+
+
+def run(workdir: Path, *overrides: str, nproc: int | None = 2, check: bool = True) -> subprocess.CompletedProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(command(workdir, list(overrides), nproc), cwd=workdir, capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def start(workdir: Path, *overrides: str, nproc: int | None = 2) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(command(workdir, list(overrides), nproc), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_step(workdir: Path, step: int, timeout: float = 120) -> None:
+    """Until the run's metrics log holds a training step at or past `step`."""
+    metrics = workdir / "run" / "metrics.jsonl"
+
+    def reached() -> bool:
+        return metrics.exists() and any(json.loads(line).get("step", 0) >= step and "loss" in json.loads(line)
+                                        for line in metrics.read_text().splitlines() if line)
+    wait_until(reached, timeout, interval=0.05, what=f"step {step} in {metrics}")
+
+
+def result(workdir: Path) -> dict:
+    return json.loads((workdir / "run" / "result.json").read_text())
