@@ -113,9 +113,16 @@ def _enabled(condition: str | None, values: dict[str, Any]) -> bool:
 
 def crd_kinds(release_inputs: dict[str, Any]) -> set[str]:
     """`group/Kind` of every CRD the release installs: its chart's and enabled subcharts' `crds/` directories (Helm
-    installs those first) and any CRD among its templates."""
+    installs those first) and any CRD among its templates. Read once per chart and values per test process (parsing the
+    CRDs' YAML takes seconds)."""
+    return set(_crd_kinds(json.dumps(release_inputs, sort_keys=True)))
+
+
+@functools.cache
+def _crd_kinds(release_json: str) -> frozenset[str]:
     import helm_python
 
+    release_inputs = json.loads(release_json)
     directory = chart_dir(chart_name(release_inputs), release_inputs["version"])
     chart = helm_python.Chart.load(directory)
     values = merged(chart.values, release_inputs.get("values") or {})
@@ -127,7 +134,7 @@ def crd_kinds(release_inputs: dict[str, Any]) -> set[str]:
         if subchart is None or _enabled(conditions.get(subchart), values):
             documents += [d for d in yaml.load_all(crd["data"], Loader=_Loader) if d]
     documents += [o for o in render(release_inputs) if o["kind"] == "CustomResourceDefinition"]
-    return {f"{d['spec']['group']}/{d['spec']['names']['kind']}" for d in documents}
+    return frozenset(f"{d['spec']['group']}/{d['spec']['names']['kind']}" for d in documents)
 
 
 def merged(defaults: Any, ours: Any) -> Any:
