@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from support.evaluated import evaluation_of, typed_config
 from support.repo import STACK_FILES
-from support.servers import mlflow_server
+from support.servers import mlflow_server_starting
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
@@ -58,13 +58,29 @@ def pytest_report_header(config):
     return f"trainforge lane: {lane}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _mlflow_starting(request, tmp_path_factory):
+    """The shared MLflow server, started when this test process starts its first test (when any test of the run uses
+    it) and left to start in the background (10-15 s) while other tests run."""
+    try:
+        import mlflow.server  # noqa: F401
+    except ImportError:
+        yield None
+        return
+    if not any("mlflow_tracking" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    with mlflow_server_starting(tmp_path_factory.mktemp("mlflow")) as ready:
+        yield ready
+
+
 @pytest.fixture(scope="session")
-def mlflow_tracking(tmp_path_factory):
+def mlflow_tracking(_mlflow_starting):
     """A real MLflow tracking server (SQLite, no auth) shared by every test of this process; each test keeps to its own
     job ids and sweep names. The servers with basic-auth, as the chart configures them, are test_tracking_auth's."""
-    pytest.importorskip("mlflow.server", reason="the full mlflow package (tracking server) is not installed")
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
-        yield uri
+    if _mlflow_starting is None:
+        pytest.skip("the full mlflow package (tracking server) is not installed")
+    return _mlflow_starting()
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,8 @@ def write_sweep(tmp: Path, **changes) -> Path:
 
 
 def cli(home: Path, *argv: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    if argv[:1] == ("sweep",) and (argv[1].endswith(".yaml") or argv[1] == "resume"):
+        argv = (*argv, "--poll", "0.2")  # the controller looks at its trials five times a second, not once: a test waits less
     return run_cli(*argv, home=home, env=env, timeout=timeout)
 
 
@@ -152,7 +154,7 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
     # Trials slowed to ~5 s of training (the runtime's test hook), so two are surely running at once to be caught.
     slow_base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 80, "step_sleep_s": 0.06}}
     sweep = write_sweep(tmp_path, name="resume", pruner={"type": "none"}, max_trials=4, base=slow_base)
-    cmd = [sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(sweep)]
+    cmd = [sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(sweep), "--poll", "0.2"]
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
     log = open(tmp_path / "first-controller.log", "w")
     first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -416,7 +418,7 @@ def test_a_cancelled_sweep_says_so_everywhere(tmp_path):
     home = tmp_path / "home"
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 100000, "eval_every": 1000}}
     spec = write_sweep(tmp_path, name="to-cancel", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"})
-    controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec)], cwd=REPO, text=True,
+    controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec), "--poll", "0.2"], cwd=REPO, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TRAINFORGE_HOME": str(home)})
     try:
         def a_trial_runs() -> bool:
@@ -530,7 +532,7 @@ def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20}}
     spec = write_sweep(tmp_path, name="downtime", base=base, max_trials=1, max_parallel=1, pruner={"type": "none"})
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
-    first = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec)], cwd=REPO, env=env,
+    first = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec), "--poll", "0.2"], cwd=REPO, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def launched() -> str | None:
@@ -611,10 +613,11 @@ def test_a_cancelled_sweep_is_resumed_only_on_purpose_and_an_extended_one_runs_o
     """Issue 25: cancel was final. Now a cancelled sweep refuses to continue by accident, `resume` continues it (the
     trial the cancel stopped runs again with its parameters, uncounted), and `extend` adds trials a resume then runs."""
     home = tmp_path / "home"
-    # Trials of ~4 s (step_sleep_s), so the cancel surely meets one running. max_steps stays above the space's warm-up.
-    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 50, "eval_every": 25, "step_sleep_s": 0.08}}
+    # Trials of ~2 s of training (step_sleep_s), so the cancel surely meets one running. max_steps stays above the
+    # space's warm-up.
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 50, "eval_every": 25, "step_sleep_s": 0.04}}
     spec = write_sweep(tmp_path, name="again", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"})
-    controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec)], cwd=REPO, text=True,
+    controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec), "--poll", "0.2"], cwd=REPO, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TRAINFORGE_HOME": str(home)})
     try:
         def a_trial_runs() -> bool:
@@ -717,10 +720,11 @@ def test_a_controller_sigkilled_at_each_step_of_the_launch_path_ends_with_the_pl
 
 
 def killed_sweep(tmp: Path, planned: int) -> Path:
-    # Trials that train for a few seconds (step_sleep_s), so some are surely running when the controller dies. max_steps
-    # stays above the space's largest warm-up (40).
-    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 50, "eval_every": 25, "step_sleep_s": 0.05}}
-    return write_sweep(tmp, name="killed", base=base, max_trials=planned, max_parallel=2, pruner={"type": "none"})
+    # Trials as small as a real trial gets (20 steps over the learning rate alone): what is under test is the
+    # controller's launch path, and a kill at the second launch meets the first trial's job starting or running.
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 20, "eval_every": 10, "warmup_steps": 2}}
+    return write_sweep(tmp, name="killed", base=base, max_trials=planned, max_parallel=2, pruner={"type": "none"},
+                       space={"lr": SWEEP["space"]["lr"]})
 
 
 def trial_jobs(home: Path) -> dict[str, dict]:

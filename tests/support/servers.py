@@ -65,13 +65,33 @@ def moto_server(tmp: Path, port: int | None = None):
 @contextmanager
 def mlflow_server(tmp: Path, port: int | None = None, env: dict[str, str] | None = None, app_name: str | None = None):
     """A real MLflow tracking server backed by SQLite (`env`: settings as the chart passes them; `app_name`: its
-    `--app-name`, e.g. basic-auth); yields its URI."""
+    `--app-name`, e.g. basic-auth); yields its URI once it answers."""
+    with mlflow_server_starting(tmp, port, env, app_name) as ready:
+        yield ready()
+
+
+@contextmanager
+def mlflow_server_starting(tmp: Path, port: int | None = None, env: dict[str, str] | None = None, app_name: str | None = None):
+    """The same server, yielded while it starts (it takes 10-15 s, mostly imports): `ready()` waits until it answers
+    and returns its URI, so the caller can do other work meanwhile."""
     port = port or free_port()
     cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
            "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", str(tmp / "artifacts"), "--workers", "1",
            *(["--app-name", app_name] if app_name else [])]
-    with process(cmd, f"http://127.0.0.1:{port}/health", 90, tmp / f"mlflow-{port}.log", env):
-        yield f"http://127.0.0.1:{port}"
+    uri = f"http://127.0.0.1:{port}"
+    with open(tmp / f"mlflow-{port}.log", "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env} if env else None)
+    answered: list[str] = []
+
+    def ready() -> str:
+        if not answered:
+            wait_http(f"{uri}/health", 90)
+            answered.append(uri)
+        return uri
+    try:
+        yield ready
+    finally:
+        stop(proc, 10)
 
 
 def scrape_config(pod_monitor: dict, targets: list[str], target_labels: dict[str, str]) -> dict:
