@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from support.lanes import TRAINING
+
 import yaml
 
 pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
@@ -113,7 +115,10 @@ def test_an_active_job_cannot_be_submitted_twice(tmp_path):
     cli(home, "submit", "--detach", str(path))
     second = cli(home, "submit", str(path), check=False)
     assert second.returncode == 2 and ("is pending" in second.stderr or "is running" in second.stderr)
+    # At once, as a script would: the supervisor may still be starting (it took the whole 60 s wait to say nothing).
+    started = time.monotonic()
     cli(home, "cancel", "twice")
+    assert status(home, "twice")["state"] == "cancelled" and time.monotonic() - started < 30
 
 
 def test_a_command_entry_gets_its_hyperparameters_as_json(tmp_path):

@@ -186,6 +186,14 @@ def cancel(name: str, wait_s: float = 60.0) -> JobState:
         state = JobState.load(name)
         if state.state not in ACTIVE:
             break
+        if state.effective_state == "lost":
+            # The signal reached a supervisor still starting, before its handler was set (a cancel right after
+            # `submit --detach`): it ended without recording anything, and it starts workers only once the handler is
+            # set. The job is cancelled; waiting for a record would take the whole wait_s.
+            state.state, state.reason, state.ended_at = "cancelled", "cancelled while its supervisor was starting", time.time()
+            state.save()
+            release_reserve(name)
+            break
         time.sleep(0.2)
     return state
 
