@@ -343,6 +343,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_up_mid_job_fails_it_with_the_reason_and_never_leaves_it_running(tmp_path, small_disk):
     """The first checkpoint fills the disk: the job ends `failed`, its record says the disk is full and what to do,
     no traceback; the record was written although nothing else could be (the job's reserve)."""

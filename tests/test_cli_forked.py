@@ -49,12 +49,14 @@ def both(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_forked_invocation_is_a_cold_one(both, name):
     cold, forked = both[name]
     assert (forked.returncode, forked.stdout, forked.stderr) == (cold.returncode, cold.stdout, cold.stderr)
 
 
+@pytest.mark.slow
 def test_the_sample_covers_success_refusal_and_the_callers_environment(both):
     codes = {cold.returncode for cold, _ in both.values()}
     assert 0 in codes and 2 in codes, codes

@@ -40,6 +40,8 @@ MASTER_SECRET = "mlflow-database"
 CFG = load_stack_file(STACKS / "Pulumi.dev.yaml")
 TEAMS = CFG.teams[:2]
 
+pytestmark = pytest.mark.slow  # a real server per test
+
 
 class Instance:
     """A PostgreSQL server set up like a new RDS instance of the stack."""

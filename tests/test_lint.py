@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from support.repo import REPO
 
 PRODUCT = ["src", "infra", "platform", "trainer", "policies"]
@@ -26,6 +28,7 @@ def test_ruff_finds_what_it_is_there_for(tmp_path):
     assert result.returncode == 1 and "F821" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_product_code_type_checks():
     """mypy (with pydantic's plugin) over the package laid out as installed (scripts/typecheck): an optional value
     passed where one is required, a wrong argument type between modules, a renamed attribute."""

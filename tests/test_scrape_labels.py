@@ -15,6 +15,8 @@ from trainforge.platform.manifests import monitoring
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="prometheus-client (runtime extra) is not installed")
 
+pytestmark = pytest.mark.slow  # a real server per test
+
 
 def query(url: str, promql: str) -> list[dict]:
     with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": promql}), timeout=5) as response:

@@ -330,6 +330,7 @@ def test_a_cluster_sweep_runs_a_trainjob_per_trial_in_the_teams_queue(tmp_path, 
         assert len(kube.api.of_kind("trainjobs", VISION)) == 4, "no TrainJob created for the refused trial"
 
 
+@pytest.mark.slow
 def test_a_trial_reads_its_study_database_from_the_mounted_file(tmp_path):
     """As on the cluster: the URL is a file (the team's Secret, mounted), not an argument nor a variable. A real run of
     the runtime reports its evaluations to the study it names."""
@@ -412,6 +413,7 @@ def test_ranges_whose_every_combination_is_valid_are_accepted():
                            "task_args.context": {"type": "int", "low": 32, "high": 64}, **LR}}, "s.yaml")
 
 
+@pytest.mark.slow
 def test_a_cancelled_sweep_says_so_everywhere(tmp_path):
     """Issue 25, item 7: a cancelled trial shows `cancelled` and why, the cancelled controller exits 1 (not 0 like a
     finished sweep), and a second cancel says there is nothing to cancel."""
@@ -497,6 +499,7 @@ def killed_controller_backend(after_record: bool):
     return KilledDuringSubmit()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after_record", [pytest.param(False, marks=full("the other of two kill points in the same launch", kept_by=ITSELF)), True],
                          ids=["before the job exists", "before its supervisor starts"])
 def test_a_controller_killed_while_launching_loses_and_strands_no_trial(tmp_path, monkeypatch, after_record):
@@ -524,6 +527,7 @@ def test_a_controller_killed_while_launching_loses_and_strands_no_trial(tmp_path
     assert all(study.user_attrs.get(f"trial.{t.number}.settled") for t in study.get_trials())
 
 
+@pytest.mark.slow
 def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next(tmp_path):
     """Issue 25, item 1: a trial whose job ended while the controller was down kept no cost, no settled state, and the
     restarted controller could start more trials on top. Killed with SIGKILL mid-trial; the job runs on and ends;
@@ -609,6 +613,7 @@ def test_extend_and_resume_refuse_what_they_cannot_do(tmp_path):
     assert empty.returncode == 2 and "nothing to extend" in empty.stderr
 
 
+@pytest.mark.slow
 def test_a_cancelled_sweep_is_resumed_only_on_purpose_and_an_extended_one_runs_on(tmp_path):
     """Issue 25: cancel was final. Now a cancelled sweep refuses to continue by accident, `resume` continues it (the
     trial the cancel stopped runs again with its parameters, uncounted), and `extend` adds trials a resume then runs."""
@@ -650,6 +655,7 @@ def test_a_cancelled_sweep_is_resumed_only_on_purpose_and_an_extended_one_runs_o
     assert [r["state"] for r in status["trials"]].count("cancelled") == 1
 
 
+@pytest.mark.slow
 def test_a_running_controller_takes_up_an_extension(tmp_path, monkeypatch):
     """Raised while the sweep runs, the limits are in effect at the controller's next look: one trial planned, one
     more added while it runs, two run."""
@@ -687,6 +693,7 @@ def overlap(intervals: list[tuple[float, float]]) -> int:
     return most
 
 
+@pytest.mark.slow
 @full("every launch step killed in turn (a minute and a half on two busy cores); the default lane kills the real "
       "controller with trials running, and the in-process launch kill, and both continue",
       kept_by="test_a_killed_controller_continues_the_same_study")
@@ -769,6 +776,7 @@ def test_a_second_objective_that_cannot_work_is_refused(tmp_path, change, says):
     assert result.returncode == 2 and says in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_a_sweep_searches_accuracy_against_cost_and_shows_the_pareto_front(tmp_path):
     """Issue 25, 'cost as a dimension': the instance type and capacity are searched; each trial's second value is the
     cost its job recorded; best shows the non-dominated trials; the report draws the front; the budget holds a trial
@@ -850,6 +858,7 @@ def test_a_sweep_warm_starts_from_the_best_trials_of_earlier_ones(tmp_path):
         .get_trials(states=(TrialState.WAITING,)) == waiting, "opened again: not enqueued twice"
 
 
+@pytest.mark.slow
 def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_path, mlflow_tracking):
     """Issue 25, 'promotion': `sweep best --promote --steps N` submits the best trial's job trained on to N steps
     from the trial's newest checkpoint (weights, optimizer, step), limits scaled, its MLflow run nested under the

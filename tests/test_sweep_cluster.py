@@ -150,6 +150,7 @@ def test_the_controller_may_do_with_jobs_what_a_member_may_and_nothing_more(clus
         assert raw_request(cluster.served, token, method, path, body) == 403, (method, path)
 
 
+@pytest.mark.slow
 def test_the_controller_runs_the_sweep_survives_a_node_loss_and_a_member_follows_it_with_a_kubeconfig(cluster):
     """Three trials, one at a time; the controller killed (SIGKILL, as a lost node) after the first and started again
     (as the Job restarts its pod): exactly three trial jobs, each settled once, never two alive; the member's CLI, which
@@ -206,6 +207,7 @@ def test_the_controller_runs_the_sweep_survives_a_node_loss_and_a_member_follows
     assert "controller: " in table.stdout and "3 trials planned" in table.stdout
 
 
+@pytest.mark.slow
 def test_a_member_cancels_extends_and_resumes_a_cluster_sweep(cluster):
     spec = sweep_file(cluster.tmp, "steered", max_trials=2, max_parallel=1)
     assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
