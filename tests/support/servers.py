@@ -30,16 +30,34 @@ def wait_http(url: str, timeout: float) -> None:
         except Exception as exc:  # noqa: BLE001 - not up yet
             last[:] = [exc]
             return False
-    wait_until(answers, timeout, what=f"{url} to answer (last: {last[-1] if last else None})")
+    try:
+        wait_until(answers, timeout, what=f"{url} to answer")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc} (last: {last[-1] if last else None})") from None
 
 
 @contextmanager
 def process(cmd: list[str], health_url: str, timeout: float, log: Path, env: dict[str, str] | None = None):
+    """A server process, yielded once `health_url` answers; stopped after."""
+    with process_starting(cmd, health_url, timeout, log, env) as ready:
+        yield ready()
+
+
+@contextmanager
+def process_starting(cmd: list[str], health_url: str, timeout: float, log: Path, env: dict[str, str] | None = None):
+    """The same process, yielded while it starts: `ready()` waits until `health_url` answers and returns the process,
+    so the caller can do other work meanwhile."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env} if env else None)
+    answered: list[subprocess.Popen] = []
+
+    def ready() -> subprocess.Popen:
+        if not answered:
+            wait_http(health_url, timeout)
+            answered.append(proc)
+        return proc
     try:
-        wait_http(health_url, timeout)
-        yield proc
+        yield ready
     finally:
         stop(proc, 10)
 
@@ -79,19 +97,11 @@ def mlflow_server_starting(tmp: Path, port: int | None = None, env: dict[str, st
            "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", str(tmp / "artifacts"), "--workers", "1",
            *(["--app-name", app_name] if app_name else [])]
     uri = f"http://127.0.0.1:{port}"
-    with open(tmp / f"mlflow-{port}.log", "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env} if env else None)
-    answered: list[str] = []
-
-    def ready() -> str:
-        if not answered:
-            wait_http(f"{uri}/health", 90)
-            answered.append(uri)
-        return uri
-    try:
+    with process_starting(cmd, f"{uri}/health", 90, tmp / f"mlflow-{port}.log", env) as started:
+        def ready() -> str:
+            started()
+            return uri
         yield ready
-    finally:
-        stop(proc, 10)
 
 
 def scrape_config(pod_monitor: dict, targets: list[str], target_labels: dict[str, str]) -> dict:
@@ -277,16 +287,13 @@ class Outage:
         self.url = f"http://127.0.0.1:{self.port}"
         self._target = target.rsplit(":", 1)[0].split("//")[-1], int(target.rsplit(":", 1)[1])
         self._listener: socket.socket | None = None
-        self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
 
     def restore(self) -> None:
         import threading
 
         self._listener = socket.create_server(("127.0.0.1", self.port))
-        accepting = threading.Thread(target=self._accept, daemon=True)
-        accepting.start()
-        self._threads.append(accepting)
+        threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
         import threading
