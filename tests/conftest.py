@@ -15,6 +15,7 @@ import pytest
 from support.evaluated import evaluation_of, typed_config
 from support.repo import STACK_FILES
 from support.servers import mlflow_server_starting
+from support import typecheck
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
@@ -51,6 +52,19 @@ def pytest_collection_modifyitems(config, items):
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full") is not None])
         items[:] = kept
+
+
+def pytest_configure(config):
+    """The xdist controller (not a worker, and only with workers) starts mypy beside the tests: support/typecheck.py."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    if typecheck.selected([str(a) for a in config.args], config.option.markexpr or "", config.invocation_params.dir):
+        typecheck.start_in_background()
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        typecheck.stop()
 
 
 def pytest_report_header(config):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from support import typecheck
 from support.repo import REPO
 
 PRODUCT = ["src", "infra", "platform", "trainer", "policies"]
@@ -32,5 +33,5 @@ def test_ruff_finds_what_it_is_there_for(tmp_path):
 def test_the_product_code_type_checks():
     """mypy (with pydantic's plugin) over the package laid out as installed (scripts/typecheck): an optional value
     passed where one is required, a wrong argument type between modules, a renamed attribute."""
-    result = subprocess.run([str(REPO / "scripts" / "typecheck")], capture_output=True, text=True, cwd=REPO, timeout=900)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    returncode, output = typecheck.result()
+    assert returncode == 0, output[-8000:]
