@@ -289,6 +289,49 @@ def test_a_checkpoint_that_would_run_code_is_refused_not_executed(trained_30_ste
     assert "Traceback" not in resumed.stderr
 
 
+def plant_in_optimizer_state(checkpoint: Path, marker: Path) -> None:
+    """Rewrite a checkpoint's shards with DCP itself, the payload in the optimizer's `param_groups` (a non-tensor value,
+    which DCP's default planner unpickles with weights_only=False), and fix the manifest to match."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    whole = checkpoint.parent / "whole.pt"
+    dcp_to_torch_save(checkpoint, whole)  # the honest checkpoint, read as the attacker would
+    state = torch.load(whole, weights_only=False)
+    whole.unlink()
+    state["optim"]["param_groups"][0]["lr"] = _Payload(marker)
+    for shard in [*checkpoint.glob("*.distcp"), checkpoint / ".metadata"]:
+        shard.unlink()
+    dcp.save(state, checkpoint_id=str(checkpoint), no_dist=True)  # pickles the payload; nothing runs
+    assert not marker.exists()
+    manifest = json.loads((checkpoint / "COMMITTED").read_text())
+    files = [f for f in checkpoint.iterdir() if f.name != "COMMITTED"]
+    manifest["files"] = {f.name: f.stat().st_size for f in files}
+    manifest["sha256"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    (checkpoint / "COMMITTED").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("how", ["resume", "start_from"])
+def test_a_payload_in_the_optimizer_state_never_runs(trained_30_steps, tmp_path, how):
+    """Issue 37: the shards' non-tensor values are read as data only, on resume and when another job starts from the
+    checkpoint (a promoted sweep trial): the job fails as a user error naming the checkpoint and the value."""
+    source = copy_of(trained_30_steps, tmp_path)
+    newest = source / "checkpoints" / "step-00000030"
+    marker = tmp_path / "pwned"
+    plant_in_optimizer_state(newest, marker)
+    if how == "resume":
+        done = run(source, "max_steps=40", nproc=None, check=False)
+    else:
+        job = tmp_path / "promoted"
+        job.mkdir()
+        done = run(job, "max_steps=40", f"checkpoint.start_from={source / 'checkpoints'}", nproc=None, check=False)
+    assert not marker.exists(), "the planted pickle ran"
+    assert done.returncode == exits.EXIT_USER_ERROR, done.stderr[-3000:]
+    assert "step-00000030" in done.stderr and "'optim.param_groups" in done.stderr and "not loaded" in done.stderr, done.stderr[-2000:]
+    assert "GLOBAL posix.system" in done.stderr, "the refusal names what the value asked to run"
+    assert "Traceback" not in done.stderr
+
+
 def test_a_checkpoint_written_now_resumes_with_data_only_loading(trained_30_steps, tmp_path):
     """Every file a save writes loads under the data-only rules (a save that wrote an object would fail here)."""
     tmp_path = copy_of(trained_30_steps, tmp_path)

@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from trainforge.trainer.runtime.checkpoint_files import (Committed, SafeReader, content_problem, file_digests,
+from trainforge.trainer.runtime.checkpoint_files import (Committed, SafeLoadPlanner, SafeReader, UnsafeCheckpoint, content_problem, file_digests,
                                                          load_data, rng_state, scan, saved_world_size, set_rng_state, start_from,
                                                          step_dir_name, write_manifest)
 from trainforge.trainer.runtime.config import CheckpointConfig, UserError
@@ -304,7 +305,14 @@ class CheckpointManager:
         trainer_state = load_data(checkpoint.path / "trainer.pt")  # first: refuse a bad checkpoint before touching the model
         reader = SafeReader(checkpoint.path)
         reader.read_metadata()  # here, not inside DCP's collective: a refusal reaches the user as itself
-        dcp.load(state, storage_reader=reader, process_group=self.pg)
+        try:
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(checkpoint.path), process_group=self.pg)
+        except CheckpointException as e:  # DCP gathers every rank's failure: a refusal reaches the user as itself
+            failures = [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+            unsafe = next((f for f in failures if isinstance(f, UnsafeCheckpoint)), None)
+            if unsafe is not None:
+                raise unsafe from None
+            raise
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = checkpoint.path / f"rng-rank{self.rank}.pt"
         same_world = saved_world_size(checkpoint.path) == self.world_size

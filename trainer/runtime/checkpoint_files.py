@@ -13,8 +13,10 @@ falls back to the one before, saying which; everyone resumes from rank 0's choic
 computed in the background, after its files are written and before it is committed.
 
 Loading never runs code from the files: tensors and trainer state through `torch.load(weights_only=True)` (data only:
-tensors, numbers, strings, lists, dicts), DCP's `.metadata` through an unpickler that builds only DCP's own metadata
-classes and torch's dtypes. A file that asks for anything else is refused (`UnsafeCheckpoint`), never executed: a
+tensors, numbers, strings, lists, dicts), the non-tensor values DCP keeps inside the shards (the optimizer's
+`param_groups`: learning rates, betas, flags) the same way through `SafeLoadPlanner` (DCP's default planner unpickles
+them with `weights_only=False`), DCP's `.metadata` through an unpickler that builds only DCP's own metadata classes and
+torch's dtypes. A file that asks for anything else is refused (`UnsafeCheckpoint`), never executed: a
 checkpoint is input, and whoever could write it must not be able to run code in the job that reads it.
 """
 
@@ -37,6 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import ReadItem
 
 from trainforge import paths
 from trainforge.trainer.runtime.config import UserError
@@ -169,13 +174,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          numpy["cached_gaussian"]))
 
 
+def unpickling_reason(error: pickle.UnpicklingError) -> str:
+    """The line of torch's refusal that names what the file asked for ("unsupported GLOBAL posix.system ..."), not its
+    preamble (which suggests loading with weights_only=False: exactly what must not happen here)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "GLOBAL" in line or "global" in line or "Unsupported" in line]
+    return (named or lines or ["unreadable"])[0][:200]
+
+
 def load_data(path: Path) -> Any:
     """A torch.save'd file of data only; anything that would construct other objects is refused with the reason."""
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpoint(f"{path}: holds more than data (tensors, numbers, strings, lists, dicts), so it is not "
-                               f"loaded: {str(e).splitlines()[0]}. A trainforge job never writes such a file; if this "
+                               f"loaded: {unpickling_reason(e)}. A trainforge job never writes such a file; if this "
                                "checkpoint was written by an older trainforge or by anyone else, remove its directory to "
                                "resume from the one before") from None
 
@@ -201,6 +214,27 @@ class _MetadataUnpickler(pickle.Unpickler):
                 if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
                     return found
         raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed in checkpoint metadata")
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, except that a non-tensor value stored in a shard is read as data only (its
+    `load_bytes`, otherwise the same: torch 2.13 default_planner.py)."""
+
+    def __init__(self, checkpoint: Path):
+        super().__init__()
+        self.checkpoint = checkpoint
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError as e:
+            raise UnsafeCheckpoint(f"{self.checkpoint}: the value of {read_item.dest_index.fqn!r} in its .distcp shards holds "
+                                   f"more than data, so it is not loaded: {unpickling_reason(e)}. Remove the checkpoint's "
+                                   "directory to resume from the one before") from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 class SafeReader(dcp.FileSystemReader):
