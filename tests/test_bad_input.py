@@ -76,6 +76,9 @@ BAD_FIELDS = [
     ("resources.instance_type", 5, "resources.instance_type"), ("resources.cpu", "-1", "resources.cpu"),
     ("resources.cpu", "lots", "resources.cpu"), ("resources.memory", "12 gigs", "resources.memory"),
     ("resources.memory", "-12Gi", "resources.memory"), ("resources.gpu", "h100", "resources"),
+    # Zero is no limit and counts as nothing for the quotas (issue 37, item 5); `check` of such a job used to crash.
+    ("resources.cpu", "0", "resources.cpu"), ("resources.cpu", "0m", "resources.cpu"), ("resources.memory", "0", "resources.memory"),
+    ("resources.memory", "0.0Gi", "resources.memory"),
     ("capacity", "cheap", "capacity"), ("capacity", None, "capacity"), ("checkpoint.interval_steps", 0, "checkpoint.interval_steps"),
     ("checkpoint.interval_steps", -10, "checkpoint.interval_steps"), ("checkpoint.keep_last", 0, "checkpoint.keep_last"),
     ("checkpoint.s3_uri", "http://bucket/x", "checkpoint.s3_uri"), ("checkpoint.s3_uri", "s3://../x", "checkpoint.s3_uri"),

@@ -134,6 +134,15 @@ TAMPERING = {
     "NFS": lambda pod: pod["spec"]["volumes"].append({"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}),
     "another claim": lambda pod: pod["spec"]["volumes"].append({"name": "o", "persistentVolumeClaim": {"claimName": "someone-elses"}}),
     "an ephemeral claim": lambda pod: pod["spec"]["volumes"].append({"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}),
+    # Resources that count (issue 37, item 5): zero is no limit and uncounted quota.
+    "zero cpu": lambda pod: pod["spec"]["containers"][0]["resources"].update(limits={**pod["spec"]["containers"][0]["resources"]["limits"], "cpu": "0"},
+                                                                             requests={**pod["spec"]["containers"][0]["resources"]["requests"], "cpu": "0"}),
+    "zero memory written as 0.0Gi": lambda pod: pod["spec"]["containers"][0]["resources"].update(
+        limits={**pod["spec"]["containers"][0]["resources"]["limits"], "memory": "0.0Gi"}),
+    "a zero request under a real limit": lambda pod: pod["spec"]["containers"][0]["resources"]["requests"].update(cpu="0m"),
+    "no limits": lambda pod: pod["spec"]["containers"][0]["resources"].pop("limits"),
+    "no resources at all": lambda pod: pod["spec"]["containers"][0].pop("resources"),
+    "an init container without limits": lambda pod: pod["spec"].update(initContainers=[{"name": "x", "image": "busybox"}]),
     # Placement: a team's pod lands only on tenant nodes (issue 26, item 5).
     "the system nodes": lambda pod: pod["spec"]["nodeSelector"].update({contract.LABEL_FLAVOUR: contract.Flavour.SYSTEM.value}),
     "no flavour at all": lambda pod: pod["spec"]["nodeSelector"].pop(contract.LABEL_FLAVOUR),

@@ -90,8 +90,12 @@ def _kueue_verdict(spec: JobSpec, platform: PlatformConfig, where: Placement, li
     cohort = [own if q["metadata"]["name"] == name else q for q in cohort]
     flavors = {f["metadata"]["name"]: f for f in kueue.resource_flavors(platform)}
     verdict = kueue.assign(kueue.pod_sets(render(spec, where)), own, cohort=cohort, flavors=flavors)
-    if verdict.admitted:
+    if verdict.admitted and verdict.flavours:
         return Flavour(next(iter(verdict.flavours.values())))
+    if verdict.admitted:  # nothing Kueue counts was requested (the spec refuses zero cpu and memory; kept for any other way in)
+        problems.append("resources: the job requests nothing Kueue's quota counts (cpu, memory, GPUs). Fix: give resources.cpu "
+                        "and resources.memory")
+        return None
     whose = "the cluster's" if live_queue is not None else "the stack's"
     problems.append(f"resources: Kueue can never admit this job into {whose} ClusterQueue {name} (quota plus what the cohort "
                     f"may lend): {'; '.join(verdict.problems)}. Fix: fewer nodes, GPUs, cpu or memory per node, another "

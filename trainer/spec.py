@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from trainforge import catalog, contract, durations
+from trainforge import catalog, contract, durations, nodes
 from trainforge import errors, yamlfile
 from trainforge.models import DNS_LABEL, S3_URI, StrictModel
 from trainforge.stackconfig import PlatformConfig
@@ -68,6 +68,17 @@ class Resources(_Model):
     # node that cannot hold it would be Pending for ever, and `check` refuses it.
     cpu: str = Field("3", pattern=QUANTITY)
     memory: str = Field("12Gi", pattern=QUANTITY)
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _counted(cls, amount: str, info: ValidationInfo) -> str:
+        """Requests are also the limits: zero would be no limit at all, and would count as nothing against the team's
+        ResourceQuota and Kueue quota (unbounded use beside other teams, uncounted)."""
+        if nodes.quantity(str(info.field_name), amount) <= 0:
+            example = "'500m' or '3'" if info.field_name == "cpu" else "'512Mi' or '12Gi'"
+            raise ValueError(f"{amount!r} is zero: a worker's {info.field_name} is both what it reserves and its limit, so "
+                             f"it must be more than nothing. Fix: e.g. {example}")
+        return amount
 
     @field_validator("instance_type")
     @classmethod

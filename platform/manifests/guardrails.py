@@ -89,6 +89,21 @@ def tenant_placement() -> str:
     return f"!has(object.spec.nodeName) && (({selector}) || ({affinity}))"
 
 
+# A quantity that is zero however it is written ("0", "0.0", "0m", "0Gi", "0e3"): zero requests count as nothing for
+# the ResourceQuota and Kueue, and a zero limit is no limit at all.
+_ZERO_QUANTITY = r"^[+]?0*([.]0*)?([eE][+-]?[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+
+def counted_resources() -> str:
+    """CEL: every container and init container limits cpu and memory to something, and requests nothing as zero."""
+    def nonzero(where: str, resource: str) -> str:
+        return f"!string(c.resources.{where}['{resource}']).matches('{_ZERO_QUANTITY}')"
+    limits = " && ".join(f"'{r}' in c.resources.limits && {nonzero('limits', r)}" for r in ("cpu", "memory"))
+    requests = " && ".join(f"(!('{r}' in c.resources.requests) || {nonzero('requests', r)})" for r in ("cpu", "memory"))
+    condition = f"has(c.resources) && has(c.resources.limits) && {limits} && (!has(c.resources.requests) || ({requests}))"
+    return " && ".join(f"(!has(object.spec.{field}) || object.spec.{field}.all(c, {condition}))" for field in ("containers", "initContainers"))
+
+
 def pod_validations() -> list[dict[str, str]]:
     pod = "object.spec.securityContext"
     volume_ok = " || ".join([f"has(v.{kind})" for kind in ALLOWED_VOLUME_KINDS]
@@ -107,6 +122,10 @@ def pod_validations() -> list[dict[str, str]]:
         {"expression": f"!has(object.spec.volumes) || object.spec.volumes.all(v, {volume_ok})",
          "message": f"a team's pod may mount only its namespace's FSx claims ({', '.join(ALLOWED_CLAIMS)}) and "
                     f"{', '.join(ALLOWED_VOLUME_KINDS)} volumes"},
+        {"expression": counted_resources(),
+         "message": "every container of a team's pod limits cpu and memory to more than zero, and requests neither as zero: "
+                    "zero counts as nothing against the team's quota, and a zero limit is none. Fix: submit with "
+                    "`trainforge submit` (resources.cpu and resources.memory are the requests and the limits)"},
         {"expression": tenant_placement(),
          "message": f"a team's pod runs only on tenant nodes ({', '.join(f.value for f in contract.TENANT_FLAVOURS)}), never on the "
                     f"system nodes that run the platform, and names no node. Fix: submit with `trainforge submit` (Kueue sets "
