@@ -1,5 +1,6 @@
 # The runtime image every training pod runs: CUDA PyTorch, the EFA libraries with the aws-ofi-nccl plugin (NCCL over
-# EFA), and this project with its `runtime` extra. Build and push with scripts/build-image.
+# EFA), and this project with its `runtime` extra. The platform's MLflow server runs on it too (`tracking-server`:
+# MLflow at the chart's appVersion and trainforge's auth app). Build and push with scripts/build-image.
 #
 # The base's torch must satisfy pyproject.toml's runtime range (tests/test_image.py checks TORCH_VERSION against it).
 ARG TORCH_VERSION=2.13.0
@@ -35,7 +36,7 @@ COPY infra ./infra
 COPY platform ./platform
 COPY policies ./policies
 COPY trainer ./trainer
-RUN python -m pip install ".[runtime]" \
+RUN python -m pip install ".[runtime,tracking-server]" \
  && python -c "import torch, trainforge.trainer.runtime.loop; print('torch', torch.__version__)"
 
 ARG GIT_COMMIT=unknown

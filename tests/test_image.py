@@ -55,8 +55,9 @@ def test_the_image_runs_as_a_non_root_user():
 
 def test_python_requirements_come_from_pyproject_alone():
     installs = [r for r in instructions("RUN") if "pip install" in r]
-    assert installs and all('".[runtime]"' in r or "'.[runtime]'" in r for r in installs), installs
-    assert "runtime" in PYPROJECT["project"]["optional-dependencies"]
+    # The training runtime, and the MLflow server the platform runs on this image (its auth app is trainforge's).
+    assert installs and all('".[runtime,tracking-server]"' in r for r in installs), installs
+    assert {"runtime", "tracking-server"} <= set(PYPROJECT["project"]["optional-dependencies"])
     assert not list(REPO.glob("requirements*.txt")), "a second list of requirements"
     copied = {i.split()[0] for i in instructions("COPY")}
     for folder in set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()):

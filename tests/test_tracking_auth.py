@@ -1,10 +1,14 @@
-"""MLflow as the stack deploys it: authenticated, each team its own user, no team reading or deleting another's runs.
+"""MLflow as the stack deploys it: authenticated, each team its own user, no team reading or deleting another's runs,
+and team A, attacking with its own valid credentials, gets nothing of team B's.
 
-A real MLflow server on loopback runs the auth app with the configuration the pinned chart renders from the program's
-values (the `auth_template.ini` ConfigMap, its placeholders filled from the program's admin Secret as the chart's init
-container does; the one change: `database_uri` points at SQLite instead of the RDS auth database). Each team's user is
-made by running the program's per-team Job command with the env the Job resolves from the program's Secrets. Then two
-real training jobs of the same name, one per team, log with their team's credentials.
+A real MLflow server on loopback runs the auth app the pinned chart renders from the program's values (its
+`--app-name`, its artifact flags, the env the chart passes, the `auth_template.ini` ConfigMap with its placeholders
+filled from the program's admin Secret as the chart's init container does; the one change: `database_uri` points at
+SQLite instead of the RDS auth database, and artifacts at a local directory instead of S3). Each team's user is made by
+running the program's per-team Job command with the env the Job resolves from the program's Secrets. Then real training
+jobs log with their team's credentials, and team A tries what basic-auth alone lets through (issue 37): a model
+version whose source is B's run, B's experiment name squatted (with and without a grant to B), a grant to B's user,
+the AI gateway's proxy, the server-side jobs API and scorer invocation.
 """
 
 from __future__ import annotations
@@ -55,17 +59,26 @@ def job_env(objects, job: dict, uri: str) -> dict[str, str]:
     return {**env, "MLFLOW_TRACKING_URI": uri}
 
 
-def call(uri: str, method: str, path: str, credentials: tuple[str, str] | None, body: dict | None = None) -> tuple[int, dict]:
-    headers = {"Content-Type": "application/json"}
+def exchange(uri: str, method: str, path: str, credentials: tuple[str, str] | None, data: bytes | None = None,
+             content_type: str = "application/json") -> tuple[int, bytes]:
+    headers = {"Content-Type": content_type}
     if credentials:
         headers["Authorization"] = "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
-    data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(uri + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"{}")
+            return response.status, response.read()
     except urllib.error.HTTPError as e:
-        return e.code, {}
+        return e.code, e.read()
+
+
+def call(uri: str, method: str, path: str, credentials: tuple[str, str] | None, body: dict | None = None) -> tuple[int, dict]:
+    """A JSON request; the answer's JSON (an error's too: MLflow's error_code and message), or {"text": ...}."""
+    status, raw = exchange(uri, method, path, credentials, json.dumps(body).encode() if body is not None else None)
+    try:
+        return status, json.loads(raw or b"{}")
+    except ValueError:
+        return status, {"text": raw.decode(errors="replace")}
 
 
 @pytest.fixture(scope="module", params=stack_variants())
@@ -79,7 +92,10 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
     (template,) = [o["data"]["auth_template.ini"] for o in charts["mlflow"] if o["kind"] == "ConfigMap" and "auth_template.ini" in o.get("data", {})]
     (deployment,) = [o for o in charts["mlflow"] if o["kind"] == "Deployment"]
     (server,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "mlflow"]
-    assert "--app-name=basic-auth" in server["args"]
+    (app_name,) = [a.split("=", 1)[1] for a in server["args"] if a.startswith("--app-name=")]
+    assert app_name == contract.MLFLOW_AUTH_APP, "the team boundary is trainforge's auth app, not basic-auth's alone"
+    assert "--serve-artifacts" in server["args"] and any(a.startswith("--artifacts-destination=s3://") for a in server["args"])
+    rendered_env = {v["name"]: v["value"] for v in server.get("env", []) if "value" in v and v["name"].startswith("TRAINFORGE_")}
     admin = (secret_value(objects, contract.NAMESPACE_MLFLOW, tracking.ADMIN_SECRET, "username"),
              secret_value(objects, contract.NAMESPACE_MLFLOW, tracking.ADMIN_SECRET, "password"))
     ini = template.replace("$(ADMIN_USERNAME_PLACEHOLDER)", admin[0]).replace("$(ADMIN_PASSWORD_PLACEHOLDER)", admin[1])
@@ -90,8 +106,8 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
     parsed["mlflow"]["database_uri"] = f"sqlite:///{tmp_path}/auth.db"
     with open(tmp_path / "basic_auth.ini", "w") as f:
         parsed.write(f)
-    env = {"MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-key"}
-    with mlflow_server(tmp_path, env=env, app_name="basic-auth") as uri:
+    env = {**rendered_env, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-key"}
+    with mlflow_server(tmp_path, env=env, app_name=app_name, proxied_artifacts=True) as uri:
         jobs = [o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].startswith("trainforge-mlflow-user-")]
         assert len(jobs) == len(cfg.teams)
         for job in jobs:
@@ -100,7 +116,7 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
                 done = subprocess.run([sys.executable if part == "python" else part for part in container["command"]],
                                       env={**os.environ, **job_env(objects, job, uri)}, capture_output=True, text=True, timeout=120)
                 assert done.returncode == 0 and done.stdout.strip().endswith(expected), done.stdout + done.stderr
-        yield uri, objects, cfg
+        yield uri, objects, cfg, admin
 
 
 def credentials(objects, team: str) -> tuple[str, str]:
@@ -109,14 +125,20 @@ def credentials(objects, team: str) -> tuple[str, str]:
             secret_value(objects, namespace, contract.MLFLOW_SECRET, contract.MLFLOW_PASSWORD_KEY))
 
 
-def train(workdir: Path, uri: str, team: str, login: tuple[str, str], job: str) -> None:
+def train(workdir: Path, uri: str, team: str, login: tuple[str, str], job: str, experiment: str = "trainforge",
+          expect: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLFLOW_TRACKING_USERNAME": login[0], "MLFLOW_TRACKING_PASSWORD": login[1]}
     workdir.mkdir(parents=True)
-    done = subprocess.run(command(workdir, [f"job_id={job}", f"team={team}", f"tracking.uri={uri}", "max_steps=10", "warmup_steps=2", "log_every=5",
-                                            "eval_every=10"], None), cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    # A word of its own: a run id (hex) may hold the digits 403 (CI printed one).
-    assert "unreachable" not in done.stderr and not re.search(r"\b403\b", done.stderr), done.stderr[-3000:]
+    done = subprocess.run(command(workdir, [f"job_id={job}", f"team={team}", f"tracking.uri={uri}", f"tracking.experiment={experiment}",
+                                            "max_steps=10", "warmup_steps=2", "log_every=5", "eval_every=10"], None),
+                          cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == expect, done.stderr[-3000:]
+    if expect:
+        return done
+    # A word of its own, outside the log lines' timestamps (",403" milliseconds) and run ids (hex: CI printed one).
+    messages = re.sub(r"(?m)^\S+ \S+ ", "", done.stderr)
+    assert "unreachable" not in done.stderr and not re.search(r"\b403\b", messages), done.stderr[-3000:]
+    return done
 
 
 def runs_of(uri: str, login: tuple[str, str], team: str, job: str) -> list[dict]:
@@ -129,7 +151,7 @@ def runs_of(uri: str, login: tuple[str, str], team: str, job: str) -> list[dict]
 
 
 def test_teams_log_to_their_own_runs_and_cannot_read_or_delete_each_others(deployed_mlflow, tmp_path):
-    uri, objects, cfg = deployed_mlflow
+    uri, objects, cfg, _ = deployed_mlflow
     a, b = cfg.teams[0].name, cfg.teams[1].name
     login_a, login_b = credentials(objects, a), credentials(objects, b)
     assert login_a[0] == contract.mlflow_user(a) and login_a[1] != login_b[1]
@@ -156,9 +178,131 @@ def test_teams_log_to_their_own_runs_and_cannot_read_or_delete_each_others(deplo
 
 
 def test_the_user_job_fails_clearly_on_wrong_admin_credentials(deployed_mlflow):
-    uri, objects, cfg = deployed_mlflow
+    uri, objects, cfg, _ = deployed_mlflow
     job = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].startswith("trainforge-mlflow-user-"))
     env = {**job_env(objects, job, uri), contract.MLFLOW_USER_ENV["admin_password"]: "not-the-admins-password"}
     done = subprocess.run([sys.executable, "-m", "trainforge.trainer.tracking_users"], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "refused the admin's credentials (401)" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---- team A attacks team B with its own valid credentials (issue 37) -------------------------------------------
+
+def experiment(uri: str, login: tuple[str, str], name: str) -> str:
+    status, made = call(uri, "POST", "/api/2.0/mlflow/experiments/create", login, {"name": name})
+    assert status == 200, (status, made)
+    return made["experiment_id"]
+
+
+def run_with_artifact(uri: str, login: tuple[str, str], experiment_id: str, name: str, content: bytes) -> tuple[str, str]:
+    """A run holding one file, uploaded through the server's artifact proxy as a client does; (run id, artifact URI)."""
+    status, made = call(uri, "POST", "/api/2.0/mlflow/runs/create", login, {"experiment_id": experiment_id})
+    assert status == 200, made
+    info = made["run"]["info"]
+    artifact_uri = info["artifact_uri"]
+    assert artifact_uri.startswith("mlflow-artifacts:/"), "artifacts proxied by the server, as the chart runs it"
+    path = artifact_uri.removeprefix("mlflow-artifacts:").lstrip("/")
+    status, _ = exchange(uri, "PUT", f"/api/2.0/mlflow-artifacts/artifacts/{path}/{name}", login, content, "application/octet-stream")
+    assert status == 200
+    return info["run_id"], artifact_uri
+
+
+def refused(answer: tuple[int, dict], why: str) -> bool:
+    """403 with MLflow's error body whose message says `why` (the app's own refusal, not any other 403)."""
+    status, body = answer
+    return status == 403 and why in body.get("message", "")
+
+
+def teams(deployed_mlflow):
+    uri, objects, cfg, admin = deployed_mlflow
+    a, b = cfg.teams[0].name, cfg.teams[1].name
+    return uri, admin, (a, credentials(objects, a)), (b, credentials(objects, b))
+
+
+def test_a_model_version_cannot_point_at_another_teams_run(deployed_mlflow, tmp_path):
+    """basic-auth checks the source run only when `run_id` is given; the server reads every team's artifacts with its
+    own role. Every spelling of B's artifacts as a source is refused; A's own still registers and reads back."""
+    uri, _, (a, login_a), (b, login_b) = teams(deployed_mlflow)
+    b_run, b_artifacts = run_with_artifact(uri, login_b, experiment(uri, login_b, f"{b}/secret-work"), "weights.txt", b"B's weights")
+    a_run, a_artifacts = run_with_artifact(uri, login_a, experiment(uri, login_a, f"{a}/own-work"), "weights.txt", b"A's weights")
+    assert call(uri, "POST", "/api/2.0/mlflow/registered-models/create", login_a, {"name": f"{a}.stolen"})[0] == 200
+    b_exp = b_artifacts.removeprefix("mlflow-artifacts:/").split("/")[0]
+    a_exp = a_artifacts.removeprefix("mlflow-artifacts:/").split("/")[0]
+    for source in (b_artifacts, f"mlflow-artifacts:/{b_exp}", f"runs:/{b_run}/", f"runs:/{b_run}/weights.txt",
+                   f"mlflow-artifacts:/{a_exp}/../{b_exp}/{b_run}/artifacts", f"mlflow-artifacts:/{a_exp}/%2e%2e/{b_exp}/{b_run}/artifacts",
+                   f"mlflow-artifacts://mlflow:5000/{b_exp}/{b_run}/artifacts", f"mlflow-artifacts:/workspaces/default/{b_exp}/{b_run}/artifacts",
+                   f"s3://bucket/mlflow/{b_exp}/{b_run}/artifacts", f"file:///{tmp_path}", f"models:/{b}.model/1", "runs:/no-such-run/"):
+        answer = call(uri, "POST", "/api/2.0/mlflow/model-versions/create", login_a, {"name": f"{a}.stolen", "source": source})
+        assert answer[0] == 403 and "source" in answer[1].get("message", ""), (source, answer)
+    # Nothing registered, so nothing of B's to read through A's model.
+    assert call(uri, "GET", f"/model-versions/get-artifact?name={a}.stolen&version=1&path=weights.txt", login_a)[0] != 200
+    # A's own run registers, and its file reads back through the version: the rule does not break the real use.
+    made = call(uri, "POST", "/api/2.0/mlflow/model-versions/create", login_a, {"name": f"{a}.stolen", "source": a_artifacts, "run_id": a_run})
+    assert made[0] == 200, made
+    version = made[1]["model_version"]["version"]
+    status, content = exchange(uri, "GET", f"/model-versions/get-artifact?name={a}.stolen&version={version}&path=weights.txt", login_a)
+    assert (status, content) == (200, b"A's weights")
+    # And B's file is still B's to read.
+    path = b_artifacts.removeprefix("mlflow-artifacts:").lstrip("/")
+    assert exchange(uri, "GET", f"/api/2.0/mlflow-artifacts/artifacts/{path}/weights.txt", login_b) == (200, b"B's weights")
+    assert exchange(uri, "GET", f"/api/2.0/mlflow-artifacts/artifacts/{path}/weights.txt", login_a)[0] == 403
+
+
+def test_names_are_the_teams_own_and_permissions_stay_inside_a_team(deployed_mlflow):
+    uri, _, (a, login_a), (b, login_b) = teams(deployed_mlflow)
+    for name in (f"{b}/trainforge", f"{b}/squat", "trainforge", f"{a}", f"{a}/", f"{a}-x/trainforge"):
+        answer = call(uri, "POST", "/api/2.0/mlflow/experiments/create", login_a, {"name": name})
+        assert refused(answer, "prefix"), (name, answer)
+    mine = experiment(uri, login_a, f"{a}/to-rename")
+    assert refused(call(uri, "POST", "/api/2.0/mlflow/experiments/update", login_a, {"experiment_id": mine, "new_name": f"{b}/trainforge"}), "prefix")
+    assert call(uri, "POST", "/api/2.0/mlflow/experiments/update", login_a, {"experiment_id": mine, "new_name": f"{a}/renamed"})[0] == 200
+    for name in (f"{b}.model", "model"):
+        answer = call(uri, "POST", "/api/2.0/mlflow/registered-models/create", login_a, {"name": name})
+        assert refused(answer, "prefix"), (name, answer)
+    assert call(uri, "POST", "/api/2.0/mlflow/registered-models/create", login_a, {"name": f"{a}.to-rename"})[0] == 200
+    assert refused(call(uri, "POST", "/api/2.0/mlflow/registered-models/rename", login_a, {"name": f"{a}.to-rename", "new_name": f"{b}.model"}), "prefix")
+    # A grant to another team's user is refused: a shared experiment is how B's runs would reach A.
+    grant = {"username": contract.mlflow_user(b), "resource_type": "experiment", "resource_id": mine, "permission": "EDIT"}
+    assert refused(call(uri, "POST", "/api/3.0/mlflow/users/permissions/grant", login_a, grant), "your own team")
+    status, seen = call(uri, "GET", f"/api/3.0/mlflow/users/permissions/get?username={contract.mlflow_user(b)}&resource_type=experiment&resource_id={mine}", login_b)
+    assert status == 200 and seen["permission"] == "NO_PERMISSIONS", seen
+    assert call(uri, "POST", "/api/3.0/mlflow/roles/create", login_a, {"name": "everyone", "workspace": "default"})[0] == 403
+
+
+def test_a_squatted_or_blinding_experiment_fails_the_job_loudly_and_b_logs_nothing_into_it(deployed_mlflow, tmp_path):
+    """What a server without the app (or an experiment from before it) would allow, made by the admin as a stand-in
+    for the squatter: `<b>/captured` granted EDIT to B (B would log into A's experiment), `<b>/blinded` granted nothing
+    (B's tracker would buffer for ever). B's job exits 2 naming the experiment and the fix; no run is created in it."""
+    uri, admin, _, (b, login_b) = teams(deployed_mlflow)
+    captured = experiment(uri, admin, f"{b}/captured")
+    grant = {"username": contract.mlflow_user(b), "resource_type": "experiment", "resource_id": captured, "permission": "EDIT"}
+    assert call(uri, "POST", "/api/3.0/mlflow/users/permissions/grant", admin, grant)[0] == 200
+    experiment(uri, admin, f"{b}/blinded")
+    for name in ("captured", "blinded"):
+        done = train(tmp_path / name, uri, b, login_b, f"victim-{name}", experiment=name, expect=2)
+        assert f"MLflow experiment '{b}/{name}'" in done.stderr and "Fix:" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    status, runs = call(uri, "POST", "/api/2.0/mlflow/runs/search", admin, {"experiment_ids": [captured]})
+    assert status == 200 and not runs.get("runs"), "B logged nothing into the experiment it does not own"
+
+
+def test_the_gateway_jobs_and_scorer_endpoints_are_off_for_everyone(deployed_mlflow):
+    """The gateway's model definitions take any `api_base` and /gateway/proxy then makes the server POST there (a
+    request forgery into the cluster); jobs and scorer invocation accept another team's experiment. The platform uses
+    none of them: refused for every user, the admin too, before anything is stored or called."""
+    uri, admin, (a, login_a), _ = teams(deployed_mlflow)
+    attempts = [("POST", "/api/3.0/mlflow/gateway/secrets/create", {"secret_name": "k", "secret_value": {"api_key": "x"}, "provider": "openai"}),
+                ("POST", "/ajax-api/3.0/mlflow/gateway/model-definitions/create", {"name": "m", "provider": "openai", "model_name": "x"}),
+                ("POST", "/api/3.0/mlflow/gateway/endpoints/create", {"name": "e"}),
+                ("GET", "/api/3.0/mlflow/gateway/endpoints/list", None),
+                ("POST", "/gateway/proxy/e/v1/anything", {"x": 1}),
+                ("POST", "/gateway/mlflow/v1/chat/completions", {"model": "e"}),
+                ("POST", "/ajax-api/3.0/jobs", {"job_name": "x", "params": {}}),
+                ("GET", "/ajax-api/3.0/jobs/search", None),
+                ("POST", "/ajax-api/3.0/mlflow/scorer/invoke", {"experiment_id": "1", "serialized_scorer": "{}"}),
+                ("PUT", "/api/3.0/mlflow/scorers/online-config", {"experiment_id": "1"})]
+    for login in (login_a, admin):
+        for method, path, body in attempts:
+            answer = call(uri, method, path, login, body)
+            assert refused(answer, "turned off on this platform"), (login[0], method, path, answer)
+    # What the platform does use still answers.
+    assert call(uri, "POST", "/api/2.0/mlflow/experiments/search", login_a, {"max_results": 5})[0] == 200

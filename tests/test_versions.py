@@ -63,6 +63,6 @@ def test_the_tests_run_the_mlflow_server_the_pinned_chart_runs():
     from trainforge.platform.manifests import charts
     version = charts.CHARTS["mlflow"].version
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    (pin,) = [r for r in project["project"]["optional-dependencies"]["dev"] if r.startswith("mlflow[auth]")]
+    (pin,) = [r for r in project["project"]["optional-dependencies"]["tracking-server"] if r.startswith("mlflow[auth]")]
     app_version = yaml.safe_load((helm.chart_dir("mlflow", version) / "Chart.yaml").read_text())["appVersion"]
     assert re.fullmatch(r"mlflow\[auth\]==([0-9.]+)", pin).group(1) == app_version

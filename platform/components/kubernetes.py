@@ -164,7 +164,7 @@ class TrackingServer(pulumi.ComponentResource):
     Jobs); every password reaches the chart only as a Kubernetes Secret."""
 
     def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], aws: AwsLayer, monitoring_release: pulumi.Resource,
-                 opts: pulumi.ResourceOptions):
+                 image: pulumi.Input[str], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:TrackingServer", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_MLFLOW), parent=self)
         secret = apply(database_secret(aws), parent=self, depends_on=[ns])
@@ -181,7 +181,8 @@ class TrackingServer(pulumi.ComponentResource):
                      for o in tracking.database_objects(host=aws.database.instance.address, master_secret=DATABASE_SECRET)]
         chart_values = values.mlflow(cfg, database_host=aws.database.instance.address, database_secret=tracking.SERVER_SECRET,
                                      artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn,
-                                     flask_secret_key=pulumi.Output.secret(flask_key.result))
+                                     flask_secret_key=pulumi.Output.secret(flask_key.result),
+                                     image=pulumi.Output.from_input(image).apply(values.chart_image))
         self.release = helm_release(charts["mlflow"], chart_values, parent=self,
                                     depends_on=[ns, server, admin, defaults, *databases, *aws.system_ready, monitoring_release])
         self.register_outputs({"tracking_uri": contract.MLFLOW_TRACKING_URI})
@@ -246,7 +247,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     guard = Guardrails(f"{name}-guardrails", opts)
     directories = TeamDirectories(team_directories_name(cfg), cfg, aws, default_image, cost.system, shared.objects[:1], opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role, after, opts)
-    tracking_server = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, opts)
+    tracking_server = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, default_image, opts)
     from trainforge.pricing import price_table
     from trainforge.platform.components.tenancy import SweepDatabase, Tenancy, TrackingUser
     database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking_server.namespace, tracking_server.secret])

@@ -183,12 +183,38 @@ def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
     }
 
 
+def chart_image(ref: str) -> dict[str, str]:
+    """`repo[:tag][@sha256:...]` (the pushed runtime image's ref, or the stack's own) as the MLflow chart's image values,
+    which it joins back as repository:tag[@digest]: a digest pins what runs; a ref without a tag keeps `latest`."""
+    name, _, digest = ref.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    repository, tag = (name.rsplit(":", 1) if ":" in last else (name, "latest"))
+    return {"repository": repository, "tag": tag, **({"digest": digest} if digest else {})}
+
+
+def migration_image(image: Any) -> Any:
+    """The chart's migration init container takes no digest value (its schema refuses one) and joins repository:tag,
+    so a digest rides in the tag: `repo:v1@sha256:...`, the same pinned image as the server."""
+    def joined(values: dict[str, str]) -> dict[str, str]:
+        tag = f"{values['tag']}@{values['digest']}" if values.get("digest") else values["tag"]
+        return {"repository": values["repository"], "tag": tag}
+    return image.apply(joined) if hasattr(image, "apply") else joined(image)
+
+
 def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, artifacts_bucket: Any, role_arn: Any,
-           flask_secret_key: Any) -> dict[str, Any]:
+           flask_secret_key: Any, image: Any) -> dict[str, Any]:
     """The tracking server on RDS PostgreSQL; artifacts proxied to S3 through the server's IRSA role, so training
     pods need no S3 permission for them. Every request is authenticated (platform/manifests/tracking.py); the Flask
-    session key is the stack's (stable across upgrades, not the chart's per-render random one)."""
+    session key is the stack's (stable across upgrades, not the chart's per-render random one).
+
+    It runs on the runtime image (`image`: chart_image's values), which carries MLflow's server at the chart's
+    appVersion and trainforge's auth app (trainer/mlflow_auth.py): the team boundary basic-auth alone does not draw.
+    The database migration runs on it too, so the server pod pulls no third-party MLflow image."""
+    features = cfg.kubernetes.mlflow.server_features
     return {
+        "image": image,
+        "initImages": {"mlflowDbMigration": migration_image(image)},
+        **({"extraEnvVars": {contract.MLFLOW_FEATURES_ENV: ",".join(features)}} if features else {}),
         "auth": tracking.chart_auth(database_host=database_host, database_secret=database_secret),
         "flaskServerSecretKey": flask_secret_key,
         "replicaCount": cfg.kubernetes.mlflow.replicas,

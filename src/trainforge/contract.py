@@ -250,6 +250,20 @@ def mlflow_user(team: str) -> str:
     return f"team-{team}"
 
 
+# The tracking server's auth app (trainer/mlflow_auth.py, `--app-name trainforge-auth`) and the MLflow features it keeps
+# off unless the stack lists them in kubernetes.mlflow.server_features (each lets a user make the server act for them).
+MLFLOW_AUTH_APP = "trainforge-auth"
+MLFLOW_SERVER_FEATURES = ("gateway", "jobs", "scorers")
+MLFLOW_FEATURES_ENV = "TRAINFORGE_MLFLOW_FEATURES"
+
+
+def team_of_mlflow_user(username: str) -> str | None:
+    """The team an MLflow user was made for (mlflow_user's inverse); None for the admin or anyone else."""
+    if not username.startswith("team-"):
+        return None
+    return username[len("team-"):] or None
+
+
 PROMETHEUS_URL = f"http://{PROMETHEUS_SERVICE_NAME}.{NAMESPACE_MONITORING}.svc.cluster.local:9090"
 GRAFANA_URL = f"http://{PROMETHEUS_RELEASE}-grafana.{NAMESPACE_MONITORING}.svc.cluster.local:80"
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"

@@ -81,20 +81,25 @@ def moto_server(tmp: Path, port: int | None = None):
 
 
 @contextmanager
-def mlflow_server(tmp: Path, port: int | None = None, env: dict[str, str] | None = None, app_name: str | None = None):
+def mlflow_server(tmp: Path, port: int | None = None, env: dict[str, str] | None = None, app_name: str | None = None,
+                  proxied_artifacts: bool = False):
     """A real MLflow tracking server backed by SQLite (`env`: settings as the chart passes them; `app_name`: its
-    `--app-name`, e.g. basic-auth); yields its URI once it answers."""
-    with mlflow_server_starting(tmp, port, env, app_name) as ready:
+    `--app-name`, e.g. trainforge-auth; `proxied_artifacts`: artifacts served by the server from a destination only it
+    reads, `mlflow-artifacts:/` URIs, as the chart runs it); yields its URI once it answers."""
+    with mlflow_server_starting(tmp, port, env, app_name, proxied_artifacts) as ready:
         yield ready()
 
 
 @contextmanager
-def mlflow_server_starting(tmp: Path, port: int | None = None, env: dict[str, str] | None = None, app_name: str | None = None):
+def mlflow_server_starting(tmp: Path, port: int | None = None, env: dict[str, str] | None = None, app_name: str | None = None,
+                           proxied_artifacts: bool = False):
     """The same server, yielded while it starts (it takes 10-15 s, mostly imports): `ready()` waits until it answers
     and returns its URI, so the caller can do other work meanwhile."""
     port = port or free_port()
     cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", str(tmp / "artifacts"), "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--workers", "1",
+           *(["--artifacts-destination", str(tmp / "artifacts"), "--serve-artifacts"] if proxied_artifacts else
+             ["--default-artifact-root", str(tmp / "artifacts")]),
            *(["--app-name", app_name] if app_name else [])]
     uri = f"http://127.0.0.1:{port}"
     with process_starting(cmd, f"{uri}/health", 90, tmp / f"mlflow-{port}.log", env) as started:

@@ -82,6 +82,8 @@ def tracker(cfg: RunConfig, env: Distributed, task: Task, precision: Precision, 
     from trainforge.trainer.runtime.tracking import Tracker, flatten
     run = Tracker(cfg.tracking.uri, cfg.tracking.experiment, job_id=cfg.job_id, team=cfg.team, run_name=cfg.job_id,
                   params=flatten(cfg.model_dump(mode="json")), tags=tracking_tags(cfg, env, task, precision))
+    # A foreign experiment fails the job before its first step; an unreachable server does not hold it up.
+    run.wait_for_first_contact(timeout=30)
 
     def point_at(c, _):
         pointer = {run_tags.CHECKPOINT_LATEST: str(c.path.resolve()), run_tags.CHECKPOINT_STEP: str(c.step)}

@@ -6,6 +6,12 @@ outage. A job has exactly one MLflow run however many times it restarts: the run
 `trainforge.job_id` and `trainforge.team` tags, in its team's experiment (`<team>/<experiment>`): two teams' jobs of
 one name never meet. On the platform the client signs in as the team's MLflow user (MLFLOW_TRACKING_USERNAME /
 MLFLOW_TRACKING_PASSWORD from the team's Secret) and can reach only experiments the team created.
+
+The experiment is found by name, so before logging anything the tracker makes sure it is the team's own: one it just
+created, or one its user MANAGEs. An experiment of that name that another user made (squatted before the platform's
+auth app refused foreign names, or on a server without it) would hand every run to its owner; one the team cannot
+read would leave tracking silently buffering for ever. Either is refused: the job fails with exit 2 (a user error)
+naming the experiment and the fix, at its first contact with the server or at the next log once it is reachable.
 """
 
 from __future__ import annotations
@@ -17,11 +23,17 @@ import time
 from typing import Any
 
 from trainforge import run_tags
+from trainforge.trainer.runtime.config import UserError
 
 log = logging.getLogger("trainforge.runtime")
 JOB_TAG = run_tags.JOB
 TEAM_TAG = run_tags.TEAM
 MAX_BATCH = 900  # MLflow accepts 1000 metrics per log_batch
+PERMISSION_PATH = "/api/3.0/mlflow/users/permissions/get"  # the auth app's: a user may ask about itself
+
+
+class ForeignExperiment(Exception):
+    """The team's experiment name is held by someone else: never retried, never logged into."""
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -33,6 +45,41 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[name] = str(value)[:6000]
     return out
+
+
+def _refusal(uri: str, experiment: str, team: str, detail: str) -> str:
+    return (f"MLflow experiment {experiment!r} at {uri} is not team {team}'s: {detail}. Nothing was logged into it. Fix: "
+            "a platform admin deletes or renames that experiment (another user made it), or set tracking.experiment to a "
+            "name of your own")
+
+
+def owned_experiment(client: Any, uri: str, name: str, team: str) -> str:
+    """The id of the team's experiment `name`, created if it does not exist yet; ForeignExperiment if the name is held
+    by another user (one the signed-in user cannot read, or does not MANAGE: what its creator gets). A server without
+    users (no auth app) has no owners to check."""
+    from mlflow.exceptions import MlflowException
+    try:
+        experiment = client.get_experiment_by_name(name)
+    except MlflowException as e:
+        if e.error_code == "PERMISSION_DENIED" or e.get_http_status_code() == 403:
+            raise ForeignExperiment(_refusal(uri, name, team, "it exists and this team's MLflow user may not read it")) from None
+        raise
+    if experiment is None:
+        return client.create_experiment(name)  # its creator MANAGEs it
+    import requests
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if not user or not password:
+        return experiment.experiment_id
+    answer = requests.get(uri.rstrip("/") + PERMISSION_PATH, auth=(user, password),
+                          params={"username": user, "resource_type": "experiment", "resource_id": experiment.experiment_id},
+                          timeout=float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")))
+    if answer.status_code == 404:
+        return experiment.experiment_id  # no permissions API: the server runs without an auth app
+    answer.raise_for_status()
+    level = answer.json().get("permission")
+    if level != "MANAGE":
+        raise ForeignExperiment(_refusal(uri, name, team, f"its user {user} has {level} on it, not MANAGE: another user made it"))
+    return experiment.experiment_id
 
 
 class Tracker:
@@ -50,18 +97,33 @@ class Tracker:
         self._cv = threading.Condition()
         self._closing = False
         self._status = "FINISHED"
+        self.refused: str | None = None  # why the experiment is not the team's (tracking stopped)
+        self._first_contact = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainforge-tracking", daemon=True)
         self._thread.start()
 
     # ---- called from the training loop (never blocks on the network) ----------------------------------
 
+    def wait_for_first_contact(self, timeout: float) -> None:
+        """Until the first attempt to reach the server has ended (either way), at most `timeout` s; raises UserError
+        if the experiment turned out not to be the team's."""
+        self._first_contact.wait(timeout)
+        self._raise_if_refused()
+
+    def _raise_if_refused(self) -> None:
+        if self.refused is not None:
+            raise UserError(self.refused)
+
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._raise_if_refused()
         now = int(time.time() * 1000)
         with self._cv:
             self._metrics.extend((k, float(v), now, step) for k, v in metrics.items())
             self._cv.notify()
 
     def set_tags(self, tags: dict[str, str]) -> None:
+        if self.refused is not None:
+            return  # called from a checkpoint commit: the commit stands; the next log_metrics fails the job
         with self._cv:
             self._pending_tags.update(tags)
             self._cv.notify()
@@ -76,6 +138,8 @@ class Tracker:
             self._status, self._closing = status, True
             self._cv.notify()
         self._thread.join(timeout)
+        if self.refused is not None:
+            return False
         if self._thread.is_alive():
             log.warning("MLflow at %s unreachable; %d buffered records not recorded", self.uri, self.buffered())
             return False
@@ -87,11 +151,13 @@ class Tracker:
         from mlflow import MlflowClient
         return MlflowClient(tracking_uri=self.uri)
 
+    def _find_experiment(self, client) -> str:
+        return owned_experiment(client, self.uri, self.experiment, self.team)
+
     def _ensure_run(self, client) -> str:
         if self.run_id is not None:
             return self.run_id
-        experiment = client.get_experiment_by_name(self.experiment)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+        experiment_id = self._find_experiment(client)
         found = client.search_runs([experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}' and tags.`{TEAM_TAG}` = '{self.team}'",
                                    max_results=1)
         if found:
@@ -130,7 +196,10 @@ class Tracker:
                 closing = self._closing
             try:
                 client = client or self._client()
-                run_id = self._ensure_run(client)
+                try:
+                    run_id = self._ensure_run(client)
+                finally:
+                    self._first_contact.set()
                 while self.buffered():
                     self._drain(client, run_id)
                 if closing:
@@ -141,6 +210,12 @@ class Tracker:
                     outage_since, backoff = None, 1.0
                 with self._cv:
                     self._cv.wait(1.0)  # batch what arrives over the next second
+            except ForeignExperiment as refused:
+                log.error("%s", refused)
+                with self._cv:
+                    self.refused = str(refused)
+                    self._metrics, self._pending_tags = [], {}
+                return
             except Exception as exc:  # noqa: BLE001 - any tracking failure must stay out of training
                 if outage_since is None:
                     outage_since = time.time()

@@ -8,6 +8,8 @@ import json
 import optuna
 
 from trainforge import run_tags
+from trainforge.trainer.runtime.config import UserError
+from trainforge.trainer.runtime.tracking import ForeignExperiment, owned_experiment
 from trainforge.trainer.sweeps.spec import Sweep
 from trainforge.trainer.sweeps.study import best_trials
 
@@ -22,8 +24,10 @@ class SweepTracking:
         parent_run_id = study.user_attrs.get("mlflow_run_id")
         if parent_run_id is None:
             name = run_tags.team_experiment(sweep.base.team, sweep.base.tracking.experiment)  # where its trials' runs are
-            experiment = self.client.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            try:  # the trials' own runs check the same before logging
+                experiment_id = owned_experiment(self.client, uri, name, sweep.base.team)
+            except ForeignExperiment as e:
+                raise UserError(str(e)) from None
             run = self.client.create_run(experiment_id, run_name=sweep.name,
                                          tags={run_tags.SWEEP: sweep.name, run_tags.TEAM: sweep.base.team})
             parent_run_id = run.info.run_id

@@ -75,6 +75,10 @@ class MlflowConfig(_Model):
     backup_retention_days: int = Field(7, ge=1, le=35)
     multi_az: bool = False
     replicas: int = Field(1, ge=1, le=10, description="tracking server pods")
+    server_features: list[Literal["gateway", "jobs", "scorers"]] = Field(
+        [], description="MLflow features the platform keeps off, turned on: the AI gateway (the server calls any URL a "
+                        "user's model definition names), server-side jobs, scorer invocation (neither checks the "
+                        "experiment's team)")
 
 
 class KubernetesConfig(_Model):
