@@ -49,6 +49,21 @@ class _LogInterval:
     data_wait_s: float = 0.0
 
 
+def add_eval_sums(total: dict[str, torch.Tensor], sums: dict[str, Any], device: torch.device) -> None:
+    """Add one batch's eval sums to the running totals, each on `device`: a task may return a CPU scalar or a float
+    (a user's task; on CUDA, mixing it with the model's device would be refused), and the totals are all-reduced as one
+    tensor there."""
+    for key, value in sums.items():
+        value = torch.as_tensor(value).detach().float().to(device)
+        total[key] = total[key] + value if key in total else value
+
+
+def packed_eval_sums(total: dict[str, torch.Tensor], device: torch.device) -> tuple[list[str], torch.Tensor]:
+    """The totals in key order as one tensor on `device`: what the all-reduce takes."""
+    keys = sorted(total)
+    return keys, (torch.stack([total[k] for k in keys]) if keys else torch.zeros(0, device=device))
+
+
 @dataclass
 class RunResult:
     exit_code: int
@@ -183,10 +198,8 @@ class Trainer:
             if self.cfg.eval_batches is not None and i >= self.cfg.eval_batches:
                 break
             with precision.autocast(self.cfg.precision, self.env.device):
-                for k, v in self.task.eval_sums(self.model, self._to_device(batch)).items():
-                    sums[k] = sums.get(k, 0) + v.detach().float()
-        keys = sorted(sums)
-        packed = torch.stack([sums[k] for k in keys]).to(self.env.device)
+                add_eval_sums(sums, self.task.eval_sums(self.model, self._to_device(batch)), self.env.device)
+        keys, packed = packed_eval_sums(sums, self.env.device)
         dist.all_reduce(packed)
         self.model.train()
         return self.task.summarize({k: float(v) for k, v in zip(keys, packed.tolist())})

@@ -67,7 +67,7 @@ def _classifier_eval(model: nn.Module, batch: tuple) -> dict[str, torch.Tensor]:
     x, y = batch
     logits = model(x).float()
     return {"loss_sum": nn.functional.cross_entropy(logits, y, reduction="sum"),
-            "correct": (logits.argmax(-1) == y).sum().float(), "count": torch.tensor(float(len(y)))}
+            "correct": (logits.argmax(-1) == y).sum().float(), "count": torch.tensor(float(len(y)), device=y.device)}
 
 
 def _classifier_summary(s: dict[str, float]) -> dict[str, float]:
@@ -158,7 +158,7 @@ def _lm_eval(model: nn.Module, batch: tuple) -> dict[str, torch.Tensor]:
     x, y = batch
     logits = model(x).float()
     return {"loss_sum": nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"),
-            "count": torch.tensor(float(y.numel()))}
+            "count": torch.tensor(float(y.numel()), device=y.device)}
 
 
 def _lm_summary(s: dict[str, float]) -> dict[str, float]:

@@ -1,0 +1,45 @@
+"""Device paths proven device-faithfully on the CPU (issue 38): the code that will run on CUDA run with the model and
+its batches on the `meta` device, which, like CUDA, refuses to mix devices in one operation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainforge.trainer.runtime import tasks
+from trainforge.trainer.runtime.loop import add_eval_sums, packed_eval_sums
+
+META = torch.device("meta")
+
+
+def on_meta(name: str):
+    task = tasks.BUNDLED[name]()
+    with META:
+        model = task.build_model()
+    batch = next(iter(torch.utils.data.DataLoader(task.eval_set, batch_size=4)))
+    return task, model, tuple(t.to(META) for t in batch)
+
+
+@pytest.mark.parametrize("name", sorted(tasks.BUNDLED))
+def test_every_bundled_tasks_evaluation_stays_on_the_models_device_up_to_its_all_reduce(name):
+    """Each sum a bundled task returns is on the batch's device (a CPU `count` beside CUDA sums was refused at the
+    stack before the all-reduce: every GPU job died at its first evaluation), and the packed totals are one tensor there."""
+    task, model, batch = on_meta(name)
+    sums = task.eval_sums(model, batch)
+    assert {key: value.device for key, value in sums.items()} == {key: META for key in sums}
+    total: dict[str, torch.Tensor] = {}
+    for _ in range(2):
+        add_eval_sums(total, task.eval_sums(model, batch), META)
+    keys, packed = packed_eval_sums(total, META)
+    assert keys == sorted(sums) and packed.device == META and packed.shape == (len(keys),)
+
+
+def test_a_users_task_may_return_cpu_scalars_and_floats():
+    total: dict[str, torch.Tensor] = {}
+    add_eval_sums(total, {"loss_sum": torch.tensor(3.0, device=META), "count": torch.tensor(4.0), "extra": 2}, META)
+    keys, packed = packed_eval_sums(total, META)
+    assert keys == ["count", "extra", "loss_sum"] and packed.device == META
+    total = {}
+    add_eval_sums(total, {"loss_sum": torch.tensor(3.0), "count": 4}, torch.device("cpu"))
+    add_eval_sums(total, {"loss_sum": torch.tensor(1.0), "count": 4}, torch.device("cpu"))
+    assert packed_eval_sums(total, torch.device("cpu"))[1].tolist() == [8.0, 4.0]
