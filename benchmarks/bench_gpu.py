@@ -82,7 +82,7 @@ def runtime_tokens_per_s(task_args: dict, batch: int, steps: int, warmup: int, s
     from trainforge.trainer.runtime.tasks import load_task
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig.model_validate({"task": "char_lm", "task_args": task_args, "max_steps": steps, "batch_size": batch,
-                                        "precision": "bf16", "strategy": strategy, "compile": compile_model, "deterministic": False,
+                                        "precision": "bf16", "strategy": strategy, "compile": compile_model,
                                         "eval_every": 10_000, "eval_batches": 1, "log_every": LOG_EVERY, "warmup_steps": 5,
                                         "output_dir": f"{tmp}/run", "checkpoint": {"dir": f"{tmp}/ckpt", "interval_steps": 10_000}})
         Trainer(load_task("char_lm", **task_args), cfg, env).run(guard)

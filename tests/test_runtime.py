@@ -173,6 +173,7 @@ def test_the_language_model_learns_in_the_precision_auto_picks(tmp_path):
     run(tmp_path, "task=char_lm", "precision=auto", "max_steps=150", "eval_every=50", "eval_batches=8", "lr=0.003")
     outcome = result(tmp_path)
     assert outcome["precision"] in ("bf16", "fp32") and outcome["precision_reason"].startswith("auto: ")
+    assert outcome["deterministic"] is True and outcome["deterministic_reason"].startswith("auto: on on cpu"), "issue 38: what the device honours"
     import math
     uniform = math.log(95)  # printable ASCII vocabulary
     assert outcome["last_eval"]["loss"] < 0.7 * uniform, outcome

@@ -63,14 +63,27 @@ class _Pending:
     started: float
 
 
+def settle_device(device: torch.device) -> None:
+    """Wait until the work queued on `device`'s current stream (the step's backward and optimizer update) has run.
+
+    An async save stages the state on its own CUDA stream, which does not wait for the compute stream (torch 2.13
+    distributed/checkpoint/staging.py): without this, the copy can read parameters and Adam moments from before the
+    step's update, or half of it, and a resume restores torn state silently. (A log step's `.item()` syncs too, which
+    hid this while checkpoint steps were also log steps.) A no-op on the CPU, whose work is done when it returns."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 class CheckpointManager:
     """Saves, commits, prunes and finds checkpoints, and decides when. Every rank calls every method; rank 0 does the
     bookkeeping. With a `subject` it owns what is saved: the loop calls `maybe_save` each step, `final_save` at the
     end, `emergency_save` on preemption and `load_latest` at start; `save`/`load` are the parts they are made of."""
 
     def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, metric_mode: str, process_group: dist.ProcessGroup,
-                 subject: Subject | None = None):
+                 subject: Subject | None = None, device: torch.device = torch.device("cpu")):
         self.cfg, self.rank, self.world_size, self.metric_mode = cfg, rank, world_size, metric_mode
+        # Called right before a save reads the state: the step's queued device work must have written it (below).
+        self.settle: Callable[[], None] = lambda: settle_device(device)
         self.subject = subject
         self.directory = Path(cfg.dir)
         # Checkpoint collectives run in a background thread; their own gloo group keeps them from
@@ -191,6 +204,7 @@ class CheckpointManager:
             torch.save(trainer_state, path / "trainer.pt")
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
+        self.settle()
         if blocking or not self.cfg.async_save:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
             self._commit(step, path, metric, started)

@@ -95,7 +95,10 @@ class RunConfig(_Model):
     # auto: bf16 where the device computes it natively, else fp16 + loss scaling (CUDA) or fp32 (runtime/precision.py)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     seed: int = 0
-    deterministic: bool = True
+    deterministic: bool | None = Field(
+        None, description="deterministic kernels; unset: what the device can honour: on on the CPU (resume is bit-identical), off on "
+                          "CUDA (ops without a deterministic kernel would raise, attention would take slower kernels); the choice is "
+                          "in the log and result.json")
     max_steps: int = Field(200, ge=1)
     batch_size: int = Field(64, ge=1, description="per rank, per micro-batch")
     grad_accum_steps: int = Field(1, ge=1)

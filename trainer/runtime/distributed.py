@@ -74,6 +74,17 @@ def leave_distributed(env: Distributed, *, clean: bool) -> None:
             os.environ.pop(name, None)
 
 
+def resolve_deterministic(asked: bool | None, device: torch.device) -> tuple[bool, str]:
+    """Whether kernels run deterministically, and why: as asked, else on where it costs nothing and resume must be
+    bit-identical (the CPU), off on CUDA, where torch raises for ops without a deterministic kernel and picks slower
+    attention kernels (turn it on there to compare runs bit for bit)."""
+    if asked is not None:
+        return asked, "as configured"
+    if device.type == "cuda":
+        return False, "auto: off on CUDA (some ops have no deterministic kernel; set deterministic: true to compare runs bit for bit)"
+    return True, f"auto: on on {device.type} (free there; resume is bit-identical)"
+
+
 def seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)

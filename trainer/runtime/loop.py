@@ -20,7 +20,7 @@ from trainforge.trainer.runtime import build, channels, hooks, precision
 from trainforge.trainer.runtime.checkpoint import CheckpointManager, Subject
 from trainforge.trainer.runtime.config import RunConfig
 from trainforge.trainer.runtime.data import ResumableDistributedSampler, micro_batches
-from trainforge.trainer.runtime.distributed import Distributed, seed_everything
+from trainforge.trainer.runtime.distributed import Distributed, resolve_deterministic, seed_everything
 from trainforge.trainer.runtime.preemption import PreemptionGuard
 from trainforge.trainer.runtime.stop_agreement import InFlight, agree, land
 from trainforge.trainer.runtime.tasks import Task
@@ -73,15 +73,20 @@ class RunResult:
     stopped_because: str
     precision: str = "fp32"  # what the run computed in
     precision_reason: str = ""
+    deterministic: bool = True  # whether its kernels were deterministic, and why (distributed.resolve_deterministic)
+    deterministic_reason: str = ""
 
 
 class Trainer:
     def __init__(self, task: Task, cfg: RunConfig, env: Distributed):
         self.precision = precision.agreed(cfg.precision, env.device, env.control_group, announce=env.is_main)
         # What is logged, tracked and run: the precision chosen, the task's metric where the config names none.
-        cfg = hooks.resolve_metric(cfg.model_copy(update={"precision": self.precision.chosen}), task)
+        deterministic, self.deterministic_reason = resolve_deterministic(cfg.deterministic, env.device)
+        cfg = hooks.resolve_metric(cfg.model_copy(update={"precision": self.precision.chosen, "deterministic": deterministic}), task)
         self.task, self.cfg, self.env = task, cfg, env
-        seed_everything(cfg.seed, cfg.deterministic)
+        if env.is_main:
+            log.info("deterministic: %s (%s)", deterministic, self.deterministic_reason)
+        seed_everything(cfg.seed, deterministic)
         self.model = build.shard(task, task.build_model(), cfg, env)
         self.optimizer = build.optimizer_for(task, self.model, cfg)
         self.scheduler = build.scheduler_for(task, self.optimizer, cfg)
@@ -92,15 +97,15 @@ class Trainer:
         self.eval_hooks: list[hooks.EvalHook] = hooks.default_eval_hooks(cfg)
         self.checkpoints = CheckpointManager(cfg.checkpoint, rank=env.rank, world_size=env.world_size, metric_mode=hooks.resolved_metric(cfg)[1],
                                              process_group=env.checkpoint_group,
-                                             subject=Subject(self.model, self.optimizer, self.stateful))
+                                             subject=Subject(self.model, self.optimizer, self.stateful), device=env.device)
         self.output = Path(cfg.output_dir)
         self.output.mkdir(parents=True, exist_ok=True)
         self.metrics = channels.runtime_metrics(cfg, env, self.checkpoints)
         self.s3 = channels.durable_tier(cfg, env, self.checkpoints, self.metrics)
         self.tracker = channels.tracker(cfg, env, task, self.precision, self.checkpoints)
 
-    def _precision_record(self) -> tuple[str, str]:
-        return self.precision.chosen, self.precision.reason
+    def _precision_record(self) -> tuple[str, str, bool, str]:
+        return self.precision.chosen, self.precision.reason, bool(self.cfg.deterministic), self.deterministic_reason
 
     def close(self, status: str) -> None:
         """Finish the checkpoint machinery (its staging threads and cached buffers must not outlive the process
