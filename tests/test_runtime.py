@@ -148,6 +148,19 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(trained_30_steps, t
     assert (tmp_path / "checkpoints" / "step-00000040" / "COMMITTED").exists()
 
 
+def test_fsdp_never_holds_the_whole_model_on_a_rank(tmp_path):
+    """Issue 38: FSDP2 builds on the meta device, shards, then materialises and initialises module by module, so each
+    of two ranks peaks near half the model plus one module, where building it whole (as before) held all of it."""
+    width, depth = 4096, 8  # 7 hidden 4096x4096 layers: about 450 MiB of fp32 parameters; one module is 64 MiB
+    run(tmp_path, "strategy=fsdp", "task=classifier", f"task_args.width={width}", f"task_args.depth={depth}", "max_steps=1",
+        "warmup_steps=0", "eval_batches=1", "batch_size=8")
+    for rank in (0, 1):
+        memory = json.loads((tmp_path / "run" / f"host-memory-rank{rank}.json").read_text())
+        assert memory["materialised"] == "meta" and memory["model_mb"] > 400, memory
+        grew = memory["peak_mb"] - memory["before_mb"]
+        assert grew < memory["model_mb"] / 2 + 128, f"rank {rank} grew {grew:.0f} MiB building a {memory['model_mb']:.0f} MiB model"
+
+
 def test_a_two_rank_fsdp_checkpoint_resumes_on_one_rank(tmp_path):
     run(tmp_path, "strategy=fsdp", "max_steps=20", "warmup_steps=5")
     run(tmp_path, "strategy=fsdp", "max_steps=30", "warmup_steps=5", nproc=None)

@@ -86,3 +86,75 @@ def test_deterministic_defaults_to_what_the_device_can_honour():
     assert on_cuda is False and "deterministic: true" in why, "off on CUDA, saying how to turn it on"
     assert resolve_deterministic(True, torch.device("cuda", 0)) == (True, "as configured")
     assert resolve_deterministic(False, torch.device("cpu")) == (False, "as configured")
+
+
+# ---- FSDP2: built on meta, initialised module by module, mixed precision on every unit --------------------------
+
+@pytest.fixture
+def world_of_one():
+    """A real gloo process group of one (the runtime's Distributed, made as init_distributed makes it)."""
+    import torch.distributed as dist
+
+    from trainforge.trainer.runtime.distributed import Distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield Distributed(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"),
+                          checkpoint_group=dist.new_group(backend="gloo"), control_group=dist.new_group(backend="gloo"))
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_config(**more):
+    from trainforge.trainer.runtime.config import RunConfig
+    return RunConfig.model_validate({"strategy": "fsdp", "task": "char_lm", **more})
+
+
+@pytest.mark.parametrize("chosen,param_dtype", [("bf16", torch.bfloat16), ("fp32", None)])
+def test_every_fsdp_unit_computes_in_the_runs_precision_and_reduces_in_fp32(world_of_one, chosen, param_dtype):
+    from trainforge.trainer.runtime import build
+    task = tasks.BUNDLED["char_lm"]()
+    model, memory = build.build_model(task, fsdp_config(), world_of_one, chosen)
+    units = [*task.fsdp_units(model), model]  # type: ignore[misc]  # the bundled LM names its units
+    for unit in units:
+        policy = unit._get_fsdp_state()._mp_policy
+        assert (policy.param_dtype, policy.reduce_dtype) == (param_dtype, torch.float32), unit
+    assert model._get_fsdp_state()._mp_policy.output_dtype == torch.float32, "the loss reads fp32 logits"
+    assert memory.materialised == "meta"
+    assert all(p.device.type == "cpu" for p in model.parameters()), "nothing left on meta"
+    x, _ = next(iter(torch.utils.data.DataLoader(task.eval_set, batch_size=2)))
+    assert model(x).dtype == torch.float32
+
+
+def test_the_meta_build_initialises_the_same_weights_whatever_the_world_size(world_of_one):
+    """Seeded per module by name: a world of one gets the full tensors a sharded world assembles (the two-rank case is
+    test_runtime's FSDP resume and memory tests), and a second build gives the same bits."""
+    from trainforge.trainer.runtime import build
+    task = tasks.BUNDLED["char_lm"]()
+    first, _ = build.build_model(task, fsdp_config(seed=3), world_of_one, "fp32")
+    second, _ = build.build_model(task, fsdp_config(seed=3), world_of_one, "fp32")
+    other_seed, _ = build.build_model(task, fsdp_config(seed=4), world_of_one, "fp32")
+    full = {n: p.full_tensor() for n, p in first.named_parameters()}
+    assert all(torch.equal(full[n], p.full_tensor()) for n, p in second.named_parameters())
+    assert not torch.equal(full["embed.weight"], dict(other_seed.named_parameters())["embed.weight"].full_tensor())
+    causal = dict(first.named_buffers())["causal"]
+    assert torch.equal(causal, torch.nn.Transformer.generate_square_subsequent_mask(causal.shape[0])), "buffers rebuilt too"
+    blocks = [full[f"blocks.layers.{i}.linear1.weight"] for i in range(2)]
+    assert not torch.equal(blocks[0], blocks[1]), "each module its own draw"
+    assert 0.01 < float(full["position"].std()) < 0.03, "the task's own init (normal, 0.02)"
+
+
+def test_a_module_without_an_initialiser_is_named_with_the_fix(world_of_one):
+    from trainforge.trainer.runtime import build
+    from trainforge.trainer.runtime.config import UserError
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gain = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return x * self.gain
+    task = tasks.BUNDLED["classifier"]()
+    task.build_model = lambda: torch.nn.Sequential(torch.nn.Linear(32, 4), Scale())
+    with pytest.raises(UserError, match=r"module '1' \(Scale\) .* no reset_parameters\(\)\. Fix"):
+        build.build_model(task, fsdp_config(task="classifier"), world_of_one, "fp32")

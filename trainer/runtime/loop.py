@@ -5,6 +5,7 @@ checkpoint the checkpointer's, and the metrics, S3 and MLflow wiring channels.py
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -87,7 +88,7 @@ class Trainer:
         if env.is_main:
             log.info("deterministic: %s (%s)", deterministic, self.deterministic_reason)
         seed_everything(cfg.seed, deterministic)
-        self.model = build.shard(task, task.build_model(), cfg, env)
+        self.model, self.host_memory = build.build_model(task, cfg, env, self.precision.chosen)
         self.optimizer = build.optimizer_for(task, self.model, cfg)
         self.scheduler = build.scheduler_for(task, self.optimizer, cfg)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
@@ -100,9 +101,20 @@ class Trainer:
                                              subject=Subject(self.model, self.optimizer, self.stateful), device=env.device)
         self.output = Path(cfg.output_dir)
         self.output.mkdir(parents=True, exist_ok=True)
+        # What building the model cost in host memory, per rank (FSDP2 builds on meta: about a shard, not the model).
+        (self.output / f"host-memory-rank{env.rank}.json").write_text(json.dumps(dataclasses.asdict(self.host_memory)))
+        if env.is_main:
+            log.info("model built (%s): host memory %.0f MiB -> peak %.0f MiB, model %.0f MiB", self.host_memory.materialised,
+                     self.host_memory.before_mb, self.host_memory.peak_mb, self.host_memory.model_mb)
         self.metrics = channels.runtime_metrics(cfg, env, self.checkpoints)
         self.s3 = channels.durable_tier(cfg, env, self.checkpoints, self.metrics)
         self.tracker = channels.tracker(cfg, env, task, self.precision, self.checkpoints)
+
+    def _autocast(self):
+        """DDP computes under autocast; FSDP2 in its units' MixedPrecisionPolicy (build.py), without autocast."""
+        if self.cfg.strategy == "fsdp":
+            return contextlib.nullcontext()
+        return precision.autocast(self.cfg.precision, self.env.device)
 
     def _precision_record(self) -> tuple[str, str, bool, str]:
         return self.precision.chosen, self.precision.reason, bool(self.cfg.deterministic), self.deterministic_reason
@@ -166,7 +178,7 @@ class Trainer:
             self._interval.data_wait_s += time.perf_counter() - waited
             # DDP all-reduces gradients on every backward unless told not to: only the last micro-batch syncs.
             sync = i == accum - 1 or not hasattr(self.model, "no_sync")
-            with (contextlib.nullcontext() if sync else self.model.no_sync()), precision.autocast(self.cfg.precision, self.env.device):  # type: ignore[operator]  # DDP's
+            with (contextlib.nullcontext() if sync else self.model.no_sync()), self._autocast():  # type: ignore[operator]  # DDP's
                 loss, counts = self.task.loss(self.model, batch)
             scaled = loss / accum if accum > 1 else loss
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -202,7 +214,7 @@ class Trainer:
         for i, batch in enumerate(loader):
             if self.cfg.eval_batches is not None and i >= self.cfg.eval_batches:
                 break
-            with precision.autocast(self.cfg.precision, self.env.device):
+            with self._autocast():
                 add_eval_sums(sums, self.task.eval_sums(self.model, self._to_device(batch)), self.env.device)
         keys, packed = packed_eval_sums(sums, self.env.device)
         dist.all_reduce(packed)

@@ -43,6 +43,10 @@ class Task:
     build_optimizer: Callable[[nn.Module, RunConfig], torch.optim.Optimizer] | None = None
     build_scheduler: Callable[[torch.optim.Optimizer, RunConfig], torch.optim.lr_scheduler.LRScheduler] | None = None
     fsdp_units: Callable[[nn.Module], list[nn.Module]] | None = None
+    # Under FSDP the model is built on the meta device and each module with tensors of its own is then initialised in
+    # turn (runtime/build.py): by its reset_parameters() unless the task gives init_weights(name, module), which fills
+    # that module's own parameters and buffers (its children are not yet materialised).
+    init_weights: Callable[[str, nn.Module], None] | None = None
 
 
 # ---- classifier -------------------------------------------------------------------------------------------
@@ -139,6 +143,13 @@ class TinyTransformerLM(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab)
         self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
+
+    def reset_parameters(self) -> None:
+        """Its own tensors (the blocks, embedding and head have their own): what FSDP's meta-device build calls."""
+        with torch.no_grad():
+            self.position.normal_(0.0, 0.02)
+            causal: torch.Tensor = self.causal  # type: ignore[assignment]  # a registered buffer
+            causal.copy_(nn.Transformer.generate_square_subsequent_mask(causal.shape[0]))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
