@@ -12,11 +12,11 @@ ARG TORCH_VERSION
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    FI_PROVIDER=efa \
-    FI_EFA_USE_DEVICE_RDMA=1 \
     NCCL_SOCKET_IFNAME=^lo,docker \
     LD_LIBRARY_PATH=/opt/amazon/aws-ofi-nccl/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib:${LD_LIBRARY_PATH}
 
+# FI_PROVIDER and FI_EFA_USE_DEVICE_RDMA are not set here: the rendered pod sets them where it gets EFA devices, RDMA
+# only on types that have it (trainer/render.py efa_env); the runtime then checks NCCL's OFI plugin is there.
 # EFA user-space (libfabric) and the aws-ofi-nccl plugin, container mode: no kernel module (the node's AMI has it),
 # no ulimit changes (set per pod), no device check (lspci does not work in a build).
 RUN apt-get update \

@@ -88,6 +88,30 @@ def test_efa_jobs_request_every_efa_device_of_the_instance_type():
         assert limits[contract.RESOURCE_GPU] == 8
 
 
+def env_of(manifest) -> dict[str, str]:
+    if manifest["kind"] == "TrainJob":
+        container = manifest["spec"]["trainer"]
+    else:
+        container = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    return {v["name"]: v.get("value") for v in container["env"]}
+
+
+@pytest.mark.parametrize("instance_type,expected", [
+    ("p5.48xlarge", {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}),  # EFA with GPUDirect RDMA
+    ("g5.48xlarge", {"FI_PROVIDER": "efa"}),  # EFA without RDMA: libfabric must not be told to use it (issue 38, item 6)
+])
+def test_libfabric_is_set_only_where_the_pod_gets_efa_and_rdma_only_where_the_type_has_it(instance_type, expected):
+    spec = load_spec(next(p for p in SPECS if "efa" in p.name))
+    spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"instance_type": instance_type})})
+    for kind in KINDS:
+        manifest = render(spec, kind)
+        assert pod_of(manifest)[1].get(contract.RESOURCE_EFA), "an EFA job"
+        env = env_of(manifest)
+        assert {k: env[k] for k in env if k.startswith("FI_")} == expected
+    single = render(spec.model_copy(update={"capacity": "spot"}), "trainjob")
+    assert not [k for k in env_of(single) if k.startswith("FI_")], "no EFA devices, no libfabric settings"
+
+
 def test_single_node_and_spot_jobs_request_no_efa():
     for path in SPECS:
         spec = load_spec(path).model_copy(update={"capacity": "spot"})

@@ -158,3 +158,36 @@ def test_a_module_without_an_initialiser_is_named_with_the_fix(world_of_one):
     task.build_model = lambda: torch.nn.Sequential(torch.nn.Linear(32, 4), Scale())
     with pytest.raises(UserError, match=r"module '1' \(Scale\) .* no reset_parameters\(\)\. Fix"):
         build.build_model(task, fsdp_config(task="classifier"), world_of_one, "fp32")
+
+
+# ---- NCCL: fail fast, say where ------------------------------------------------------------------------------
+
+def test_nccl_error_handling_and_the_flight_recorder_reach_the_process_group_environment(tmp_path, monkeypatch):
+    """ProcessGroupNCCL reads these at its creation: init_distributed sets them (what the launch environment already
+    says wins) before it makes the group, the flight recorder's dump in the run directory."""
+    from trainforge.trainer.runtime.config import NcclConfig, nccl_environment
+    from trainforge.trainer.runtime.distributed import init_distributed, leave_distributed
+    cfg = NcclConfig(timeout_s=120, startup_timeout_s=900, flight_recorder_entries=500)
+    expected = nccl_environment(cfg, str(tmp_path))
+    for name in expected:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "64")  # an operator's own setting stays
+    env = init_distributed(cfg, str(tmp_path))
+    try:
+        import os
+        assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+        assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl-flight-recorder-rank")
+        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "500" and os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "64"
+    finally:
+        leave_distributed(env, clean=True)
+    off = nccl_environment(NcclConfig(flight_recorder_entries=0), "/run")
+    assert off["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
+
+
+def test_an_efa_pod_without_the_ofi_plugin_is_refused_with_the_fix(tmp_path):
+    from trainforge.trainer.runtime.distributed import ofi_plugin_problem
+    assert ofi_plugin_problem({"LD_LIBRARY_PATH": ""}) is None, "no EFA devices: sockets are what NCCL should use"
+    problem = ofi_plugin_problem({"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": f"{tmp_path}:/nonexistent"})
+    assert problem is not None and "aws-ofi-nccl" in problem and "Fix:" in problem
+    (tmp_path / "libnccl-net-ofi.so").write_bytes(b"")
+    assert ofi_plugin_problem({"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": f"/nonexistent:{tmp_path}"}) is None

@@ -204,10 +204,20 @@ def env(spec: JobSpec, where: Placement) -> list[dict[str, Any]]:
     price = node_price(spec, where)
     if price is not None:
         out.append({"name": contract.NODE_PRICE_ENV, "value": f"{price:.4f}"})
+    out += [{"name": k, "value": v} for k, v in efa_env(where).items()]
     for variable, key in (("MLFLOW_TRACKING_USERNAME", contract.MLFLOW_USERNAME_KEY), ("MLFLOW_TRACKING_PASSWORD", contract.MLFLOW_PASSWORD_KEY)):
         # The team's MLflow user: the server admits nobody else to the team's experiments.
         out.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": contract.MLFLOW_SECRET, "key": key}}})
     return out
+
+
+def efa_env(where: Placement) -> dict[str, str]:
+    """libfabric's settings for NCCL over EFA, only where the pod gets EFA devices: the EFA provider, and GPUDirect
+    RDMA only on types that have it (catalog `efa_rdma`; told to use it on g5/g6, libfabric fails). Elsewhere NCCL
+    uses its own transports (NVLink within a node, sockets between)."""
+    if not where.efa_devices_per_node or where.instance is None:
+        return {}
+    return {"FI_PROVIDER": "efa", **({"FI_EFA_USE_DEVICE_RDMA": "1"} if where.instance.efa_rdma else {})}
 
 
 def command_env(spec: JobSpec) -> dict[str, str]:

@@ -29,6 +29,9 @@ class InstanceType:
     # NVMe instance-store disks (every GPU type in the table has them: p4d 8 x 1 TB, p5/p5e/p5en/p6 8 x 3.84 TB, g5/g6/g6e
     # one or more): the node stripes them as RAID0 for images, containers and scratch. CPU types outside the table: none.
     local_nvme: bool = False
+    # GPUDirect RDMA over EFA (the GPU reads and writes the network directly): the p4 and later p families. g5/g6 carry
+    # EFA without it, so libfabric must not be told to use device RDMA there (FI_EFA_USE_DEVICE_RDMA).
+    efa_rdma: bool = False
 
     @property
     def family(self) -> str:
@@ -41,13 +44,13 @@ class InstanceType:
 
 def _rows() -> list[InstanceType]:
     rows = [
-        InstanceType("p4d.24xlarge", 8, "A100-40GB", efa_interfaces=4, efa_only_supported=False, vcpus=96, memory_gib=1152),
-        InstanceType("p4de.24xlarge", 8, "A100-80GB", efa_interfaces=4, efa_only_supported=False, vcpus=96, memory_gib=1152),
+        InstanceType("p4d.24xlarge", 8, "A100-40GB", efa_rdma=True, efa_interfaces=4, efa_only_supported=False, vcpus=96, memory_gib=1152),
+        InstanceType("p4de.24xlarge", 8, "A100-80GB", efa_rdma=True, efa_interfaces=4, efa_only_supported=False, vcpus=96, memory_gib=1152),
         InstanceType("p5.4xlarge", 1, "H100", efa_interfaces=0, vcpus=16, memory_gib=256),
-        InstanceType("p5.48xlarge", 8, "H100", efa_interfaces=32, vcpus=192, memory_gib=2048),
-        InstanceType("p5e.48xlarge", 8, "H200", efa_interfaces=32, vcpus=192, memory_gib=2048),
-        InstanceType("p5en.48xlarge", 8, "H200", efa_interfaces=16, vcpus=192, memory_gib=2048),
-        InstanceType("p6-b200.48xlarge", 8, "B200", efa_interfaces=8, vcpus=192, memory_gib=2048),
+        InstanceType("p5.48xlarge", 8, "H100", efa_rdma=True, efa_interfaces=32, vcpus=192, memory_gib=2048),
+        InstanceType("p5e.48xlarge", 8, "H200", efa_rdma=True, efa_interfaces=32, vcpus=192, memory_gib=2048),
+        InstanceType("p5en.48xlarge", 8, "H200", efa_rdma=True, efa_interfaces=16, vcpus=192, memory_gib=2048),
+        InstanceType("p6-b200.48xlarge", 8, "B200", efa_rdma=True, efa_interfaces=8, vcpus=192, memory_gib=2048),
     ]
     # g5 (A10G), g6 (L4) and g6e (L40S) share a size ladder: (GPUs, vCPUs); g5/g6 have 4 GiB per vCPU, g6e 8.
     # Sizes from 8xlarge up carry one EFA interface on g5/g6.

@@ -85,6 +85,33 @@ class SweepTrialConfig(_Model):
     parent_run_id: str | None = Field(None, description="the sweep's MLflow run: the trial's run is nested under it")
 
 
+class NcclConfig(_Model):
+    """How collectives fail. A dead or stuck rank must not leave its peers hanging: once training runs, a collective
+    that takes longer than `timeout_s` aborts the job (its launcher restarts the group from the last checkpoint). Until
+    the first step is done (rendezvous, the model's build, a checkpoint's load from S3) the limit is `startup_timeout_s`.
+    On a timeout NCCL's flight recorder (the last collectives of every rank, with their sizes and states) is written
+    into the run directory, naming which rank stopped where. NCCL only: gloo (CPU) keeps its own limits."""
+
+    timeout_s: int = Field(600, ge=30, le=86400, description="a collective's limit once the first step is done")
+    startup_timeout_s: int = Field(1800, ge=60, le=86400, description="the limit until then: rendezvous, build, checkpoint load")
+    flight_recorder_entries: int = Field(2000, ge=0, le=100000, description="collectives kept per rank for the dump on a timeout (0: off)")
+
+
+FLIGHT_RECORDER_FILE = "nccl-flight-recorder-rank"  # in the run's output directory; torch appends the rank
+
+
+def nccl_environment(cfg: NcclConfig, output_dir: str) -> dict[str, str]:
+    """What ProcessGroupNCCL reads at its creation (torch 2.13 ProcessGroupNCCL.hpp, FlightRecorder.hpp): errors
+    handled asynchronously (3: a failed or timed-out collective tears the process down, without waiting on the stuck
+    communicator's cleanup), and the flight recorder kept and dumped on a timeout into the run directory."""
+    entries = str(cfg.flight_recorder_entries)
+    dump = str(Path(output_dir) / FLIGHT_RECORDER_FILE)
+    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": entries, "TORCH_FR_BUFFER_SIZE": entries,
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if cfg.flight_recorder_entries else "0",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump, "TORCH_FR_DUMP_TEMP_FILE": dump}
+
+
 class RunConfig(_Model):
     job_id: str = Field("adhoc", pattern=RUN_ID, max_length=63)
     team: str = Field("default", pattern=RUN_ID, max_length=63)
@@ -116,6 +143,7 @@ class RunConfig(_Model):
     log_every: int = Field(10, ge=1)
     output_dir: Path = Path("run")
     checkpoint: CheckpointConfig = CheckpointConfig()
+    nccl: NcclConfig = NcclConfig()
     metrics: MetricsConfig = MetricsConfig()
     tracking: TrackingConfig = TrackingConfig()
     sweep: SweepTrialConfig | None = None

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainforge.trainer.runtime.config import NcclConfig, nccl_environment
+
 
 @dataclass
 class Distributed:
@@ -39,14 +41,38 @@ def _free_port() -> int:
 LONE_PROCESS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-def init_distributed() -> Distributed:
+OFI_PLUGINS = ("libnccl-net-ofi.so", "libnccl-net.so")  # aws-ofi-nccl's library, by its newer and older names
+
+
+def ofi_plugin_problem(environ: dict[str, str] | os._Environ) -> str | None:
+    """On a pod given EFA devices (the rendered FI_PROVIDER=efa), NCCL must find the aws-ofi-nccl plugin; without it NCCL
+    silently falls back to TCP sockets at a small fraction of EFA's bandwidth. None when it is there (or not needed)."""
+    if environ.get("FI_PROVIDER") != "efa":
+        return None
+    folders = [f for f in environ.get("LD_LIBRARY_PATH", "").split(":") if f]
+    if any(os.path.exists(os.path.join(folder, name)) for folder in folders for name in OFI_PLUGINS):
+        return None
+    return (f"this pod has EFA devices (FI_PROVIDER=efa) but NCCL's OFI plugin ({' or '.join(OFI_PLUGINS)}) is in no "
+            f"folder of LD_LIBRARY_PATH ({':'.join(folders) or 'empty'}): NCCL would fall back to TCP sockets. Fix: run the "
+            "platform's runtime image (its Dockerfile installs aws-ofi-nccl), or install aws-ofi-nccl in yours and add "
+            "its lib folder to LD_LIBRARY_PATH")
+
+
+def init_distributed(nccl: NcclConfig | None = None, output_dir: str = ".") -> Distributed:
     """Join the job's process group; a lone process (no torchrun) forms a group of one, so nothing branches. A default
-    group the caller already made is used as it is."""
+    group the caller already made is used as it is. NCCL's error handling and flight recorder are set up from `nccl`
+    (variables already in the environment win), with its start-up timeout; `settle_timeout` shortens it later."""
+    nccl = nccl or NcclConfig()
+    for name, value in nccl_environment(nccl, output_dir).items():
+        os.environ.setdefault(name, value)
     lone = "RANK" not in os.environ
     if lone:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
+        if (problem := ofi_plugin_problem(os.environ)) is not None:
+            from trainforge.trainer.runtime.config import UserError
+            raise UserError(problem)
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
         backend = "nccl"
@@ -54,10 +80,18 @@ def init_distributed() -> Distributed:
         device, backend = torch.device("cpu"), "gloo"
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=nccl.startup_timeout_s if backend == "nccl" else 600))
     checkpoint_group = dist.new_group(backend="gloo")
     control_group = dist.new_group(backend="gloo")
     return Distributed(rank, world, local, device, checkpoint_group, control_group, owns_group, lone)
+
+
+def settle_timeout(env: Distributed, nccl: NcclConfig) -> None:
+    """After the first step: collectives of the default (NCCL) group fail after `nccl.timeout_s` from now on, so a dead
+    rank's peers abort in minutes, not after the long start-up allowance."""
+    if env.owns_group and dist.get_backend() == "nccl":
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+        _set_pg_timeout(datetime.timedelta(seconds=nccl.timeout_s))
 
 
 def leave_distributed(env: Distributed, *, clean: bool) -> None:

@@ -21,7 +21,7 @@ from trainforge.trainer.runtime import build, channels, hooks, precision
 from trainforge.trainer.runtime.checkpoint import CheckpointManager, Subject
 from trainforge.trainer.runtime.config import RunConfig
 from trainforge.trainer.runtime.data import ResumableDistributedSampler, micro_batches
-from trainforge.trainer.runtime.distributed import Distributed, resolve_deterministic, seed_everything
+from trainforge.trainer.runtime.distributed import Distributed, resolve_deterministic, seed_everything, settle_timeout
 from trainforge.trainer.runtime.preemption import PreemptionGuard
 from trainforge.trainer.runtime.stop_agreement import InFlight, agree, land
 from trainforge.trainer.runtime.tasks import Task
@@ -237,9 +237,12 @@ class Trainer:
         in_flight: InFlight | None = None
         self._interval = _LogInterval(time.perf_counter(), self.state.step)
         try:
+            first_step = self.state.step + 1
             while self.state.step < cfg.max_steps:
                 loss, counts = self.train_step(batches)
                 self.state.step += 1
+                if self.state.step == first_step:  # built, resumed, warmed up: the start-up allowance ends
+                    settle_timeout(env, cfg.nccl)
                 evaluating = self.state.step % cfg.eval_every == 0 or self.state.step == cfg.max_steps
                 agreed = land(in_flight)  # the previous step's answer
                 in_flight = None
