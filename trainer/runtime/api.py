@@ -30,7 +30,7 @@ def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None, eval
     (pids / f"rank{os.environ.get('RANK', '0')}.pid").write_text(str(os.getpid()))
     env, result = None, None
     try:
-        env = init_distributed(cfg.nccl, cfg.output_dir)
+        env = init_distributed(cfg.nccl, str(cfg.output_dir))
         trainer = Trainer(task, cfg, env)
         for hook in eval_hooks:
             trainer.add_eval_hook(hook)
