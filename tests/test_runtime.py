@@ -163,6 +163,13 @@ def test_fsdp_never_holds_the_whole_model_on_a_rank(tmp_path):
 
 def test_a_two_rank_fsdp_checkpoint_resumes_on_one_rank(tmp_path):
     run(tmp_path, "strategy=fsdp", "max_steps=20", "warmup_steps=5")
+    # Each rank hashed the files it wrote; rank 0 folded them into one manifest of every file (issue 38, item 7).
+    for step in (10, 20):
+        directory = tmp_path / "checkpoints" / f"step-{step:08d}"
+        manifest = json.loads((directory / "COMMITTED").read_text())
+        on_disk = {f.name for f in directory.iterdir() if f.name != "COMMITTED"}
+        assert set(manifest["sha256"]) == set(manifest["files"]) == on_disk and {"__1_0.distcp", "rng-rank1.pt"} <= on_disk
+        assert manifest["sha256"]["__1_0.distcp"] == hashlib.sha256((directory / "__1_0.distcp").read_bytes()).hexdigest()
     run(tmp_path, "strategy=fsdp", "max_steps=30", "warmup_steps=5", nproc=None)
     outcome = result(tmp_path)
     assert outcome["resumed_from"] == 20 and outcome["step"] == 30

@@ -19,9 +19,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from trainforge.trainer.runtime.checkpoint_files import (Committed, SafeLoadPlanner, SafeReader, UnsafeCheckpoint, content_problem, file_digests,
+from trainforge.trainer.runtime.checkpoint_files import (Committed, SafeLoadPlanner, SafeReader, UnsafeCheckpoint, content_problem, gather_digests,
                                                          load_data, rng_state, scan, saved_world_size, set_rng_state, start_from,
-                                                         step_dir_name, write_manifest)
+                                                         step_dir_name, write_manifest, write_rank_digests)
 from trainforge.trainer.runtime.config import CheckpointConfig, UserError
 from trainforge.trainer.runtime.hooks import Stateful
 
@@ -207,7 +207,8 @@ class CheckpointManager:
         self.settle()
         if blocking or not self.cfg.async_save:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
-            self._commit(step, path, metric, started)
+            write_rank_digests(path, self.rank, self.world_size)
+            self._commit(step, path, metric, started, gather_digests(path, self.world_size) if self.rank == 0 else None)
         else:
             response = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg, async_stager=self._async_stager())
             future: Future[Any]
@@ -215,11 +216,13 @@ class CheckpointManager:
                 self._staging, future = response.staging_completion, response.upload_completion
             else:
                 future = response
-            if self.rank == 0:  # rank 0's save ends after every rank's writes: then hash them, off the training thread
-                def digests_once_written(written: Future[Any] = future) -> dict[str, str]:
-                    written.result()
-                    return file_digests(path)
-                future = self._hasher().submit(digests_once_written)
+            # Each rank hashes what it wrote once written, off the training thread; rank 0's save ends after every
+            # rank's writes, and it commits once every rank's checksums are in.
+            def digests_once_written(written: Future[Any] = future) -> dict[str, str] | None:
+                written.result()
+                write_rank_digests(path, self.rank, self.world_size)
+                return gather_digests(path, self.world_size) if self.rank == 0 else None
+            future = self._hasher().submit(digests_once_written)
             self._pending = _Pending(step, path, metric, future, started)
         self.last_blocking_s = time.perf_counter() - started
         return self.last_blocking_s

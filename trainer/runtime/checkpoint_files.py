@@ -73,26 +73,80 @@ def _manifest_problem(path: Path, manifest: dict[str, Any]) -> str | None:
     return None
 
 
+RANK_DIGESTS = ".sha256-rank"  # + "<rank>.json": one rank's checksums, until rank 0 folds them into the manifest
+HASH_THREADS = 8  # hashlib releases the GIL on large buffers: files hash in parallel, one per core
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def _hash_all(files: list[Path]) -> dict[str, str]:
+    if len(files) <= 1:
+        return {f.name: _sha256(f) for f in files}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(min(HASH_THREADS, len(files)), thread_name_prefix="checkpoint-sha256") as pool:
+        return dict(zip((f.name for f in files), pool.map(_sha256, files)))
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    return [f for f in sorted(path.iterdir()) if f.is_file() and f.name not in (COMMIT_MARKER, f".{COMMIT_MARKER}.tmp")
+            and not f.name.startswith(RANK_DIGESTS)]
+
+
 def file_digests(path: Path) -> dict[str, str]:
     """SHA-256 of every file of a checkpoint directory (DCP's .metadata included) but the commit marker."""
-    digests = {}
-    for f in sorted(path.iterdir()):
-        if f.is_file() and f.name not in (COMMIT_MARKER, f".{COMMIT_MARKER}.tmp"):
-            with open(f, "rb") as stream:
-                digests[f.name] = hashlib.file_digest(stream, "sha256").hexdigest()
-    return digests
+    return _hash_all(_checkpoint_files(path))
+
+
+def own_files(path: Path, rank: int, world_size: int) -> list[Path]:
+    """The files rank `rank` wrote: its DCP shards (`__<rank>_<n>.distcp`) and RNG file; rank 0 also DCP's .metadata,
+    trainer.pt and anything no rank's name claims."""
+    def writer(name: str) -> int:
+        for r in range(world_size):
+            if name.startswith(f"__{r}_") or name == f"rng-rank{r}.pt":
+                return r
+        return 0
+    return [f for f in _checkpoint_files(path) if writer(f.name) == rank]
+
+
+def write_rank_digests(path: Path, rank: int, world_size: int) -> None:
+    """This rank's checksums, of the files it wrote, hashed on its own node while the others hash theirs (a rank-0
+    pass over every rank's shards took minutes per save at billions of parameters)."""
+    digests = _hash_all(own_files(path, rank, world_size))
+    tmp = path / f"{RANK_DIGESTS}{rank}.json.tmp"  # under the prefix no listing of checkpoint files includes
+    tmp.write_text(json.dumps(digests))
+    os.replace(tmp, path / f"{RANK_DIGESTS}{rank}.json")
+
+
+def gather_digests(path: Path, world_size: int, timeout_s: float = 600.0) -> dict[str, str]:
+    """Rank 0: every rank's checksums, once each has written them (every rank's writes are done by then: DCP's
+    save ended), merged and the per-rank files removed."""
+    files = [path / f"{RANK_DIGESTS}{r}.json" for r in range(world_size)]
+    deadline = time.monotonic() + timeout_s
+    while not all(f.exists() for f in files):
+        if time.monotonic() > deadline:
+            missing = [f.name for f in files if not f.exists()]
+            raise TimeoutError(f"{path}: no checksums from {missing} within {timeout_s:.0f} s; the checkpoint is not committed")
+        time.sleep(0.05)
+    merged: dict[str, str] = {}
+    for f in files:
+        merged.update(json.loads(f.read_text()))
+        f.unlink()
+    return merged
 
 
 def content_problem(path: Path) -> str | None:
     """Which file of a committed checkpoint no longer has the content its manifest recorded (None: all do, or the
-    manifest predates checksums)."""
+    manifest predates checksums). Files hash in parallel."""
     recorded = json.loads((path / COMMIT_MARKER).read_text()).get("sha256")
     if not recorded:
         return None
+    found = _hash_all([path / name for name in recorded])
     for name, digest in recorded.items():
-        with open(path / name, "rb") as stream:
-            if hashlib.file_digest(stream, "sha256").hexdigest() != digest:
-                return f"{name} does not match its checksum (same size, other content)"
+        if found[name] != digest:
+            return f"{name} does not match its checksum (same size, other content)"
     return None
 
 
@@ -160,13 +214,18 @@ class UnsafeCheckpoint(UserError):
 def rng_state() -> dict[str, Any]:
     """Every generator's state as plain data (numpy's key array as a tensor), loadable with weights_only=True."""
     name, key, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]  # the legacy tuple form
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": {"name": name, "key": torch.from_numpy(np.asarray(key).astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": {"name": name, "key": torch.from_numpy(np.asarray(key).astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # this rank's device (dropout and other random ops on the GPU)
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():  # a GPU checkpoint resumed on a CPU keeps the CPU generators only
+        torch.cuda.set_rng_state(state["cuda"])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     numpy = state["numpy"]
@@ -260,7 +319,7 @@ class SafeReader(dcp.FileSystemReader):
 def write_manifest(path: Path, step: int, metric: float | None, world_size: int, digests: dict[str, str] | None) -> Committed:
     """Commit a written checkpoint (rank 0, after every rank's writes): the manifest of every file, its size and
     SHA-256, written under a temporary name and renamed, then the directory synced, so a crash leaves none or all."""
-    files = {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file() and p.name != COMMIT_MARKER}
+    files = {p.name: p.stat().st_size for p in _checkpoint_files(path)}
     committed_at = time.time()
     manifest = {"step": step, "metric": metric, "world_size": world_size, "committed_at": committed_at, "files": files,
                 "sha256": digests if digests is not None else file_digests(path)}

@@ -1,0 +1,59 @@
+"""Checkpoint checksums hashed by the rank that wrote each file (issue 38, item 7), folded into one manifest by rank 0;
+the resume check hashes files in parallel. Real files, real SHA-256; the two-rank saves run in tests/test_runtime.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+
+import pytest
+
+from trainforge.trainer.runtime import checkpoint_files as files
+
+WRITTEN = ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp", "__10_0.distcp", ".metadata", "trainer.pt",
+           "rng-rank0.pt", "rng-rank1.pt", "rng-rank10.pt"]
+
+
+def checkpoint(tmp_path, names=WRITTEN):
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(f"{name}:{i}".encode() * 1000)
+    return tmp_path
+
+
+def test_every_file_is_hashed_by_exactly_one_rank_the_one_that_wrote_it(tmp_path):
+    directory = checkpoint(tmp_path)
+    owned = {rank: {f.name for f in files.own_files(directory, rank, 11)} for rank in range(11)}
+    assert owned[1] == {"__1_0.distcp", "__1_1.distcp", "rng-rank1.pt"}
+    assert owned[10] == {"__10_0.distcp", "rng-rank10.pt"}, "rank 10's files are not rank 1's"
+    assert owned[0] == {"__0_0.distcp", "__0_1.distcp", ".metadata", "trainer.pt", "rng-rank0.pt"}
+    claimed = [name for names in owned.values() for name in names]
+    assert sorted(claimed) == sorted(WRITTEN), "each file once"
+
+
+def test_ranks_hash_their_own_and_rank_0_folds_them_into_the_checksums_one_pass_gives(tmp_path):
+    directory = checkpoint(tmp_path)
+    expected = {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in WRITTEN}
+    others = [threading.Thread(target=files.write_rank_digests, args=(directory, rank, 11)) for rank in range(1, 11)]
+    for t in others:
+        t.start()
+    files.write_rank_digests(directory, 0, 11)
+    merged = files.gather_digests(directory, 11, timeout_s=60)
+    for t in others:
+        t.join()
+    assert merged == expected == files.file_digests(directory)
+    assert not list(directory.glob(f"{files.RANK_DIGESTS}*")), "the per-rank files are folded in and removed"
+    committed = files.write_manifest(directory, 7, None, 11, merged)
+    manifest = json.loads((directory / files.COMMIT_MARKER).read_text())
+    assert set(manifest["files"]) == set(WRITTEN) and committed.step == 7
+    assert files.content_problem(directory) is None
+    (directory / "__1_1.distcp").write_bytes(b"x" * (directory / "__1_1.distcp").stat().st_size)
+    assert files.content_problem(directory) == "__1_1.distcp does not match its checksum (same size, other content)"
+
+
+def test_a_rank_that_never_reports_leaves_the_checkpoint_uncommitted(tmp_path):
+    directory = checkpoint(tmp_path)
+    files.write_rank_digests(directory, 0, 2)
+    with pytest.raises(TimeoutError, match=r"no checksums from \['.sha256-rank1.json'\]"):
+        files.gather_digests(directory, 2, timeout_s=0.3)
+    assert not (directory / files.COMMIT_MARKER).exists()
