@@ -191,3 +191,28 @@ def test_an_efa_pod_without_the_ofi_plugin_is_refused_with_the_fix(tmp_path):
     assert problem is not None and "aws-ofi-nccl" in problem and "Fix:" in problem
     (tmp_path / "libnccl-net-ofi.so").write_bytes(b"")
     assert ofi_plugin_problem({"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": f"/nonexistent:{tmp_path}"}) is None
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_recomputes_per_unit_and_trains_the_same_numbers(world_of_one, mode):
+    """Per FSDP unit (the LM's blocks): the unit's forward runs again in backward, the gradients are the same bits as
+    without it, and the parameter names (so checkpoints) do not change."""
+    from trainforge.trainer.runtime import build
+    task = tasks.BUNDLED["char_lm"]()
+    x, y = next(iter(torch.utils.data.DataLoader(task.train_set, batch_size=4)))
+    grads, names = {}, {}
+    for setting in ("none", mode):
+        model, _ = build.build_model(task, fsdp_config(activation_checkpointing=setting), world_of_one, "fp32")
+        units = task.fsdp_units(model)  # type: ignore[misc]
+        calls: list[torch.nn.Module] = []
+        for unit in units:  # a child of each unit: it runs again when its unit's forward is recomputed
+            unit.linear1.register_forward_pre_hook(lambda module, args, calls=calls: calls.append(module))
+        loss, _ = task.loss(model, (x, y))
+        assert len(calls) == len(units)
+        loss.backward()
+        assert len(calls) == (len(units) if setting == "none" else 2 * len(units)), (setting, len(calls))
+        assert all(getattr(u.forward, "activation_checkpointing", "none") == setting for u in units)
+        grads[setting] = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+        names[setting] = [n for n, _ in model.named_parameters()]
+    assert names["none"] == names[mode], "checkpoints keep their keys"
+    assert all(torch.equal(grads["none"][n], grads[mode][n]) for n in grads["none"]), "recomputation changes no bit"

@@ -131,11 +131,51 @@ def _twin_on_meta(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
 
 
+# What selective activation checkpointing keeps (torchtitan's choice): the outputs of the expensive ops, so backward
+# recomputes only the cheap ones (norms, activations, adds).
+SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _saved_ops() -> set:
+    aten = torch.ops.aten
+    return {getattr(aten, name).default for name in SAVED_OPS if hasattr(aten, name)}
+
+
+def checkpoint_activations(unit: nn.Module, mode: str) -> None:
+    """Recompute `unit`'s forward in backward instead of keeping its activations (`full`), or keep only matmul and
+    attention outputs (`selective`). The forward is wrapped in place, so parameter names (and checkpoints) stay the
+    same with or without it; FSDP's hooks on the unit gather its parameters for the recomputation as for backward."""
+    if mode == "none":
+        return
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    forward = unit.forward
+    context_fn = None
+    if mode == "selective":
+        saved = _saved_ops()
+
+        def policy(ctx, op, *args, **kwargs):
+            return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+        context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+
+    @functools.wraps(forward)
+    def checkpointed(*args, **kwargs):
+        if context_fn is None:
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+    checkpointed.activation_checkpointing = mode  # type: ignore[attr-defined]  # what tests and logs read
+    unit.forward = checkpointed  # type: ignore[method-assign]
+
+
 def shard_fsdp(task: Task, model: nn.Module, cfg: RunConfig, precision: str) -> None:
-    """FSDP2 units (the task's, else every parameterised leaf), root last, each with the run's mixed precision."""
+    """FSDP2 units (the task's, else every parameterised leaf), root last, each with the run's mixed precision and
+    activation checkpointing."""
     from torch.distributed.fsdp import fully_shard
     # Each unit's parameters are gathered just in time for its forward and freed after; the root holds the rest.
     for unit in (task.fsdp_units or leaf_units)(model):
+        checkpoint_activations(unit, cfg.activation_checkpointing)
         if cfg.compile:
             unit.compile()  # in place: parameter names (and so checkpoints) stay the same
         fully_shard(unit, mp_policy=mixed_precision(precision))
@@ -197,6 +237,8 @@ def shard(task: Task, model: nn.Module, cfg: RunConfig, env: Distributed) -> nn.
     """Place a whole model and wrap it for DDP across ranks (nothing on a world of one). FSDP2 models are built by
     `build_model`, from the meta device."""
     model.to(env.device)
+    for unit in (task.fsdp_units or leaf_units)(model):  # the same units as under FSDP
+        checkpoint_activations(unit, cfg.activation_checkpointing)
     if cfg.compile:
         model.compile()
     if env.world_size == 1:

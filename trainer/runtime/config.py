@@ -119,6 +119,9 @@ class RunConfig(_Model):
     task_args: dict[str, int | float | str] = Field({}, description="keyword arguments of the task factory, e.g. {width: 2048}")
     strategy: Literal["ddp", "fsdp"] = "ddp"
     compile: bool = Field(False, description="torch.compile the model (per FSDP unit under FSDP); worth it on GPUs, off on CPU")
+    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+        "none", description="per unit (the task's FSDP units, e.g. transformer blocks): full recomputes each unit's forward in "
+                            "backward (least memory); selective keeps matmul and attention outputs and recomputes the rest")
     # auto: bf16 where the device computes it natively, else fp16 + loss scaling (CUDA) or fp32 (runtime/precision.py)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     seed: int = 0
