@@ -138,6 +138,15 @@ def s3_requires_tls(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
         yield "the bucket accepts plain HTTP. Fix: a Deny statement on aws:SecureTransport = false"
 
 
+@resource_rule("aws", ["aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation"],
+               "The datasets' data repository never exports: nothing a job writes on Lustre reaches the datasets bucket.")
+def fsx_never_exports(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    events = (((props.get("s3") or {}).get("autoExportPolicy") or {}).get("events")) or []
+    if events:
+        yield (f"the data repository exports {sorted(events)} to S3: any team could change the shared datasets (and another "
+               "team's files could leave through the bucket). Fix: no auto_export_policy")
+
+
 @resource_rule("aws", ["aws:fsx/lustreFileSystem:LustreFileSystem"], "Persistent FSx file systems are encrypted with your KMS key.")
 def fsx_encrypted(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
     # Scratch file systems are always encrypted with an FSx-owned key; AWS accepts a customer key only on persistent ones.

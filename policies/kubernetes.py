@@ -4,6 +4,7 @@ creates are checked as they land: these rules are written against the resource t
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Iterable, Mapping
 
 from trainforge import contract
@@ -32,13 +33,18 @@ def helm_releases_pinned(props: Mapping[str, Any], ctx: Context) -> Iterable[str
                "Fix: an exact version, e.g. '1.2.3'")
 
 
+def _is_list(value: Any) -> bool:
+    """A list, or the policy SDK's proxy of one (a Sequence, not a list) under `pulumi preview`/`up`."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
 def pod_specs(node: Any) -> Iterable[Mapping[str, Any]]:
     if isinstance(node, Mapping):
-        if isinstance(node.get("containers"), list):
+        if _is_list(node.get("containers")):
             yield node
         for value in node.values():
             yield from pod_specs(value)
-    elif isinstance(node, list):
+    elif _is_list(node):
         for value in node:
             yield from pod_specs(value)
 
@@ -153,6 +159,26 @@ def team_network_policies_not_open(props: Mapping[str, Any], ctx: Context) -> It
     for rule in spec.get("egress") or []:
         if _open_peers(rule.get("to")) and not rule.get("ports"):
             yield "egress anywhere on every port. Fix: name the destinations, or the ports (e.g. 443)"
+        for peer in rule.get("to") or []:
+            block = peer.get("ipBlock") or {}
+            if block.get("cidr") == "0.0.0.0/0" and not _excepts_the_cluster(block.get("except") or []):
+                yield ("egress to 0.0.0.0/0 without the cluster's ranges excepted: a team pod reaches every platform service "
+                       f"(Prometheus, Alertmanager, the database) on its ports. Fix: except the VPC CIDR and {list(contract.EKS_DEFAULT_SERVICE_CIDRS)}")
+
+
+def _excepts_the_cluster(excepted: list[Any]) -> bool:
+    """The except list covers both Service ranges EKS may pick and a private range (the VPC's)."""
+    import ipaddress
+    try:
+        networks = [ipaddress.ip_network(str(e)) for e in excepted]
+    except ValueError:
+        return False
+    private = [ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")]
+    services = [ipaddress.ip_network(c) for c in contract.EKS_DEFAULT_SERVICE_CIDRS]
+    covers_services = all(any(s.subnet_of(n) for n in networks if n.version == s.version) for s in services)
+    vpc_like = [n for n in networks if any(n.version == p.version and n.subnet_of(p) for p in private)
+                and not any(n.version == s.version and n.subnet_of(s) for s in services)]
+    return covers_services and bool(vpc_like)
 
 
 def _chart(props: Mapping[str, Any]) -> str:
@@ -231,3 +257,140 @@ def team_volumes_reach_only_their_team(props: Mapping[str, Any], ctx: Context) -
     elif owner is None and not read_only:
         yield (f"{namespace} mounts {mount_name} read-write outside its own directory: it could change the shared datasets. "
                "Fix: readOnly: true and the ro mount option, or its own directory")
+
+
+# ---- isolation regressions the pack catches (issue 37, item 8) -------------------------------------------------
+
+_SECRET_SIG = "4dabf18193072939515e22adb298388d"  # how the engine hands a secret value to an analyzer
+
+
+def plain(value: Any) -> Any:
+    """`value` with the engine's secret wrappers removed, at any depth (a release whose values hold a secret arrives
+    wrapped as a whole)."""
+    if isinstance(value, Mapping):
+        if _SECRET_SIG in value:
+            return plain(value.get("value"))
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+@resource_rule("kubernetes", HELM, "MLflow runs trainforge's auth app with no permission by default: each team sees only what "
+                                   "it made, and the team boundary basic-auth alone does not draw holds.")
+def mlflow_enforces_team_boundaries(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    if _chart(props) != "mlflow":
+        return
+    auth = (plain(props.get("values")) or {}).get("auth") or {}
+    if auth.get("enabled") is not True:
+        yield "MLflow without authentication: anyone in the cluster reads and deletes every team's runs. Fix: auth.enabled: true"
+        return
+    if auth.get("appName") != contract.MLFLOW_AUTH_APP:
+        yield (f"MLflow's auth app is {auth.get('appName')!r}: basic-auth alone lets a team read another's artifacts through a "
+               f"model version and squat its experiment names. Fix: auth.appName: {contract.MLFLOW_AUTH_APP}")
+    if auth.get("defaultPermission") != "NO_PERMISSIONS":
+        yield (f"MLflow's default permission is {auth.get('defaultPermission')!r}: every team would read every other team's "
+               "experiments. Fix: auth.defaultPermission: NO_PERMISSIONS")
+
+
+def _positive(number: Any) -> bool:
+    """A limit that is set: the engine hands numbers over as floats."""
+    return isinstance(number, (int, float)) and not isinstance(number, bool) and number > 0
+
+
+def _values_of(props: Mapping[str, Any], chart: str) -> Mapping[str, Any] | None:
+    return (plain(props.get("values")) or {}) if _chart(props) == chart else None
+
+
+@resource_rule("kubernetes", HELM, "Scraped labels never win and scrapes are bounded: Prometheus enforces sample and label limits "
+                                   "on every target, and dcgm-exporter copies no pod label but the job's onto GPU series.")
+def scrapes_bounded_and_unforgeable(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    if (values := _values_of(props, "kube-prometheus-stack")) is not None:
+        spec = ((values.get("prometheus") or {}).get("prometheusSpec") or {})
+        for key in ("enforcedSampleLimit", "enforcedLabelLimit", "enforcedLabelValueLengthLimit"):
+            if not _positive(spec.get(key)):
+                yield (f"prometheusSpec.{key} is unset: one target (any pod's metrics, a GPU exporter copying pod labels) can "
+                       "fill Prometheus and stop the budget controller's reads. Fix: set it (platform/manifests/monitoring.py)")
+    if (values := _values_of(props, "dcgm-exporter")) is not None:
+        monitor, k8s = values.get("serviceMonitor") or {}, values.get("kubernetes") or {}
+        if monitor.get("honorLabels") is not False:
+            yield "dcgm-exporter's scrape honours scraped labels: a GPU series could claim another namespace. Fix: honorLabels: false"
+        if k8s.get("enablePodLabels") and not k8s.get("podLabelAllowlistRegex"):
+            yield ("dcgm-exporter copies every pod label onto GPU series (unbounded, and set by any member). Fix: "
+                   "kubernetes.podLabelAllowlistRegex naming the labels it may copy")
+
+
+@resource_rule("kubernetes", ["kubernetes:monitoring.coreos.com/v1:PodMonitor"],
+               "The trainer PodMonitor (every team's pods) honours no scraped label and bounds what one pod may send.")
+def trainer_scrape_unforgeable(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    spec = props.get("spec") or {}
+    if (props.get("metadata") or {}).get("name") != contract.TRAINER_PODMONITOR:
+        return
+    if any(e.get("honorLabels") is not False for e in spec.get("podMetricsEndpoints") or []):
+        yield "the trainer scrape honours a pod's own labels: a team could publish series as another team. Fix: honorLabels: false"
+    for key in ("sampleLimit", "labelLimit"):
+        if not _positive(spec.get(key)):
+            yield f"the trainer scrape has no {key}: one pod can flood Prometheus. Fix: {key} (monitoring.TRAINER_SCRAPE_LIMITS)"
+
+
+# The admission policies' names, and what each must still check (a fingerprint of each rule, so a dropped or opened
+# one is caught without this layer importing the platform's builders).
+TEAM_POLICIES = ("trainforge-team-pods", "trainforge-team-jobs")
+POD_RULE_MARKS = {"the team's uid": ("runAsUser", "params.data.uid"), "the team's gid": ("runAsGroup", "params.data.gid"),
+                  "only the team's volumes": ("object.spec.volumes", "persistentVolumeClaim"),
+                  "tenant nodes only": ("nodeSelector", "!has(object.spec.nodeName)"),
+                  "resources that count": ("c.resources.limits", "matches(")}
+JOB_RULE_MARKS = {"the team's own queue": ("params.data.queue",)}
+OPEN_VOLUME_KINDS = ("hostPath", "nfs", "csi", "ephemeral", "iscsi", "rbd", "cephfs", "glusterfs")
+
+
+@resource_rule("kubernetes", ["kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
+                              "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"],
+               "The team admission policies keep every rule (uid, gid, volumes, placement, resources, queue) and deny.")
+def team_admission_policies_complete(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    spec = props.get("spec") or {}
+    name = (props.get("metadata") or {}).get("name")
+    if props.get("kind") == "ValidatingAdmissionPolicyBinding" or "validationActions" in spec:
+        actions = [str(a) for a in spec.get("validationActions") or []]
+        if spec.get("policyName") in TEAM_POLICIES and actions != ["Deny"]:
+            yield (f"binding {name} only {actions}s: a team's pod or job that breaks the policy is admitted. "
+                   "Fix: validationActions: [Deny]")
+        return
+    if name not in TEAM_POLICIES:
+        return
+    expressions = [str(v.get("expression") or "") for v in spec.get("validations") or []]
+    marks = POD_RULE_MARKS if name == TEAM_POLICIES[0] else JOB_RULE_MARKS
+    for what, needles in marks.items():
+        if not any(all(n in e for n in needles) for e in expressions):
+            yield f"policy {name} no longer checks {what}. Fix: restore its rule (platform/manifests/guardrails.py)"
+    if name == TEAM_POLICIES[0]:
+        volume_rules = [e for e in expressions if "object.spec.volumes" in e]
+        for kind in OPEN_VOLUME_KINDS:
+            if any(f"has(v.{kind})" in e for e in volume_rules):
+                yield f"policy {name} admits {kind} volumes: a pod could mount the node or another team's storage. Fix: remove it"
+
+
+@resource_rule("kubernetes", ["kubernetes:core/v1:ConfigMap"], "A team's settings name the team's own POSIX identity, never root.")
+def team_settings_name_the_teams_identity(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    meta = props.get("metadata") or {}
+    namespace = meta.get("namespace")
+    if meta.get("name") != contract.TEAM_SETTINGS_CONFIG_MAP or not _is_team_namespace(namespace):
+        return
+    team = str(namespace).removeprefix(contract.TEAM_NAMESPACE_PREFIX)
+    expected = str(contract.team_posix_id(team))
+    data = props.get("data") or {}
+    for key in ("uid", "gid"):
+        if str(data.get(key)) != expected:
+            yield (f"{namespace}'s {key} is {data.get(key)!r}, not the team's {expected}: its pods would run as that identity "
+                   "(root, or another team's files). Fix: the program's value (contract.team_posix_id)")
+
+
+@resource_rule("kubernetes", ["kubernetes:batch/v1:Job"], "A team's FSx directory is made for the team alone (mode 0770).")
+def team_directories_private(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
+    meta = props.get("metadata") or {}
+    if meta.get("namespace") != contract.NAMESPACE_SYSTEM or not str(meta.get("name") or "").startswith("fsx-dir-"):
+        return
+    script = " ".join(str(part) for spec in pod_specs(props) for c in spec.get("containers") or [] for part in c.get("command") or [])
+    modes = re.findall(r"chmod\s+(?:-R\s+)?([0-7]{3,4})", script)
+    if not modes or any(int(m, 8) & 0o007 for m in modes):
+        yield f"the FSx directory Job sets mode {modes or 'nothing'}: other teams' identities could read it. Fix: chmod 0770"

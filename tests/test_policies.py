@@ -129,8 +129,45 @@ RESOURCE_CASES = {
     "team-network-policies-not-open": (
         "kubernetes:networking.k8s.io/v1:NetworkPolicy",
         {"metadata": {"namespace": "team-a"}, "spec": {"ingress": [{"from": [{"podSelector": {}}]}],
-                                                       "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 443}]}]}},
+                                                       "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [
+                                                           "10.0.0.0/16", "10.100.0.0/16", "172.20.0.0/16"]}}], "ports": [{"port": 443}]}]}},
         {"metadata": {"namespace": "team-a"}, "spec": {"ingress": [{"from": [{"namespaceSelector": {}}]}], "egress": [{}]}}, "name the"),
+    # Isolation regressions (issue 37, item 8; tests/test_policy_regressions.py injects each into the prod stack).
+    "mlflow-enforces-team-boundaries": (
+        "kubernetes:helm.sh/v3:Release",
+        {"chart": "mlflow", "version": "1.11.5", "values": {"auth": {"enabled": True, "appName": "trainforge-auth", "defaultPermission": "NO_PERMISSIONS"}}},
+        {"chart": "mlflow", "version": "1.11.5", "values": {"auth": {"enabled": True, "appName": "basic-auth", "defaultPermission": "NO_PERMISSIONS"}}},
+        "auth.appName: trainforge-auth"),
+    "scrapes-bounded-and-unforgeable": (
+        "kubernetes:helm.sh/v3:Release",
+        {"chart": "dcgm-exporter", "version": "4.8.2", "values": {"serviceMonitor": {"honorLabels": False},
+                                                                   "kubernetes": {"enablePodLabels": True, "podLabelAllowlistRegex": ["^app$"]}}},
+        {"chart": "dcgm-exporter", "version": "4.8.2", "values": {"serviceMonitor": {"honorLabels": True}, "kubernetes": {"enablePodLabels": True}}},
+        "honorLabels: false"),
+    "trainer-scrape-unforgeable": (
+        "kubernetes:monitoring.coreos.com/v1:PodMonitor",
+        {"metadata": {"name": "trainforge-trainers"}, "spec": {"podMetricsEndpoints": [{"honorLabels": False}], "sampleLimit": 2000.0, "labelLimit": 12.0}},
+        {"metadata": {"name": "trainforge-trainers"}, "spec": {"podMetricsEndpoints": [{"honorLabels": True}]}}, "honorLabels: false"),
+    "team-admission-policies-complete": (
+        "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding",
+        {"kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": "trainforge-team-pods"},
+         "spec": {"policyName": "trainforge-team-pods", "validationActions": ["Deny"]}},
+        {"kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": "trainforge-team-pods"},
+         "spec": {"policyName": "trainforge-team-pods", "validationActions": ["Audit"]}}, "validationActions: [Deny]"),
+    "team-settings-name-the-teams-identity": (
+        "kubernetes:core/v1:ConfigMap",
+        {"metadata": {"name": "trainforge-team", "namespace": "team-a"}, "data": {"uid": str(contract.team_posix_id("a")), "gid": str(contract.team_posix_id("a"))}},
+        {"metadata": {"name": "trainforge-team", "namespace": "team-a"}, "data": {"uid": "0", "gid": str(contract.team_posix_id("a"))}},
+        "contract.team_posix_id"),
+    "team-directories-private": (
+        "kubernetes:batch/v1:Job",
+        {"metadata": {"name": "fsx-dir-a", "namespace": "trainforge-system"},
+         "spec": {"template": {"spec": {"containers": [{"name": "mkdir", "command": ["sh", "-c", "mkdir -p /fsx/teams/a\nchmod 0770 /fsx/teams/a\n"]}]}}}},
+        {"metadata": {"name": "fsx-dir-a", "namespace": "trainforge-system"},
+         "spec": {"template": {"spec": {"containers": [{"name": "mkdir", "command": ["sh", "-c", "mkdir -p /fsx/teams/a\nchmod 0777 /fsx/teams/a\n"]}]}}}},
+        "chmod 0770"),
+    "fsx-never-exports": ("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation", {"s3": {"autoExportPolicy": {"events": []}}},
+                          {"s3": {"autoExportPolicy": {"events": ["NEW"]}}}, "no auto_export_policy"),
     "security-groups-closed-to-the-world": (
         "aws:ec2/securityGroup:SecurityGroup",
         {"ingress": [{"protocol": "tcp", "fromPort": 5432, "toPort": 5432, "securityGroups": ["sg-nodes"]}]},

@@ -8,7 +8,8 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from support.servers import free_port, prometheus, trainer_scrape
+from support.helm import rendered_program
+from support.servers import free_port, prometheus, scrape_config, trainer_scrape
 from support.waiting import wait_until
 
 from trainforge.platform.manifests import monitoring
@@ -88,3 +89,35 @@ def test_a_healthy_trainer_is_well_within_the_limits():
     limits = monitoring.TRAINER_SCRAPE_LIMITS
     assert 0 < len(samples) <= limits["sampleLimit"] // 4, len(samples)
     assert max(len(s.labels) for s in samples) + 4 <= limits["labelLimit"]  # + namespace, pod, job, instance
+
+
+def test_gpu_series_name_the_pod_and_team_using_the_gpu_whatever_the_pod_says(tmp_path, evaluations):
+    """dcgm-exporter as the chart renders it from the program's values (issue 37, item 7): its ServiceMonitor run by a
+    real Prometheus against an exporter that sends what dcgm-exporter sends for a GPU of team vision's pod, plus labels a
+    pod could try to slip in. Scraped labels never win; team comes from the namespace the kubelet reports."""
+    from support.repo import STACK_FILES
+
+    from trainforge import contract
+    charts, _ = rendered_program(evaluations(next(p for p in STACK_FILES if p.name == "Pulumi.prod.yaml")))
+    (monitor,) = [o for o in charts["dcgm-exporter"] if o["kind"] == "ServiceMonitor"]
+    (daemonset,) = [o for o in charts["dcgm-exporter"] if o["kind"] == "DaemonSet"]
+    (prom,) = [o for o in charts["kube-prometheus-stack"] if o["kind"] == "Prometheus"]
+    env = {v["name"]: v.get("value") for v in daemonset["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"] == "true"
+    assert env["DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"] == "^trainforge\\.io/job$,^batch\\.kubernetes\\.io/job\\-completion\\-index$"
+    assert {k: prom["spec"][k] for k in monitoring.PROMETHEUS_SCRAPE_LIMITS} == monitoring.PROMETHEUS_SCRAPE_LIMITS
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is False
+    sent = {"gpu": "0", "UUID": "GPU-1", "namespace": "team-vision", "pod": "trainer-0", "container": "trainer",
+            "team": "language", "job": "their-job", "trainforge_io_job": "clf"}
+    target, server = exporter([sent], name="DCGM_FI_DEV_GPU_UTIL")
+    exporter_labels = {"namespace": contract.NAMESPACE_MONITORING, "pod": "dcgm-exporter-7x2k", "container": "exporter",
+                       "job": "dcgm-exporter"}
+    try:
+        with prometheus(tmp_path, [target], job=scrape_config(monitor, [target], exporter_labels)) as url:
+            (series,) = until(url, "DCGM_FI_DEV_GPU_UTIL")
+    finally:
+        server.shutdown()
+    labels = series["metric"]
+    assert (labels["namespace"], labels["pod"], labels["container"], labels["team"]) == ("team-vision", "trainer-0", "trainer", "vision")
+    assert labels["trainforge_io_job"] == "clf" and labels["gpu"] == "0"
+    assert not [k for k in labels if k.startswith("exported_")], labels

@@ -16,7 +16,7 @@ from trainforge import contract
 from trainforge.stackconfig import MonitoringConfig
 
 SELECTED = {"release": contract.PROMETHEUS_RELEASE}
-TRAINER_PODMONITOR = "trainforge-trainers"
+TRAINER_PODMONITOR = contract.TRAINER_PODMONITOR
 RULES_NAME = "trainforge-training"
 DASHBOARD_NAME = "trainforge-training-dashboard"
 # Metrics the rules and the dashboard use that other software exports (name -> source).
@@ -40,6 +40,31 @@ def trainer_metric_relabelings() -> list[dict[str, Any]]:
     from `exported_job`; any other `exported_*` is dropped."""
     return [
         {"action": "replace", "sourceLabels": ["exported_job"], "regex": "(.+)", "targetLabel": "job", "replacement": "$1"},
+        {"action": "replace", "sourceLabels": ["namespace"], "regex": f"{contract.TEAM_NAMESPACE_PREFIX}(.+)",
+         "targetLabel": "team", "replacement": "$1"},
+        {"action": "labeldrop", "regex": "exported_.+"},
+    ]
+
+
+# Prometheus-wide ceilings on every scrape (kube-prometheus-stack prometheusSpec.enforced*): a ServiceMonitor or
+# PodMonitor whose own limits are looser, or that has none (the charts' own: dcgm-exporter's cannot set any), is held
+# to these. Sized well above what the platform's exporters send (kube-state-metrics and the kubelet's cAdvisor are the
+# largest: thousands of series per target on a busy node) and far below what fills Prometheus.
+PROMETHEUS_SCRAPE_LIMITS = {"enforcedSampleLimit": 100000, "enforcedLabelLimit": 30, "enforcedLabelNameLengthLimit": 128,
+                            "enforcedLabelValueLengthLimit": 2048}
+# The pod labels dcgm-exporter copies onto GPU series (kubernetes.podLabelAllowlistRegex): the training job's name and
+# its node index, nothing a pod could use to pass as another team (team comes from the namespace, below).
+DCGM_POD_LABELS = (contract.LABEL_JOB, "batch.kubernetes.io/job-completion-index")
+
+
+def dcgm_metric_relabelings() -> list[dict[str, Any]]:
+    """GPU series name the pod using the GPU in `exported_namespace` / `exported_pod` / `exported_container` (honorLabels
+    false: the target's own namespace and pod, the exporter's, win the plain names). Those come from the kubelet's
+    pod-resources API, not from the pod: they become `namespace`, `pod`, `container`; `team` is set from the namespace
+    over anything scraped; every other `exported_*` is dropped."""
+    return [
+        *({"action": "replace", "sourceLabels": [f"exported_{name}"], "regex": "(.+)", "targetLabel": name, "replacement": "$1"}
+          for name in ("namespace", "pod", "container")),
         {"action": "replace", "sourceLabels": ["namespace"], "regex": f"{contract.TEAM_NAMESPACE_PREFIX}(.+)",
          "targetLabel": "team", "replacement": "$1"},
         {"action": "labeldrop", "regex": "exported_.+"},

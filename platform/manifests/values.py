@@ -6,13 +6,14 @@ every key path against `tests/data/helm/`): Helm silently ignores a misspelt key
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
 from trainforge import contract, durations
 from trainforge.contract import Flavour
-from trainforge.platform.manifests import storage, tracking
+from trainforge.platform.manifests import monitoring, storage, tracking
 from trainforge.stackconfig import PlatformConfig
 
 CRITICAL_ADDONS = {"key": "CriticalAddonsOnly", "operator": "Exists"}
@@ -63,11 +64,16 @@ def nvidia_device_plugin(cfg: PlatformConfig) -> dict[str, Any]:
 def dcgm_exporter(cfg: PlatformConfig) -> dict[str, Any]:
     return {
         "tolerations": GPU_NODE_TOLERATIONS, "affinity": gpu_node_affinity(),
-        # The chart's ServiceMonitor, selected by kube-prometheus-stack's Prometheus through its release label.
-        # honorLabels: the exporter's `pod`/`namespace` are the training pod's (enablePodLabels); without it Prometheus
-        # renames them exported_pod/exported_namespace and keeps the exporter's own.
-        "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": True, "additionalLabels": {"release": contract.PROMETHEUS_RELEASE}},
-        "kubernetes": {"enablePodLabels": True},  # GPU series carry the training pod's labels (job, team)
+        # The chart's ServiceMonitor, selected by kube-prometheus-stack's Prometheus through its release label. Scraped
+        # labels never win (honorLabels false): the GPU's pod and namespace arrive as exported_*, and the relabelings
+        # make them the series' own, with `team` from the namespace (monitoring.dcgm_metric_relabelings). The scrape is
+        # bounded by Prometheus's enforced limits (the chart's ServiceMonitor has no limit of its own).
+        "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": False, "additionalLabels": {"release": contract.PROMETHEUS_RELEASE},
+                           "metricRelabelings": monitoring.dcgm_metric_relabelings()},
+        # GPU series carry the training job's name and node index, and no other pod label: an unbounded set of labels
+        # any member can set would be copied onto every GPU series.
+        "kubernetes": {"enablePodLabels": True,
+                       "podLabelAllowlistRegex": [f"^{re.escape(label)}$" for label in monitoring.DCGM_POD_LABELS]},
     }
 
 
@@ -171,6 +177,7 @@ def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
             # Select PodMonitors, ServiceMonitors and rules labelled `release: kube-prometheus-stack` (the chart's default).
             "podMonitorSelectorNilUsesHelmValues": True, "serviceMonitorSelectorNilUsesHelmValues": True,
             "ruleSelectorNilUsesHelmValues": True,
+            **monitoring.PROMETHEUS_SCRAPE_LIMITS,
             "nodeSelector": SYSTEM_NODES,
         }},
         "grafana": {"enabled": True, "resources": requests("100m", "256Mi", "512Mi"), "nodeSelector": SYSTEM_NODES,

@@ -327,6 +327,7 @@ NAMESPACE_OPENCOST = "opencost"
 OPENCOST_API_PORT = 9003
 OPENCOST_URL = f"http://opencost.{NAMESPACE_OPENCOST}.svc.cluster.local:{OPENCOST_API_PORT}"
 NAMESPACE_SYSTEM = "trainforge-system"  # trainforge's own controllers
+TRAINER_PODMONITOR = "trainforge-trainers"  # the PodMonitor over every team's training pods (platform/manifests/monitoring.py)
 BUDGET_CONTROLLER = "trainforge-budget"  # its Deployment, ServiceAccount and ClusterRole
 BUDGET_METRICS_PORT = 9401
 

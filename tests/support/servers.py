@@ -110,9 +110,10 @@ def mlflow_server_starting(tmp: Path, port: int | None = None, env: dict[str, st
 
 
 def scrape_config(pod_monitor: dict, targets: list[str], target_labels: dict[str, str]) -> dict:
-    """The scrape job the Prometheus operator makes of a PodMonitor's first endpoint, for static `targets` that carry
+    """The scrape job the Prometheus operator makes of a PodMonitor's (or ServiceMonitor's) first endpoint, for static `targets` that carry
     `target_labels` (on the cluster: namespace, pod, container and `job` = <namespace>/<monitor name>, from discovery)."""
-    endpoint, spec = pod_monitor["spec"]["podMetricsEndpoints"][0], pod_monitor["spec"]
+    spec = pod_monitor["spec"]
+    endpoint = (spec.get("podMetricsEndpoints") or spec["endpoints"])[0]  # a PodMonitor's, or a ServiceMonitor's
     keys = {"sourceLabels": "source_labels", "targetLabel": "target_label", "regex": "regex", "replacement": "replacement"}
     limits = {"sampleLimit": "sample_limit", "labelLimit": "label_limit", "labelNameLengthLimit": "label_name_length_limit",
               "labelValueLengthLimit": "label_value_length_limit"}
