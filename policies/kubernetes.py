@@ -167,17 +167,18 @@ def team_network_policies_not_open(props: Mapping[str, Any], ctx: Context) -> It
 
 
 def _excepts_the_cluster(excepted: list[Any]) -> bool:
-    """The except list covers both Service ranges EKS may pick and a private range (the VPC's)."""
+    """The except list covers both Service ranges EKS may pick and a private range (the VPC's). IPv4: the cluster's."""
     import ipaddress
-    try:
-        networks = [ipaddress.ip_network(str(e)) for e in excepted]
-    except ValueError:
-        return False
-    private = [ipaddress.ip_network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")]
-    services = [ipaddress.ip_network(c) for c in contract.EKS_DEFAULT_SERVICE_CIDRS]
-    covers_services = all(any(s.subnet_of(n) for n in networks if n.version == s.version) for s in services)
-    vpc_like = [n for n in networks if any(n.version == p.version and n.subnet_of(p) for p in private)
-                and not any(n.version == s.version and n.subnet_of(s) for s in services)]
+    networks = []
+    for entry in excepted:
+        try:
+            networks.append(ipaddress.IPv4Network(str(entry)))
+        except ValueError:
+            continue  # an IPv6 range excepts nothing of the cluster's
+    private = [ipaddress.IPv4Network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")]
+    services = [ipaddress.IPv4Network(c) for c in contract.EKS_DEFAULT_SERVICE_CIDRS]
+    covers_services = all(any(s.subnet_of(n) for n in networks) for s in services)
+    vpc_like = [n for n in networks if any(n.subnet_of(p) for p in private) and not any(n.subnet_of(s) for s in services)]
     return covers_services and bool(vpc_like)
 
 
@@ -305,7 +306,7 @@ def _values_of(props: Mapping[str, Any], chart: str) -> Mapping[str, Any] | None
 @resource_rule("kubernetes", HELM, "Scraped labels never win and scrapes are bounded: Prometheus enforces sample and label limits "
                                    "on every target, and dcgm-exporter copies no pod label but the job's onto GPU series.")
 def scrapes_bounded_and_unforgeable(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
-    if (values := _values_of(props, "kube-prometheus-stack")) is not None:
+    if (values := _values_of(props, contract.PROMETHEUS_RELEASE)) is not None:
         spec = ((values.get("prometheus") or {}).get("prometheusSpec") or {})
         for key in ("enforcedSampleLimit", "enforcedLabelLimit", "enforcedLabelValueLengthLimit"):
             if not _positive(spec.get(key)):

@@ -79,6 +79,14 @@ BAD_FIELDS = [
     # Zero is no limit and counts as nothing for the quotas (issue 37, item 5); `check` of such a job used to crash.
     ("resources.cpu", "0", "resources.cpu"), ("resources.cpu", "0m", "resources.cpu"), ("resources.memory", "0", "resources.memory"),
     ("resources.memory", "0.0Gi", "resources.memory"),
+    # Hostile values (issue 37): each refused with the field and the fix, nothing rendered.
+    ("limits.max_runtime", "9999999999999999999d", "limits.max_runtime"), ("limits.max_runtime", "367d", "limits.max_runtime"),
+    ("checkpoint.interval_steps", 10 ** 400, "checkpoint.interval_steps"),
+    ("tracking.experiment", "../other-team", "tracking.experiment"), ("tracking.experiment", "a\nb", "tracking.experiment"),
+    ("tracking.experiment", "x\u202egnp.exe", "tracking.experiment"), ("tracking.experiment", "x" * 200_000, "tracking.experiment"),
+    ("tracking.lineage", {"dataset": "v1\nINFO forged log line"}, "tracking.lineage"),
+    ("tracking.lineage", {"dataset": "\u202eevil"}, "tracking.lineage"), ("tracking.lineage", {"../key": "v"}, "tracking.lineage"),
+    ("tracking.lineage", {"dataset": "x" * 200_000}, "tracking.lineage"),
     ("capacity", "cheap", "capacity"), ("capacity", None, "capacity"), ("checkpoint.interval_steps", 0, "checkpoint.interval_steps"),
     ("checkpoint.interval_steps", -10, "checkpoint.interval_steps"), ("checkpoint.keep_last", 0, "checkpoint.keep_last"),
     ("checkpoint.s3_uri", "http://bucket/x", "checkpoint.s3_uri"), ("checkpoint.s3_uri", "s3://../x", "checkpoint.s3_uri"),
@@ -368,3 +376,59 @@ def test_a_disk_too_full_to_hold_the_jobs_record_refuses_the_submit(tmp_path, sm
     spec = spec_file(tmp_path, QUICKSTART)
     message = assert_refused(cli(small_disk / "home", "submit", "--detach", str(spec)), "TRAINFORGE_HOME")
     assert "No space left on device" in message and "larger disk" in message
+
+
+
+# ---- hostile files and directories (issue 37): refused, no hang, nothing written outside TRAINFORGE_HOME -------------
+
+def test_a_spec_that_is_a_device_or_a_fifo_is_refused_without_hanging(tmp_path):
+    import os
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path, kind in ((zero, "a device"), (fifo, "a FIFO")):
+        for command in (("check", str(path), "--stack", DEV), ("render", str(path)), ("submit", str(path))):
+            message = assert_refused(cli(tmp_path / "home", *command), kind)
+            assert "not a regular file" in message
+    assert not (tmp_path / "home").exists()
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    text = (REPO / "examples" / "quickstart.yaml").read_text() + "\nname: second-name\n"
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    message = assert_refused(cli(tmp_path / "home", "render", str(path)), "given twice")
+    assert "'name'" in message
+
+
+def test_twenty_thousand_unknown_keys_print_twenty_problems(tmp_path):
+    document = {**QUICKSTART, **{f"unknown_{i}": i for i in range(20_000)}}
+    message = assert_refused(cli(tmp_path / "home", "render", str(spec_file(tmp_path, document))), "unknown_0")
+    assert message.count("\n  - ") <= 21 and "more problems" in message
+
+
+def _submitted(tmp_path):
+    home = tmp_path / "home"
+    spec = spec_file(tmp_path, {**QUICKSTART, "name": "planted"})
+    return home, spec, home / "jobs" / "planted"
+
+
+@pytest.mark.parametrize("entry", ["", "checkpoints", "run", "job.log"])
+def test_a_symlink_in_a_jobs_directory_is_refused_and_nothing_is_written_through_it(tmp_path, entry):
+    home, spec, job = _submitted(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "step-00000010").mkdir()  # what rank 0 would delete there
+    (elsewhere / "secret.txt").write_text("another user's file")
+    if entry:
+        job.mkdir(parents=True)
+        (job / entry).symlink_to(elsewhere / ("secret.txt" if entry == "job.log" else ""))
+    else:
+        job.parent.mkdir(parents=True)
+        job.symlink_to(elsewhere)
+    for command in (("submit", str(spec)), ("status", "planted"), ("logs", "planted"), ("cancel", "planted")):
+        result = cli(home, *command)
+        assert result.returncode == 2 and "is a symbolic link" in result.stderr and "Fix" in result.stderr, (command, result.stderr[-2000:])
+        assert "another user's file" not in result.stdout
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["secret.txt", "step-00000010"], "nothing written or deleted there"

@@ -239,6 +239,9 @@ def _raw(name: str) -> dict:
     ({"auto_export": True}, r"fsx\.data_repository.*auto_export: the datasets bucket is read-only to teams"),
     ({"file_system_path": "/"}, r"file_system_path: '/' would put the repository over the teams' directories"),
     ({"file_system_path": "/teams/vision"}, r"over the teams' directories"),
+    ({"file_system_path": "/./teams"}, r"has an empty, '\.' or '\.\.' segment"),
+    ({"file_system_path": "/datasets/../teams/vision"}, r"segment"),
+    ({"file_system_path": "//teams"}, r"segment"),
 ])
 def test_a_data_repository_that_would_let_teams_write_or_reach_others_is_refused(change, message):
     from trainforge.stackconfig import ConfigError, parse

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from trainforge import catalog, contract, durations, nodes
 from trainforge import errors, yamlfile
-from trainforge.models import DNS_LABEL, S3_URI, StrictModel
+from trainforge.models import DNS_LABEL, EXPERIMENT_NAME, S3_URI, StrictModel, lineage_checked
 from trainforge.stackconfig import PlatformConfig
 from trainforge.trainer.runtime.config import RunConfig
 
@@ -125,7 +125,7 @@ class Resources(_Model):
 
 
 class Checkpointing(_Model):
-    interval_steps: int = Field(100, ge=1)
+    interval_steps: int = Field(100, ge=1, le=10**12)
     keep_last: int = Field(2, ge=1)
     s3_uri: str | None = Field(None, pattern=S3_URI)
     start_from: str | None = Field(None, pattern=DNS_LABEL, max_length=40,
@@ -134,9 +134,14 @@ class Checkpointing(_Model):
 
 
 class Tracking(_Model):
-    experiment: str = "trainforge"
+    experiment: str = Field("trainforge", pattern=EXPERIMENT_NAME, description="the team's MLflow experiment: <team>/<this>")
     lineage: dict[str, str] = Field({}, description="where the job comes from, tagged trainforge.lineage.<key> on its MLflow run "
                                                     "(parent_run_id nests it under that run)")
+
+    @field_validator("lineage")
+    @classmethod
+    def _lineage(cls, lineage: dict[str, str]) -> dict[str, str]:
+        return lineage_checked(lineage)
 
 
 class Limits(_Model):

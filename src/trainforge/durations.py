@@ -12,6 +12,7 @@ import re
 PATTERN = re.compile(r"^(?:(?P<d>\d+)d)?(?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?:(?P<s>\d+)s)?$")
 EXAMPLES = "45m, 2h, 1h30m or 1d"
 UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+MAX_SECONDS = 366 * 86400  # a year and a day: no job, sweep or timeout runs longer
 
 
 def seconds(text: str) -> int:
@@ -19,7 +20,13 @@ def seconds(text: str) -> int:
     found = PATTERN.match(text.strip()) if isinstance(text, str) else None
     if not text or found is None or not any(found.groupdict().values()):
         raise ValueError(f"{text!r} is not a duration. Fix: a number and a unit, e.g. {EXAMPLES}")
-    return sum(int(found[unit] or 0) * size for unit, size in UNITS)
+    if any(len(found[unit] or "") > 7 for unit, _ in UNITS):
+        raise ValueError(f"{text[:40]!r} is longer than anything here runs. Fix: at most {spelled(MAX_SECONDS)}")
+    total = sum(int(found[unit] or 0) * size for unit, size in UNITS)
+    if total > MAX_SECONDS:
+        raise ValueError(f"{text!r} is longer than anything here runs (and than Kubernetes' timeouts take). Fix: at most "
+                         f"{spelled(MAX_SECONDS)}")
+    return total
 
 
 def spelled(total: float) -> str:

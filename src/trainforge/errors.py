@@ -30,7 +30,10 @@ class TrainforgeError(Exception):
 
     def __init__(self, source: str, problems: list[str] | str, exit_code: int | None = None):
         self.source = source
-        self.problems = [elide(p) for p in ([problems] if isinstance(problems, str) else problems)]
+        listed = [problems] if isinstance(problems, str) else list(problems)
+        self.problems = [elide(p) for p in listed[:MAX_PROBLEMS]]
+        if len(listed) > MAX_PROBLEMS:  # 20,000 unknown keys must not print megabytes: the first ones say what is wrong
+            self.problems.append(f"... and {len(listed) - MAX_PROBLEMS} more problems of the same file (fix these first)")
         if exit_code is not None:
             self.exit_code = exit_code
         super().__init__(self._message())
@@ -41,6 +44,7 @@ class TrainforgeError(Exception):
         return f"{self.what} {self.source}:\n" + "\n".join(f"  - {p}" for p in self.problems)
 
 
+MAX_PROBLEMS = 20  # listed per error; the rest counted
 MAX_LINE = 600  # a problem line quoting a value pasted by mistake (a 1 MB string) must not flood the terminal
 
 

@@ -63,8 +63,23 @@ def jobs_dir() -> Path:
     return home() / "jobs"
 
 
+# What a job's directory holds that trainforge writes, reads back or deletes in: none may be a symbolic link, or a
+# job would write its checkpoints (and rank 0 delete `step-*` directories) wherever the link points, and `logs` would
+# print any file the user may read (a shared machine's other users' files through a planted link).
+JOB_ENTRIES = (JOB_SPEC_FILE, JOB_STATE_FILE, JOB_LOG_FILE, SUPERVISOR_LOG_FILE, JOB_RUN_DIR, JOB_CHECKPOINT_DIR, JOB_EXIT_DIR,
+               JOB_RESERVE_FILE)
+
+
 def job_dir(name: str) -> Path:
-    return jobs_dir() / job_name(name)
+    """The job's directory under home(); refused if it or anything trainforge keeps in it is a symbolic link (home itself
+    may be one: a link to a larger disk is how people place it)."""
+    directory = jobs_dir() / job_name(name)
+    for path in (directory, *(directory / entry for entry in JOB_ENTRIES)):
+        if path.is_symlink():
+            raise TrainforgeError("", f"{path} is a symbolic link (to {os.readlink(path)}): a job writes, reads and deletes "
+                                      "only inside $TRAINFORGE_HOME. Fix: remove the link (rm it), or set TRAINFORGE_HOME "
+                                      "to the directory itself")
+    return directory
 
 
 def refreshed_prices_dir() -> Path:

@@ -8,6 +8,8 @@ kilobytes and never need anchors, so both are refused with the fix, before anyth
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,25 @@ def _refuse_alias(event: yaml.AliasEvent) -> Refused:
                    "accepted here. Fix: write the value out where it is used")
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class _UniqueKeys:
+    """A mapping that names a key twice is refused: YAML takes the last silently, so a setting written twice (a merge
+    gone wrong, `gpus: 8` left below `gpus: 1`) would be half-ignored."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[attr-defined]  # the constructor's
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:
+                continue  # an unhashable key: the constructor refuses it with its own message
+            if first != key_node.start_mark.line + 1:
+                raise Refused(f"the key {key!r} is given twice (lines {first} and {key_node.start_mark.line + 1}): YAML would "
+                              "keep the second silently. Fix: keep one")
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]  # the constructor's
+
+
+class _NoAliasLoader(_UniqueKeys, yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             raise _refuse_alias(self.peek_event())
@@ -36,16 +56,32 @@ class _NoAliasLoader(yaml.SafeLoader):
 # loaded). Every team stack reads every stack file of its platform to check the cohort: at 200 team stacks the pure-Python
 # reads were about 40% of a team stack's evaluation. Its composer is compiled (no compose_node to hook), so aliases are
 # looked for in its event stream first.
-_FAST_LOADER: type | None = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+_FAST_LOADER: type | None = (type("_FastUniqueLoader", (_UniqueKeys, yaml.CSafeLoader), {})  # type: ignore[attr-defined]
+                             if yaml.__with_libyaml__ else None)
 
 
 def read(path: Path) -> Any:
-    """The document in `path`. Raises FileNotFoundError, OSError, UnicodeDecodeError or yaml.YAMLError (message says why)."""
-    size = path.stat().st_size
-    if size > MAX_BYTES:
-        raise Refused(f"the file is {size / (1 << 20):.1f} MiB; the limit is {MAX_BYTES >> 20} MiB. Fix: "
-                             "this file holds settings only: keep data and code in files it points to")
-    return loads(path.read_text())
+    """The document in `path`. Raises FileNotFoundError, OSError, UnicodeDecodeError or yaml.YAMLError (message says why).
+
+    Only a regular file is read, and at most MAX_BYTES of it: a path to /dev/zero or a FIFO (through a symlink too)
+    would otherwise never finish reading or never open, and a file growing while it is read cannot outrun the limit."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(21, "Is a directory", str(path))
+            raise Refused(f"{path} is {kind}, not a regular file. Fix: give the YAML file itself")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise Refused(f"the file is over {MAX_BYTES >> 20} MiB. Fix: this file holds settings only: keep data and code in "
+                      "files it points to")
+    return loads(data.decode("utf-8"))
 
 
 def loads(text: str) -> Any:

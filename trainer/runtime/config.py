@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainforge import exits
-from trainforge.models import RUN_ID, S3_URI, StrictModel
+from trainforge.models import EXPERIMENT_NAME, RUN_ID, S3_URI, StrictModel, lineage_checked
 from trainforge.errors import TrainforgeError
 
 # The bundled tasks and their factory arguments, known without importing torch. tasks.py builds them; a test
@@ -44,7 +44,7 @@ class _Model(BaseModel):
 
 class CheckpointConfig(_Model):
     dir: Path = Field(Path("checkpoints"), description="local tier: one sub-directory per step")
-    interval_steps: int = Field(50, ge=1)
+    interval_steps: int = Field(50, ge=1, le=10**12)
     keep_last: int = Field(2, ge=1)
     keep_best: bool = Field(True, description="also keep the checkpoint with the best eval metric")
     async_save: bool = True
@@ -68,9 +68,14 @@ class MetricsConfig(_Model):
 
 class TrackingConfig(_Model):
     uri: str | None = Field(None, description="MLflow tracking URI, e.g. http://mlflow.mlflow:5000; None disables tracking")
-    experiment: str = "trainforge"
+    experiment: str = Field("trainforge", pattern=EXPERIMENT_NAME, description="the team's experiment: <team>/<this>")
     close_timeout_s: float = Field(30.0, ge=0)
     lineage: dict[str, str] = Field({}, description="tagged trainforge.lineage.<key>; parent_run_id nests the run under that run")
+
+    @field_validator("lineage")
+    @classmethod
+    def _lineage(cls, lineage: dict[str, str]) -> dict[str, str]:
+        return lineage_checked(lineage)
 
 
 class SweepTrialConfig(_Model):
@@ -129,7 +134,7 @@ class RunConfig(_Model):
         None, description="deterministic kernels; unset: what the device can honour: on on the CPU (resume is bit-identical), off on "
                           "CUDA (ops without a deterministic kernel would raise, attention would take slower kernels); the choice is "
                           "in the log and result.json")
-    max_steps: int = Field(200, ge=1)
+    max_steps: int = Field(200, ge=1, le=10**12)
     batch_size: int = Field(64, ge=1, description="per rank, per micro-batch")
     grad_accum_steps: int = Field(1, ge=1)
     lr: float = Field(3e-3, gt=0)

@@ -135,7 +135,10 @@ class DataRepositoryConfig(_Model):
                              "that can write the file system change or delete it. Fix: remove auto_export (load datasets "
                              "into the bucket, FSx imports them)")
         parts = [p for p in self.file_system_path.split("/") if p]
-        if not parts or parts[0] == contract.FSX_TEAMS_DIR or ".." in parts:
+        if "//" in self.file_system_path or any(p in (".", "..") for p in parts):
+            raise ValueError(f"file_system_path: {self.file_system_path!r} has an empty, '.' or '..' segment, which FSx and the "
+                             "teams' fileset mounts read differently from this check. Fix: the plain path, e.g. /datasets")
+        if not parts or parts[0] == contract.FSX_TEAMS_DIR:
             raise ValueError(f"file_system_path: {self.file_system_path!r} would put the repository over the teams' directories "
                              f"(/{contract.FSX_TEAMS_DIR}/<team>). Fix: a directory of its own, e.g. /datasets")
         return self
