@@ -27,7 +27,12 @@ def team_policy(bucket_arns: dict[str, str], data_key_arn: str, team: str) -> st
         {"Sid": "ReadWriteOwnPrefix", "Effect": "Allow",
          "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
          "Resource": [f"{arn}/{prefix}*" for arn in writable]},
-        {"Sid": "UseDataKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": data_key_arn},
+        # The data key only through S3, for the team's buckets (with bucket keys, S3's encryption context is the bucket's
+        # ARN; without, the object's): not for decrypting anything else the key protects, from anywhere.
+        {"Sid": "UseDataKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": data_key_arn,
+         "Condition": {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com",
+                                      "kms:EncryptionContext:aws:s3:arn": [bucket_arns["datasets"], f"{bucket_arns['datasets']}/*",
+                                                                           *writable, *(f"{arn}/{prefix}*" for arn in writable)]}}},
     ]})
 
 

@@ -143,6 +143,12 @@ def _team_statement_problems(statement: dict[str, Any], team: str, datasets_arns
     actions, resources = {str(a) for a in _as_list(statement.get("Action"))}, [str(r) for r in _as_list(statement.get("Resource"))]
     if statement.get("NotAction") or statement.get("NotResource"):
         yield "allows by NotAction/NotResource (everything but a list). Fix: list the actions and resources"
+    if actions & TEAM_KEY_ACTIONS:
+        via = ((statement.get("Condition") or {}).get("StringLike") or {}).get("kms:ViaService") \
+            or ((statement.get("Condition") or {}).get("StringEquals") or {}).get("kms:ViaService")
+        if not via or any(not str(v).startswith("s3.") for v in _as_list(via)):
+            yield ("may use the data key outside S3 (no kms:ViaService condition): it could decrypt whatever else the key "
+                   "protects. Fix: a StringLike kms:ViaService of s3.*.amazonaws.com")
     for action in sorted(actions - TEAM_OBJECT_ACTIONS - TEAM_BUCKET_ACTIONS - TEAM_KEY_ACTIONS):
         yield f"allows {action!r}, beyond the storage and data-key actions a team's jobs need. Fix: remove it"
     for resource in resources:

@@ -304,13 +304,15 @@ def test_one_damaged_job_record_is_named_and_does_not_break_the_others(tmp_path,
     assert fingerprint(home) == before, "a refused command changed what was there"
 
 
-def test_a_reused_pid_is_never_signalled(tmp_path):
-    """A record naming a live process that is not its supervisor (PID reuse) reads as lost; cancel signals nothing."""
+@pytest.mark.parametrize("started", ["1", None], ids=["another start time", "no start time recorded"])
+def test_a_reused_pid_is_never_signalled(tmp_path, started):
+    """A record naming a live process that is not its supervisor (PID reuse) reads as lost; cancel signals nothing.
+    A record without the supervisor's start time cannot prove the PID is still its own, so it is not trusted either."""
     home = tmp_path / "home"
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         recorded_job(home, "old", {"name": "old", "team": "vision", "state": "running", "supervisor_pid": bystander.pid,
-                                   "supervisor_started": "1", "created_at": 1.0})
+                                   "supervisor_started": started, "created_at": 1.0})
         status = json.loads(cli(home, "status", "old", "-o", "json").stdout)
         assert status["state"] == "lost"
         assert_refused_cancel = cli(home, "cancel", "old")

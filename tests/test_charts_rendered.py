@@ -227,3 +227,17 @@ def test_mlflow_writes_artifacts_where_its_role_may(rendered):
     for _, path in destinations:
         key = f"{path.rstrip('/')}/run-1/artifacts/model.pkl"
         assert any(fnmatch.fnmatch(key, pattern) for pattern in keys), (key, writable)
+
+
+def test_no_platform_component_but_the_operators_reads_every_namespaces_secrets(rendered):
+    """Issue 37 (minor): Grafana's sidecar reads ConfigMaps and Secrets in the monitoring namespace only (a Role), not in
+    every team's namespace; the cluster-wide Secret readers left are the charts' operators and controllers."""
+    _, _, objects, _ = rendered
+
+    def reads_secrets(role: dict) -> bool:
+        return any(rule.get("apiGroups", [""]) in ([""], ["*"]) and set(rule.get("resources", [])) & {"secrets", "*"}
+                   and set(rule.get("verbs", [])) & {"get", "list", "watch", "*"} for rule in role.get("rules") or [])
+    grafana = [o for o in objects["kube-prometheus-stack"] if o["kind"] in ("ClusterRole", "Role") and "grafana" in o["metadata"]["name"]]
+    assert grafana, "Grafana's RBAC is rendered"
+    assert not [o["metadata"]["name"] for o in grafana if o["kind"] == "ClusterRole" and reads_secrets(o)]
+    assert any(o["kind"] == "Role" and reads_secrets(o) for o in grafana), "its sidecar still reads its own namespace"

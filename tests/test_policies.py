@@ -456,6 +456,7 @@ def _add(statement):
     (dict(widen=_add({"Effect": "Allow", "NotAction": ["iam:*"], "Resource": ["arn:aws:s3:::dev-artifacts/teams/vision/*"]})), "NotAction"),
     (dict(attach="arn:aws:iam::aws:policy/AdministratorAccess"), "AdministratorAccess"),
     (dict(trust="team-language"), "trust only system:serviceaccount:team-vision:"),
+    (dict(widen=lambda statements: next(s for s in statements if s.get("Sid") == "UseDataKey").pop("Condition")), "kms:ViaService"),
 ])
 def test_each_way_of_widening_a_team_role_is_caught(injected, says):
     found = check_stack(BY_NAME["team-roles-confined"], team_role_stack(**injected))

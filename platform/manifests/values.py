@@ -182,8 +182,11 @@ def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
         }},
         "grafana": {"enabled": True, "resources": requests("100m", "256Mi", "512Mi"), "nodeSelector": SYSTEM_NODES,
                     "testFramework": {"enabled": False},  # a test hook pod, run only by `helm test`
+                    # Grafana's sidecar reads ConfigMaps and Secrets: only in its own namespace (a Role, not a ClusterRole
+                    # over every team's Secrets), where the platform's dashboards are (monitoring.dashboard_config_map).
+                    "rbac": {"namespaced": True},
                     "sidecar": {"resources": requests("25m", "64Mi", "256Mi"),
-                                "dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1", "searchNamespace": "ALL"}}},
+                                "dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1"}}},
         "kube-state-metrics": {"resources": requests("50m", "128Mi", "512Mi"), "nodeSelector": SYSTEM_NODES},
         "prometheus-node-exporter": {"resources": requests("25m", "32Mi", "128Mi")},
         "alertmanager": {"enabled": True, "alertmanagerSpec": {"resources": requests("25m", "64Mi", "256Mi"), "nodeSelector": SYSTEM_NODES}},

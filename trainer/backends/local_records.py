@@ -84,8 +84,8 @@ class JobState:
         if self.supervisor_pid is None:
             return False
         started = process_start(self.supervisor_pid)
-        if started is not None:
-            return self.supervisor_started is None or started == self.supervisor_started
+        if started is not None:  # without a recorded start time nothing proves the PID is still the supervisor's
+            return self.supervisor_started is not None and started == self.supervisor_started
         try:  # no /proc (macOS): the PID is all there is
             os.kill(self.supervisor_pid, 0)
             return not Path("/proc/self").exists()
