@@ -22,8 +22,6 @@ from bench_runtime import LOG_EVERY, windowed_rate
 from rich.console import Console
 from rich.table import Table
 
-# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity), from the vendors' data sheets.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 70.0}
 BIG = {"context": 1024, "dim": 2048, "layers": 16, "heads": 16}  # ~0.8 B parameters
 TINY = {"context": 64, "dim": 64, "layers": 2, "heads": 2}
 
@@ -34,8 +32,8 @@ def peak_flops(override: float | None) -> float | None:
         return override * 1e12
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    return next((tflops * 1e12 for key, tflops in PEAK_BF16_TFLOPS.items() if key in name), None)
+    from trainforge import catalog
+    return catalog.peak_bf16_flops(torch.cuda.get_device_name())  # per SKU, the runtime's MFU gauge uses the same
 
 
 def flops_per_token(params: int, layers: int, dim: int, context: int) -> float:

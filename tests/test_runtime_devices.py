@@ -216,3 +216,35 @@ def test_activation_checkpointing_recomputes_per_unit_and_trains_the_same_number
         names[setting] = [n for n, _ in model.named_parameters()]
     assert names["none"] == names[mode], "checkpoints keep their keys"
     assert all(torch.equal(grads["none"][n], grads[mode][n]) for n in grads["none"]), "recomputation changes no bit"
+
+
+# ---- MFU ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device_name,tflops", [
+    ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H200", 989.4), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA B200", 2250.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L40S", 362.0), ("NVIDIA L4", 121.0), ("NVIDIA A10G", 70.0), ("NVIDIA T4", None),
+])
+def test_each_gpu_gets_its_own_peak(device_name, tflops):
+    from trainforge import catalog
+    peak = catalog.peak_bf16_flops(device_name)
+    assert (peak / 1e12 if peak else None) == tflops
+    assert {row.gpu_model for row in catalog.CATALOG.values()} <= set(catalog.PEAK_BF16_TFLOPS), "every GPU offered has a peak"
+
+
+def test_the_mfu_gauge_is_the_models_training_flops_over_the_gpus_peak():
+    from trainforge.trainer.runtime.metrics import RuntimeMetrics, model_flops_utilisation
+    task = tasks.BUNDLED["char_lm"]()
+    model = task.build_model()
+    parameters = sum(p.numel() for p in model.parameters())
+    per_token = task.flops_per_token(model)  # type: ignore[misc]
+    assert per_token == 6 * parameters + 6 * 2 * 128 * 64, "6N plus attention (layers 2, dim 128, context 64)"
+    metrics = RuntimeMetrics(job="j", team="t", rank=0)
+    metrics.configure_mfu(per_token, "NVIDIA H100 80GB HBM3", gpus=8)
+    metrics.logged(10, 1.0, 0.5, {"samples": 64, "tokens": 4_000_000}, 0.0)
+    expected = model_flops_utilisation(8_000_000, per_token, 8 * 989.4e12)
+    labels = {"job": "j", "team": "t", "rank": "0"}
+    assert metrics.registry.get_sample_value("trainforge_mfu", labels) == pytest.approx(expected) and 0 < expected < 1
+    cpu = RuntimeMetrics(job="j", team="t", rank=0)
+    cpu.configure_mfu(per_token, None, gpus=1)  # no GPU: no MFU reported
+    cpu.logged(10, 1.0, 0.5, {"samples": 64, "tokens": 1000}, 0.0)
+    assert cpu.registry.get_sample_value("trainforge_mfu", labels) == 0.0

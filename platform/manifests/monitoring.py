@@ -180,6 +180,7 @@ def _panel(panel_id: int, title: str, exprs: dict[str, str], unit: str, x: int, 
 PANELS: list[tuple[str, dict[str, str], str]] = [
     ("Throughput (samples/s)", {"{{job}}": 'max by (job) (trainforge_samples_per_second{job=~"$job"})'}, "short"),
     ("Throughput (tokens/s)", {"{{job}}": 'max by (job) (trainforge_tokens_per_second{job=~"$job"})'}, "short"),
+    ("Model FLOPs utilisation (GPU token tasks)", {"{{job}}": 'max by (job) (trainforge_mfu{job=~"$job"})'}, "percentunit"),
     ("Training loss", {"{{job}}": 'max by (job) (trainforge_loss{job=~"$job"})'}, "short"),
     ("Eval metrics", {"{{job}} {{metric}}": 'max by (job, metric) (trainforge_eval_metric{job=~"$job"})'}, "short"),
     ("GPU utilisation", {"{{job}} (runtime)": 'avg by (job) (trainforge_gpu_utilization_ratio{job=~"$job"})',

@@ -73,6 +73,23 @@ def _cpu_rows() -> list[InstanceType]:
             for family, gib in families.items() for size, vcpus in ladder.items()]
 
 
+# Dense (no sparsity) bf16 tensor-core peak of one GPU, TFLOP/s, from NVIDIA's data sheets for the parts AWS ships: the
+# p5/p5e/p5en H100 and H200 are SXM (989.4; the PCIe H100 would be 756), B200 2250, A100 312, L40S 362, L4 121, and AWS's
+# A10G 70 (NVIDIA's A10 is 125). MFU (runtime metrics, benchmarks/bench_gpu.py) divides by these.
+PEAK_BF16_TFLOPS: dict[str, float] = {"H100": 989.4, "H200": 989.4, "B200": 2250.0, "A100-40GB": 312.0, "A100-80GB": 312.0,
+                                      "L40S": 362.0, "L4": 121.0, "A10G": 70.0}
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """The peak of the GPU `torch.cuda.get_device_name()` names ("NVIDIA H100 80GB HBM3"), FLOP/s; None if unknown."""
+    if "H100" in device_name and "PCIe" in device_name:
+        return 756.0e12  # the PCIe part (lower clocks and power), not one AWS ships
+    for model in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):  # L40S before L4, A100-80GB before A100
+        if model.split("-")[0] in device_name.split() or model.split("-")[0] in device_name:
+            return PEAK_BF16_TFLOPS[model] * 1e12
+    return None
+
+
 CATALOG: dict[str, InstanceType] = {row.name: row for row in _rows()}
 CPU_CATALOG: dict[str, InstanceType] = {row.name: row for row in _cpu_rows()}
 GPU_FAMILIES: frozenset[str] = frozenset(row.family for row in CATALOG.values())

@@ -107,6 +107,8 @@ class Trainer:
             log.info("model built (%s): host memory %.0f MiB -> peak %.0f MiB, model %.0f MiB", self.host_memory.materialised,
                      self.host_memory.before_mb, self.host_memory.peak_mb, self.host_memory.model_mb)
         self.metrics = channels.runtime_metrics(cfg, env, self.checkpoints)
+        if env.device.type == "cuda" and task.flops_per_token is not None:
+            self.metrics.configure_mfu(task.flops_per_token(self.model), torch.cuda.get_device_name(env.device), env.world_size)
         self.s3 = channels.durable_tier(cfg, env, self.checkpoints, self.metrics)
         self.tracker = channels.tracker(cfg, env, task, self.precision, self.checkpoints)
 

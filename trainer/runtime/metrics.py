@@ -15,6 +15,11 @@ CHECKPOINT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 LABELS = ("job", "team", "rank")
 
 
+def model_flops_utilisation(tokens_per_second: float, flops_per_token: float, peak_flops_all_gpus: float) -> float:
+    """The share of the GPUs' dense bf16 peak the model's training FLOPs use (recomputation not counted: MFU, not HFU)."""
+    return tokens_per_second * flops_per_token / peak_flops_all_gpus
+
+
 class RuntimeMetrics:
     def __init__(self, *, job: str, team: str, rank: int, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
@@ -33,6 +38,9 @@ class RuntimeMetrics:
         self.loss = gauge("trainforge_loss", "Training loss of the last step (mean over ranks)")
         self.samples_per_second = gauge("trainforge_samples_per_second", "Samples per second, all ranks")
         self.tokens_per_second = gauge("trainforge_tokens_per_second", "Tokens per second, all ranks (token tasks)")
+        self.mfu = gauge("trainforge_mfu", "Model FLOPs utilisation: tokens/s x training FLOPs per token / (GPUs x dense bf16 peak)")
+        self.flops_per_token: float | None = None  # set by configure_mfu where the task, the device and the peak are known
+        self.peak_flops_all_gpus: float | None = None
         self.eval_metric = Gauge("trainforge_eval_metric", "Last evaluation metrics", (*LABELS, "metric"), registry=self.registry)
         self._eval_labels = values
         self.step_seconds = histogram("trainforge_step_seconds", "Wall time of one optimizer step", STEP_BUCKETS)
@@ -83,8 +91,17 @@ class RuntimeMetrics:
         self.samples_per_second.set(counts["samples"] / step_s)
         if "tokens" in counts:
             self.tokens_per_second.set(counts["tokens"] / step_s)
+            if self.flops_per_token and self.peak_flops_all_gpus:
+                self.mfu.set(model_flops_utilisation(counts["tokens"] / step_s, self.flops_per_token, self.peak_flops_all_gpus))
         self.data_wait_seconds.inc(data_wait_s)
         self.sample_gpu()
+
+    def configure_mfu(self, flops_per_token: float | None, device_name: str | None, gpus: int) -> None:
+        """MFU is reported where it means something: a token task on GPUs whose peak the catalog knows."""
+        from trainforge import catalog
+        peak = catalog.peak_bf16_flops(device_name) if device_name else None
+        if flops_per_token and peak:
+            self.flops_per_token, self.peak_flops_all_gpus = flops_per_token, peak * gpus
 
     def evaluated(self, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():

@@ -47,6 +47,8 @@ class Task:
     # turn (runtime/build.py): by its reset_parameters() unless the task gives init_weights(name, module), which fills
     # that module's own parameters and buffers (its children are not yet materialised).
     init_weights: Callable[[str, nn.Module], None] | None = None
+    # Training FLOPs per token (forward and backward) of the model: with tokens/s and the GPU's peak, the MFU gauge.
+    flops_per_token: Callable[[nn.Module], float] | None = None
 
 
 # ---- classifier -------------------------------------------------------------------------------------------
@@ -189,7 +191,15 @@ def char_lm(context: int = 64, dim: int = 128, layers: int = 2, heads: int = 4) 
         loss=_lm_loss, eval_sums=_lm_eval, summarize=_lm_summary,
         metrics=("loss", "perplexity"), default_metric=("loss", "min"),
         fsdp_units=transformer_blocks,
+        flops_per_token=lambda model: lm_flops_per_token(model, layers, dim, context),
     )
+
+
+def lm_flops_per_token(model: nn.Module, layers: int, dim: int, context: int) -> float:
+    """6 per parameter (2 forward, 4 backward), plus attention's scores and weighted values: 6 * layers * dim * context
+    (the PaLM paper's formula, appendix B, which counts the full context; causal masking halves the useful half)."""
+    parameters = sum(p.numel() for p in model.parameters())
+    return 6.0 * parameters + 6.0 * layers * dim * context
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
