@@ -204,7 +204,7 @@ def test_the_bootstrap_runs_again_and_takes_a_new_password(instance):
 def test_the_chart_signs_in_as_mlflows_role_and_only_bootstrap_jobs_hold_the_master_secret():
     from trainforge.platform.manifests import values
     chart = values.mlflow(CFG, database_host="rds.internal", database_secret=tracking.SERVER_SECRET, artifacts_bucket="b",
-                          role_arn="arn", flask_secret_key="k")
+                          role_arn="arn", flask_secret_key="k", image=values.chart_image("registry.local/runtime:v1"))
     assert chart["backendStore"]["existingDatabaseSecret"]["name"] == tracking.SERVER_SECRET
     assert chart["auth"]["postgres"]["existingSecret"]["name"] == tracking.SERVER_SECRET
     assert MASTER_SECRET not in str(chart)

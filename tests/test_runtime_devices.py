@@ -171,17 +171,20 @@ def test_nccl_error_handling_and_the_flight_recorder_reach_the_process_group_env
     expected = nccl_environment(cfg, str(tmp_path))
     for name in expected:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "64")  # an operator's own setting stays
+    monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")  # an operator's own setting stays
+    for deprecated in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        monkeypatch.delenv(deprecated, raising=False)
     env = init_distributed(cfg, str(tmp_path))
     try:
         import os
-        assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-        assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl-flight-recorder-rank")
-        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "500" and os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "64"
+        assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
+        assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "nccl-flight-recorder-rank")
+        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "500"
+        assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ, "torch 2.13 warns in every process for its deprecated alias"
     finally:
         leave_distributed(env, clean=True)
     off = nccl_environment(NcclConfig(flight_recorder_entries=0), "/run")
-    assert off["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
+    assert off["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0" and expected["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
 def test_an_efa_pod_without_the_ofi_plugin_is_refused_with_the_fix(tmp_path):

@@ -111,10 +111,10 @@ def nccl_environment(cfg: NcclConfig, output_dir: str) -> dict[str, str]:
     communicator's cleanup), and the flight recorder kept and dumped on a timeout into the run directory."""
     entries = str(cfg.flight_recorder_entries)
     dump = str(Path(output_dir) / FLIGHT_RECORDER_FILE)
-    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-            "TORCH_NCCL_TRACE_BUFFER_SIZE": entries, "TORCH_FR_BUFFER_SIZE": entries,
-            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if cfg.flight_recorder_entries else "0",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump, "TORCH_FR_DUMP_TEMP_FILE": dump}
+    # torch 2.13's names (TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE are its deprecated aliases:
+    # setting them prints a warning in every process, even on gloo).
+    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_FR_BUFFER_SIZE": entries,
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if cfg.flight_recorder_entries else "0", "TORCH_FR_DUMP_TEMP_FILE": dump}
 
 
 class RunConfig(_Model):
