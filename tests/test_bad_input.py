@@ -434,3 +434,17 @@ def test_a_symlink_in_a_jobs_directory_is_refused_and_nothing_is_written_through
         assert result.returncode == 2 and "is a symbolic link" in result.stderr and "Fix" in result.stderr, (command, result.stderr[-2000:])
         assert "another user's file" not in result.stdout
     assert sorted(p.name for p in elsewhere.iterdir()) == ["secret.txt", "step-00000010"], "nothing written or deleted there"
+
+
+
+@pytest.mark.parametrize("content", ["not: [valid", "prices: 5", "region: us-east-1\nas_of: x\nsource: y\non_demand: {p5.48xlarge: -3}",
+                                     "region: us-east-1\nas_of: x\nsource: y\nspot: {g6.xlarge: cheap}", "\x00\xff"],
+                         ids=["not YAML", "another document", "a negative price", "a price that is no number", "binary"])
+def test_a_damaged_refreshed_price_file_is_refused_with_the_file_and_the_fix(tmp_path, content):
+    home = tmp_path / "home"
+    prices = home / "prices" / "us-east-1.yaml"
+    prices.parent.mkdir(parents=True)
+    prices.write_bytes(content.encode("latin-1"))
+    for command in (("prices", "show"), ("check", str(REPO / "examples" / "quickstart.yaml"), "--stack", DEV)):
+        message = assert_refused(cli(home, *command), "prices/us-east-1.yaml")
+        assert "trainforge prices refresh" in message

@@ -36,8 +36,29 @@ class RefreshedPrices:
 
     @classmethod
     def load(cls, path: Path) -> RefreshedPrices:
-        raw = yaml.safe_load(path.read_text())
-        return cls(raw["region"], str(raw["as_of"]), raw["source"], dict(raw.get("on_demand") or {}), dict(raw.get("spot") or {}))
+        """A file `trainforge prices refresh` wrote; a damaged or hand-edited one is refused with the file and the fix,
+        never half-used (a wrong price would misstate every quote and budget check)."""
+        from trainforge import yamlfile
+
+        def refused(why: str) -> TrainforgeError:
+            fix = "Or" if "Fix:" in why else ". Fix:"
+            return TrainforgeError("", f"{path}: {why.rstrip('.')}{'.' if fix == 'Or' else ''} {fix.lstrip('. ')} run `trainforge "
+                                       "prices refresh` again, or delete the file to use the shipped prices")
+        try:
+            raw = yamlfile.read(path)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise refused(yamlfile.describe(exc)) from None
+        if not isinstance(raw, dict) or not all(isinstance(raw.get(k), (str, int, float)) and not isinstance(raw.get(k), bool)
+                                                for k in ("region", "as_of", "source")):
+            raise refused("not a refreshed price file (it needs region, as_of and source)")
+        tables = {}
+        for kind in ("on_demand", "spot"):
+            table = raw.get(kind) or {}
+            if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                      and 0 < v < 10_000 for k, v in table.items()):
+                raise refused(f"{kind} is not a table of instance types and hourly prices between 0 and 10,000 USD")
+            tables[kind] = {k: float(v) for k, v in table.items()}
+        return cls(str(raw["region"]), str(raw["as_of"]), str(raw["source"]), tables["on_demand"], tables["spot"])
 
 
 @dataclass(frozen=True)
