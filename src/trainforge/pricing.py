@@ -41,9 +41,8 @@ class RefreshedPrices:
         from trainforge import yamlfile
 
         def refused(why: str) -> TrainforgeError:
-            fix = "Or" if "Fix:" in why else ". Fix:"
-            return TrainforgeError("", f"{path}: {why.rstrip('.')}{'.' if fix == 'Or' else ''} {fix.lstrip('. ')} run `trainforge "
-                                       "prices refresh` again, or delete the file to use the shipped prices")
+            again = "run `trainforge prices refresh` again, or delete the file to use the shipped prices"
+            return TrainforgeError("", f"{path}: {why.rstrip('.')}. Or {again}" if "Fix:" in why else f"{path}: {why}. Fix: {again}")
         try:
             raw = yamlfile.read(path)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
