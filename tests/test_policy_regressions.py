@@ -14,7 +14,6 @@ from support.repo import STACK_FILES
 
 from trainforge import contract
 from trainforge.policies.kubernetes import plain
-from trainforge.policies.registry import check_resource, check_stack, rules
 
 PROD = next(p for p in STACK_FILES if p.name == "Pulumi.prod.yaml")
 TEAM = "applied"
@@ -27,16 +26,9 @@ def view(evaluations):
 
 
 def findings(per_resource, whole) -> list[str]:
-    found = []
-    for rule in rules():
-        if rule.level.value != "mandatory":
-            continue
-        if rule.is_stack_rule:
-            found += [f"{rule.name}: {m}" for m, _ in check_stack(rule, whole)]
-        else:
-            for resource_type, name, props, provider in per_resource:
-                found += [f"{rule.name}: {m}" for m in check_resource(rule, resource_type, props, name=name, provider_props=provider)]
-    return found
+    """The mandatory rules' findings over a policy view, as `trainforge plan` judges it."""
+    from trainforge.platform.plan.plan import verdicts_over
+    return [f"{v.rule}: {v.message}" for v in verdicts_over(per_resource, whole) if v.level == "mandatory"]
 
 
 def injected(view, resource_type: str, name: str, change: Callable[[dict[str, Any]], None]):

@@ -151,7 +151,11 @@ def policy_view(evaluation: Evaluation) -> tuple[list[tuple[str, str, dict[str, 
 
 def verdicts(evaluation: Evaluation) -> list[Violation]:
     """The policy pack's rules on what the program registered, as the pack would judge it under `pulumi preview`."""
-    per_resource, whole = policy_view(evaluation)
+    return verdicts_over(*policy_view(evaluation))
+
+
+def verdicts_over(per_resource: list[tuple[str, str, dict[str, Any], dict[str, Any]]], whole: list[StackResource]) -> list[Violation]:
+    """The pack's rules over a policy view (policy_view's, or one a test changed)."""
     names = {r.urn: r.name for r in whole}
     found = []
     for rule in rules():

@@ -4,6 +4,8 @@ Imports only pydantic."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict
 
 DNS_LABEL = r"^[a-z]([a-z0-9-]*[a-z0-9])?$"  # a Kubernetes object name people choose: jobs, teams, sweeps
@@ -31,7 +33,6 @@ def plain_text(value: str, what: str, max_length: int) -> str:
 
 def lineage_checked(lineage: dict[str, str]) -> dict[str, str]:
     """A job's lineage tags: short keys of letters, digits, `_.-`; short plain values."""
-    import re
     if len(lineage) > 50:
         raise ValueError(f"{len(lineage)} lineage entries. Fix: at most 50")
     for key, value in lineage.items():

@@ -15,6 +15,7 @@ or fp16, gradients reduced in fp32), not autocast: all-gathers move half the byt
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import resource
@@ -107,7 +108,7 @@ def build_model(task: Task, cfg: RunConfig, env: Distributed, precision: str) ->
     if cfg.strategy == "fsdp":
         with torch.device("meta"):
             model = task.build_model()
-        template = _twin_on_meta(model)
+        template = copy.deepcopy(model)  # unsharded, no storage: the modules `initialise` fills in turn
         model_mb = _bytes(model) / 2**20
         shard_fsdp(task, model, cfg, precision)
         model.to_empty(device=env.device)
@@ -123,12 +124,6 @@ def build_model(task: Task, cfg: RunConfig, env: Distributed, precision: str) ->
 
 def _bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-
-
-def _twin_on_meta(model: nn.Module) -> nn.Module:
-    """An unsharded copy of the meta model (no storage): the modules whose own tensors `initialise` fills in turn."""
-    import copy
-    return copy.deepcopy(model)
 
 
 # What selective activation checkpointing keeps (torchtitan's choice): the outputs of the expensive ops, so backward

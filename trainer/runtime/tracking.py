@@ -151,13 +151,10 @@ class Tracker:
         from mlflow import MlflowClient
         return MlflowClient(tracking_uri=self.uri)
 
-    def _find_experiment(self, client) -> str:
-        return owned_experiment(client, self.uri, self.experiment, self.team)
-
     def _ensure_run(self, client) -> str:
         if self.run_id is not None:
             return self.run_id
-        experiment_id = self._find_experiment(client)
+        experiment_id = owned_experiment(client, self.uri, self.experiment, self.team)
         found = client.search_runs([experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}' and tags.`{TEAM_TAG}` = '{self.team}'",
                                    max_results=1)
         if found:
