@@ -1,6 +1,7 @@
 # The runtime image every training pod runs: CUDA PyTorch, the EFA libraries with the aws-ofi-nccl plugin (NCCL over
 # EFA), and this project with its `runtime` extra. The platform's MLflow server runs on it too (`tracking-server`:
-# MLflow at the chart's appVersion and trainforge's auth app). Build and push with scripts/build-image.
+# MLflow at the chart's appVersion and trainforge's auth app). `pulumi up` builds and pushes it (infra/registry.py); by hand,
+# scripts/build-image. The build context is what .dockerignore admits: IMAGE_CONTEXT in infra/registry.py.
 #
 # The base's torch must satisfy pyproject.toml's runtime range (tests/test_image.py checks TORCH_VERSION against it).
 ARG TORCH_VERSION=2.13.0
@@ -39,8 +40,10 @@ COPY trainer ./trainer
 RUN python -m pip install ".[runtime,tracking-server]" \
  && python -c "import torch, trainforge.trainer.runtime.loop; print('torch', torch.__version__)"
 
-ARG GIT_COMMIT=unknown
-ENV TRAINFORGE_GIT_COMMIT=${GIT_COMMIT}
+# The digest of the build context (infra/registry.py context_digest; the program and scripts/build-image pass it): the
+# runs record it as their code version. Not the commit: the same sources must build the same content tag.
+ARG SOURCE_DIGEST=unknown
+ENV TRAINFORGE_SOURCE_DIGEST=${SOURCE_DIGEST}
 
 RUN useradd --create-home --uid 1000 --user-group trainer && chown -R trainer:trainer /workspace
 USER 1000:1000

@@ -12,7 +12,7 @@ import pulumi_kubernetes as k8s
 
 from trainforge import contract
 from trainforge.stackconfig import ClusterConfig
-from trainforge.infra.iam import Role, inline_policy, irsa_role, service_role
+from trainforge.infra.iam import Role, inline_policy, irsa_role, keyed_by_principal, service_role
 from trainforge.infra.tags import named
 
 POLICY = "arn:aws:iam::aws:policy/"
@@ -85,13 +85,14 @@ class Cluster(pulumi.ComponentResource):
         )
         self.admin_access: list[pulumi.Resource] = []
         for i, principal in enumerate(access.admin_principal_arns):
-            entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal,
-                                        type="STANDARD", tags=named(tags, f"{name}-admin-{i}"), opts=child)
+            entry_name, adopt = keyed_by_principal(f"{name}-admin", principal, i)
+            entry = aws.eks.AccessEntry(entry_name, cluster_name=self.cluster.name, principal_arn=principal,
+                                        type="STANDARD", tags=named(tags, entry_name), opts=child.merge(adopt))
             self.admin_access.append(entry)
             self.admin_access.append(aws.eks.AccessPolicyAssociation(
-                f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal, policy_arn=CLUSTER_ADMIN_POLICY,
+                entry_name, cluster_name=self.cluster.name, principal_arn=principal, policy_arn=CLUSTER_ADMIN_POLICY,
                 access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]).merge(adopt),
             ))
 
         self.oidc_provider = aws.iam.OpenIdConnectProvider(
@@ -165,14 +166,33 @@ NETWORK_ADDONS = ("vpc-cni", "kube-proxy")
 # ... and after the system nodes exist (these run Deployments that need a node to become ACTIVE).
 WORKLOAD_ADDONS = ("coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver", "eks-node-monitoring-agent")
 ADDON_STAGES = {"network": NETWORK_ADDONS, "workload": WORKLOAD_ADDONS}
+SYSTEM_NODES = dict(contract.flavour_traits(contract.Flavour.SYSTEM).labels)
+# The add-ons' controllers' tolerations when their configuration names none (what tests/test_day_two.py fits against
+# the team nodes): CoreDNS's (v1.11.1-eksbuild schema, printed in terraform-aws-eks docs/faq.md) and the EBS and FSx
+# CSI controllers' (their charts' values.yaml: CriticalAddonsOnly, and NoExecute for 300 s). None tolerates a
+# NoSchedule taint, so no tenant node takes them even without a selector.
+ADDON_DEFAULT_TOLERATIONS = {
+    "coredns": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+    "aws-ebs-csi-driver": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                           {"effect": "NoExecute", "operator": "Exists", "tolerationSeconds": 300}],
+    "aws-fsx-csi-driver": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                           {"effect": "NoExecute", "operator": "Exists", "tolerationSeconds": 300}],
+}
 ADDON_CONFIGURATION = {
     # Network policy enforcement in the CNI, so team namespaces can be isolated.
     "vpc-cni": {"enableNetworkPolicy": "true"},
-    # CoreDNS tolerates nothing special and runs on the system nodes; two replicas survive a node loss.
-    "coredns": {"replicaCount": 2},
-    # Node auto repair sees GPU faults (XID errors, NVLink, EFA) only through this agent, so it runs on every node:
-    # GPU and spot nodes are tainted, hence a toleration of every taint.
-    "eks-node-monitoring-agent": {"nodeAgent": {"tolerations": [{"operator": "Exists"}]}},
+    # CoreDNS on the system nodes (the add-on's schema takes a top-level nodeSelector); two replicas survive a node loss.
+    "coredns": {"replicaCount": 2, "nodeSelector": SYSTEM_NODES},
+    # The EBS CSI controller holds IRSA over EC2 volumes and the KMS key: system nodes only. Its node DaemonSet tolerates
+    # every taint by default (node.tolerateAllTaints: true). The FSx add-on's schema is not published, so its controller
+    # is kept off the tenant nodes by their taints alone (its tolerations above) rather than by a key it might refuse.
+    "aws-ebs-csi-driver": {"controller": {"nodeSelector": SYSTEM_NODES}},
+    # Node auto repair sees GPU faults (XID errors, NVLink, EFA) only through these agents, so they run on every node:
+    # GPU, spot and team CPU nodes are tainted, hence a toleration of every taint. The DCGM agent's default is none
+    # (eks-node-monitoring-agent values.yaml `dcgmAgent.tolerations: []`): it would never run on a GPU node.
+    "eks-node-monitoring-agent": {"nodeAgent": {"tolerations": [{"operator": "Exists"}]},
+                                  "dcgmAgent": {"tolerations": [{"operator": "Exists"}]}},
 }
 
 

@@ -160,8 +160,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             out |= {"dnsName": f"fs-{token}.fsx.{self.region}.amazonaws.com", "mountName": token,
                     "arn": f"arn:aws:fsx:{self.region}:{MOCK_ACCOUNT}:file-system/{args.name}-{token}"}
-        elif args.typ == "docker-build:index:Image":  # the registry answers a push with the image's digest
-            digest = "sha256:" + hashlib.sha256(args.name.encode()).hexdigest()
+        elif args.typ == "docker-build:index:Image":  # the registry answers a push with the image's digest: of its content
+            content = json.dumps([args.name, args.inputs.get("labels") or {}, args.inputs.get("buildArgs") or {}], sort_keys=True)
+            digest = "sha256:" + hashlib.sha256(content.encode()).hexdigest()
             out |= {"digest": digest, "ref": f"{(args.inputs.get('tags') or [args.name])[0]}@{digest}"}
         elif args.typ == "aws:eks/nodeGroup:NodeGroup":  # EKS creates one Auto Scaling group per managed node group
             out["resources"] = [{"autoscalingGroups": [{"name": f"eks-{args.name}-{token}"}], "remoteAccessSecurityGroupId": ""}]

@@ -7,11 +7,31 @@ strands ENIs and security groups that a role without its policies can no longer 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
+
+
+def principal_key(principal_arn: str) -> str:
+    """A name for an IAM principal that stays its own whatever else a list holds: account, kind and name from the ARN,
+    readable, plus a short digest of the whole ARN (a path's `/` and a name's `-` read alike). Resources per principal
+    (EKS access entries) are named by it, not by list position: a position shifts when someone earlier in the list
+    leaves, and the engine would then replace the others' entries (EKS holds one per principal, so the replacement,
+    created before the old one goes, is refused with ResourceInUseException)."""
+    _, _, _, _, account, resource = principal_arn.split(":", 5)
+    readable = re.sub(r"[^A-Za-z0-9-]+", "-", resource).strip("-").lower()
+    return f"{account}-{readable}-{hashlib.sha256(principal_arn.encode()).hexdigest()[:6]}"
+
+
+def keyed_by_principal(prefix: str, principal_arn: str, position: int) -> tuple[str, pulumi.ResourceOptions]:
+    """The resource name for one principal's resource under `prefix`, and an alias to the name releases up to 0.1.0
+    gave it (`<prefix>-<position>`): a stack deployed by one of them adopts its entries on its first `up` with a later
+    release, if that `up` leaves the list as it was (README, "Day two")."""
+    return f"{prefix}-{principal_key(principal_arn)}", pulumi.ResourceOptions(aliases=[pulumi.Alias(name=f"{prefix}-{position}")])
 
 
 @dataclass(frozen=True)

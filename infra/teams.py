@@ -9,7 +9,7 @@ import pulumi_aws as aws
 
 from trainforge import contract
 from trainforge.stackconfig import TeamConfig
-from trainforge.infra.iam import Role, inline_policy, irsa_role
+from trainforge.infra.iam import Role, inline_policy, irsa_role, keyed_by_principal
 from trainforge.infra.tags import named
 
 WRITABLE_BUCKETS = ("checkpoints", "artifacts")
@@ -36,10 +36,11 @@ def team_policy(bucket_arns: dict[str, str], data_key_arn: str, team: str) -> st
     ]})
 
 
-def aws_eks_access_entry(name: str, cluster_name: pulumi.Input[str], principal: str, groups: list[str], tags: dict[str, str],
-                         parent: pulumi.Resource) -> None:
+def aws_eks_access_entry(prefix: str, position: int, cluster_name: pulumi.Input[str], principal: str, groups: list[str],
+                         tags: dict[str, str], parent: pulumi.Resource) -> None:
+    name, adopt = keyed_by_principal(prefix, principal, position)
     aws.eks.AccessEntry(name, cluster_name=cluster_name, principal_arn=principal, type="STANDARD", kubernetes_groups=groups,
-                        tags=tags, opts=pulumi.ResourceOptions(parent=parent))
+                        tags=tags, opts=pulumi.ResourceOptions(parent=parent).merge(adopt))
 
 
 class TeamAccess(pulumi.ComponentResource):
@@ -63,6 +64,6 @@ class TeamAccess(pulumi.ComponentResource):
             lambda args: team_policy(dict(zip(kinds, args[1:])), args[0], team.name)))
         # Each member reaches the cluster as the team's group (and the organisation's): RBAC in the namespace does the rest.
         for i, principal in enumerate(team.members):
-            aws_eks_access_entry(f"{name}-member-{i}", cluster_name, principal, [contract.team_group(team.name), contract.ORGANISATION_GROUP],
+            aws_eks_access_entry(f"{name}-member", i, cluster_name, principal, [contract.team_group(team.name), contract.ORGANISATION_GROUP],
                                  team_tags, self)
         self.register_outputs({"role_arn": self.role.arn})

@@ -65,6 +65,16 @@ def test_submit_creates_the_job_in_the_team_namespace_with_its_queue_and_priorit
     assert f"created {created['kind']} {VISION}/quickstart" in result.stdout
 
 
+def test_a_job_that_names_no_image_runs_the_one_the_platform_deployed(cluster):
+    """The program's image is tagged by content, so no client can name it from its own version: the team's settings
+    carry the deployed image by digest, and a job without an `image` runs exactly that."""
+    from support.evaluated import evaluation_of
+    (image,) = evaluation_of(STACK).of_type("docker-build:index:Image")
+    assert settings(cluster)[contract.SETTING_DEFAULT_IMAGE] == image.state["ref"]
+    assert submit(cluster).returncode == 0
+    assert job(cluster, "trainjob")["spec"]["trainer"]["image"] == image.state["ref"]
+
+
 def test_status_follows_the_job_from_queued_to_running_to_succeeded(cluster):
     assert submit(cluster).returncode == 0
     seen = []

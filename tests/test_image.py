@@ -80,14 +80,22 @@ def test_the_base_images_torch_satisfies_the_runtime_range():
     assert f"{default}-" in DOCKERFILE.baseimage or "${TORCH_VERSION}" in DOCKERFILE.structure[[i["instruction"] for i in DOCKERFILE.structure].index("FROM")]["value"]
 
 
-def test_the_build_script_tags_what_jobs_run_by_default():
+def test_the_build_script_tags_by_content_as_the_program_does_and_a_release_once():
+    """scripts/build-image: the content tag the program gives the same sources (so a hand push and an `up` agree, and
+    unchanged sources are the same tag), the release tag only with --release, the sources' digest as the build arg the
+    runs record."""
+    from trainforge.infra.registry import context_digest
     repository = "444455556666.dkr.ecr.us-east-1.amazonaws.com/" + contract.runtime_image_repository("prod")
-    result = subprocess.run([str(REPO / "scripts" / "build-image"), "--repository", repository, "--dry-run"],
-                            capture_output=True, text=True, cwd=REPO, check=True)
-    version = PYPROJECT["project"]["version"]
-    assert f"{repository}:{contract.runtime_image_tag(version)}" in result.stdout.split()
+    version, digest = PYPROJECT["project"]["version"], context_digest(REPO)
+
+    def dry_run(*extra: str) -> list[str]:
+        return subprocess.run([str(REPO / "scripts" / "build-image"), "--repository", repository, "--dry-run", *extra],
+                              capture_output=True, text=True, cwd=REPO, check=True).stdout.split()
+    plain, release = dry_run(), dry_run("--release")
+    assert [w for w in plain if w.startswith(repository)] == [f"{repository}:{contract.content_image_tag(version, digest)}"]
+    assert f"{repository}:{contract.runtime_image_tag(version)}" in release
+    assert f"SOURCE_DIGEST={digest}" in plain and "--push" in plain and "linux/amd64" in plain
     assert contract.runtime_image("444455556666", "us-east-1", "prod", version) == f"{repository}:v{version}"
-    assert "--platform linux/amd64" in result.stdout and "--push" in result.stdout
 
 
 def test_a_job_without_an_image_runs_its_stacks_release_image():

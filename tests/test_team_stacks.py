@@ -65,18 +65,17 @@ def moved_closure(evaluation, top_urns: list[str]) -> list:
     return moved
 
 
-def urns_after_move(old, moved_urns: set[str], by_urn: dict, source: str, destination: str) -> tuple[str, str]:
+def urn_after_move(old, moved_urns: set[str], by_urn: dict, destination: str) -> str:
     """The URN a moved resource (or a provider the move copies) has in the destination stack, as `pulumi state move`
-    gives it (pulumi/pulumi pkg/cmd/pulumi/state/state_move.go): before CLI 3.224.0 only the stack is renamed; since
-    (pulumi/pulumi#21953) a resource whose parent stays behind goes under the root stack and its URN is rebuilt without
-    the old parent's type, and a moved child's URN follows its parent's."""
+    gives it (pulumi/pulumi pkg/cmd/pulumi/state/state_move.go) from CLI 3.226.0, the first that can move a team
+    (pulumi/pulumi#22141): a resource whose parent stays behind goes under the root stack and its URN is rebuilt without
+    the old parent's type (pulumi/pulumi#21953), and a moved child's URN follows its parent's."""
     def current(r) -> str:
         if r.parent in moved_urns:  # qualified by the parent's type, as the mock monitor qualifies it (its last type only)
             parent_type = current(by_urn[r.parent]).split("::")[2].rsplit("$", 1)[-1]
             return f"urn:pulumi:{destination}::{contract.PROJECT}::{parent_type}${r.type}::{r.name}"
         return f"urn:pulumi:{destination}::{contract.PROJECT}::{r.type}::{r.name}"
-    legacy = engine_urn(old.urn).replace(f"urn:pulumi:{source}::", f"urn:pulumi:{destination}::", 1)
-    return legacy, current(old)
+    return current(old)
 
 
 def canonical(inputs: dict) -> str:
@@ -98,9 +97,8 @@ def test_a_deployed_team_moved_into_its_own_stack_is_adopted_not_recreated(tmp_p
     after_team = evaluate_stack_file(team_file)
     after_platform = evaluate_stack_file(platform_file)
 
-    # What the state move leaves in the team stack, with an older CLI (stack renamed) and a newer one (URNs rebuilt under the
-    # root stack), each claimed by one resource the team program registers, under its own URN or an alias, with the same
-    # inputs: no create, no replace.
+    # What the state move leaves in the team stack (URNs rebuilt under the root stack), each claimed by one resource the
+    # team program registers, under its own URN, with the same inputs: no create, no replace.
     claims = {}
     for r in after_team.resources:
         for urn in (engine_urn(r.urn), *r.aliases):
@@ -111,11 +109,10 @@ def test_a_deployed_team_moved_into_its_own_stack_is_adopted_not_recreated(tmp_p
     moved_urns, by_urn = {r.urn for r in moved}, {r.urn: r for r in before.resources}
     adopted = set()
     for old in [*moved, *copied]:
-        legacy, current = urns_after_move(old, moved_urns, by_urn, cfg.environment, destination)
-        for expected in (legacy, current):
-            assert expected in claims, f"{old.type} {old.name}: the team stack would create it anew (nothing answers to {expected})"
+        current = urn_after_move(old, moved_urns, by_urn, destination)
+        assert current in claims, f"{old.type} {old.name}: the team stack would create it anew (nothing answers to {current})"
         new = claims[current]
-        assert claims[legacy] is new and new.type == old.type
+        assert new.type == old.type
         assert canonical(new.inputs) == canonical(old.inputs), f"{old.type} {old.name}: its inputs differ, so it would be updated"
         adopted.add(id(new))
     # ... and the team stack registers nothing else but its reference to the platform.

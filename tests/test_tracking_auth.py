@@ -59,8 +59,8 @@ def job_env(objects, job: dict, uri: str) -> dict[str, str]:
 
 
 def exchange(uri: str, method: str, path: str, credentials: tuple[str, str] | None, data: bytes | None = None,
-             content_type: str = "application/json") -> tuple[int, bytes]:
-    headers = {"Content-Type": content_type}
+             content_type: str = "application/json", host: str | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": content_type, **({"Host": host} if host else {})}
     if credentials:
         headers["Authorization"] = "Basic " + base64.b64encode(":".join(credentials).encode()).decode()
     request = urllib.request.Request(uri + path, data=data, method=method, headers=headers)
@@ -95,6 +95,10 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
     assert app_name == contract.MLFLOW_AUTH_APP, "the team boundary is trainforge's auth app, not basic-auth's alone"
     assert "--serve-artifacts" in server["args"] and any(a.startswith("--artifacts-destination=s3://") for a in server["args"])
     rendered_env = {v["name"]: v["value"] for v in server.get("env", []) if "value" in v and v["name"].startswith("TRAINFORGE_")}
+    # The chart's ConfigMap the server takes its env from: the Host allowlist (serverAllowedHosts) among it.
+    (hosts,) = [o["data"]["MLFLOW_SERVER_ALLOWED_HOSTS"] for o in charts["mlflow"] if o["kind"] == "ConfigMap"
+                and "MLFLOW_SERVER_ALLOWED_HOSTS" in o.get("data", {})]
+    rendered_env["MLFLOW_SERVER_ALLOWED_HOSTS"] = hosts
     admin = (secret_value(objects, contract.NAMESPACE_MLFLOW, tracking.ADMIN_SECRET, "username"),
              secret_value(objects, contract.NAMESPACE_MLFLOW, tracking.ADMIN_SECRET, "password"))
     ini = template.replace("$(ADMIN_USERNAME_PLACEHOLDER)", admin[0]).replace("$(ADMIN_PASSWORD_PLACEHOLDER)", admin[1])
@@ -305,3 +309,22 @@ def test_the_gateway_jobs_and_scorer_endpoints_are_off_for_everyone(deployed_mlf
             assert refused(answer, "turned off on this platform"), (login[0], method, path, answer)
     # What the platform does use still answers.
     assert call(uri, "POST", "/api/2.0/mlflow/experiments/search", login_a, {"max_results": 5})[0] == 200
+
+
+def test_the_server_answers_the_names_people_reach_it_by_and_no_other(deployed_mlflow):
+    """Through the rendered allowlist: the service's in-cluster names (jobs, the sweep controller, the budget view),
+    `kubectl port-forward`'s local end on any port (the UI from a laptop), and nothing else: not another name, not a
+    pod IP (serverAllowedHosts replaces MLflow's defaults, which admit every private address)."""
+    uri, _, _, admin = deployed_mlflow
+    service, namespace, port = contract.MLFLOW_SERVICE_NAME, contract.NAMESPACE_MLFLOW, contract.MLFLOW_PORT
+    answered = [f"{service}.{namespace}:{port}", f"{service}.{namespace}.svc.cluster.local:{port}", f"{service}:{port}",
+                "localhost:8080", "localhost:5000", "127.0.0.1:15000", "localhost"]
+    refused = ["mlflow.evil.example.com", f"{service}.{namespace}.evil.example.com:{port}", "10.0.3.7:5000", "172.20.0.1",
+               "evil.localhost:5000"]
+    path = "/api/2.0/mlflow/experiments/search?max_results=1"
+    for host in answered:
+        status, body = exchange(uri, "GET", path, admin, host=host)
+        assert status == 200, (host, status, body[:200])
+    for host in refused:
+        status, body = exchange(uri, "GET", path, admin, host=host)
+        assert status == 403 and b"Invalid Host header" in body, (host, status, body[:200])

@@ -222,18 +222,21 @@ def run_config_problems(task: str, task_args: dict[str, Any], hyperparameters: d
     return out
 
 
-def image_of(spec: JobSpec, platform: PlatformConfig | None) -> str:
-    """The image the job runs: its own, else the stack's release image in the stack's ECR repository, else the public one."""
+def image_of(spec: JobSpec, platform: PlatformConfig | None, deployed: str | None = None) -> str:
+    """The image the job runs: its own, else the one the platform deployed (`deployed`: the team settings name it, the
+    kubernetes backend reads them), else the stack's release image in the stack's ECR repository, else the public one."""
     if spec.image:
         return spec.image
+    if deployed:
+        return deployed
     if platform is not None and platform.account_id:
         import trainforge
         return contract.runtime_image(platform.account_id, platform.region, platform.environment, trainforge.__version__)
     return contract.DEFAULT_RUNTIME_IMAGE
 
 
-def with_image(spec: JobSpec, platform: PlatformConfig | None) -> JobSpec:
-    return spec if spec.image else spec.model_copy(update={"image": image_of(spec, platform)})
+def with_image(spec: JobSpec, platform: PlatformConfig | None, deployed: str | None = None) -> JobSpec:
+    return spec if spec.image else spec.model_copy(update={"image": image_of(spec, platform, deployed)})
 
 
 SPEC_FIXES = {"missing": " Fix: add it.", "extra_forbidden": " Fix: remove it or correct the spelling."}

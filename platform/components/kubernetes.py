@@ -128,8 +128,8 @@ def fsx_volume(cfg: PlatformConfig, aws: AwsLayer) -> dict[str, Any]:
     return dict(file_system_id=fs.id, dns_name=fs.dns_name, mount_name=fs.mount_name, capacity_gib=cfg.fsx.storage_capacity_gib)
 
 
-def team_directory_job(cfg: PlatformConfig, team: TeamConfig, image: pulumi.Input[str]) -> dict[str, Any]:
-    return storage.team_directory_job(team.name, image, tenancy.cost_labels(team, cfg.environment), cfg.fsx.datasets_path)
+def team_directory_job(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
+    return storage.team_directory_job(team.name, tenancy.cost_labels(team, cfg.environment), cfg.fsx.datasets_path)
 
 
 class TeamDirectories(pulumi.ComponentResource):
@@ -138,12 +138,12 @@ class TeamDirectories(pulumi.ComponentResource):
 
     TYPE = "trainforge:platform:TeamDirectories"
 
-    def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, image: pulumi.Input[str], system: pulumi.Resource,
+    def __init__(self, name: str, cfg: PlatformConfig, aws: AwsLayer, system: pulumi.Resource,
                  after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__(self.TYPE, name, None, opts)
         root = [apply(o, parent=self, depends_on=[system, *after]) for o in storage.root_volume(**fsx_volume(cfg, aws))]
         # Its pod needs a system node and the FSx CSI node plugin (system_ready).
-        self.jobs = {team.name: apply(team_directory_job(cfg, team, image), parent=self, depends_on=[*root, *aws.system_ready])
+        self.jobs = {team.name: apply(team_directory_job(cfg, team), parent=self, depends_on=[*root, *aws.system_ready])
                      for team in cfg.teams}
         self.register_outputs({"teams": sorted(self.jobs)})
 
@@ -245,7 +245,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, after, opts)
     cost = CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, after, opts)
     guard = Guardrails(f"{name}-guardrails", opts)
-    directories = TeamDirectories(team_directories_name(cfg), cfg, aws, default_image, cost.system, shared.objects[:1], opts)
+    directories = TeamDirectories(team_directories_name(cfg), cfg, aws, cost.system, shared.objects[:1], opts)
     Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role, after, opts)
     tracking_server = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, default_image, opts)
     from trainforge.pricing import price_table

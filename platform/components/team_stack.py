@@ -8,10 +8,12 @@ not recreated (README, "Teams in their own stacks"); a test checks each moved UR
 
 What the move cannot carry is a parent that stays behind: the volumes, the directory Job and the Kubernetes provider lived
 under platform components (SharedStorage, TeamDirectories, Cluster). `pulumi state move` hangs such a resource under the
-destination's root stack (pulumi/pulumi pkg/cmd/pulumi/state/state_move.go). Since CLI 3.224.0 (pulumi/pulumi#21953) it
-also rebuilds the URN from the new parent, dropping the old parent's type: that is the URN of a top-level resource, so
-here they are top-level resources. Older CLIs renamed only the stack and kept the type chain: the aliases answer to those
-URNs. A test checks both against the platform program's real URNs.
+destination's root stack (pulumi/pulumi pkg/cmd/pulumi/state/state_move.go) and, since CLI 3.224.0 (pulumi/pulumi#21953),
+rebuilds the URN from the new parent, dropping the old parent's type: that is the URN of a top-level resource, so here
+they are top-level resources. The move needs CLI >= 3.226.0 (PULUMI_CLI_FOR_MOVES): before it, moving resources whose
+provider depends on resources that stay behind aborts ("destination snapshot integrity ... refers to missing
+resource", pulumi/pulumi#22141), which every team's move does, so no older CLI can move a team at all. A test checks
+each moved URN against the platform program's real URNs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import pulumi
 
 from trainforge import contract
-from trainforge.infra.cluster import Cluster, kubernetes_provider
+from trainforge.infra.cluster import kubernetes_provider
 from trainforge.infra.layer import aws_provider, team_access_name
 from trainforge.infra.storage import BUCKET_KINDS
 from trainforge.infra.teams import TeamAccess
@@ -38,10 +40,8 @@ def platform_stack_reference(environment: str) -> str:
     return f"{pulumi.get_organization()}/{pulumi.get_project()}/{environment}"
 
 
-def moved_from(parent_type: str, parent_name: str) -> pulumi.Alias:
-    """Where a `pulumi state move` before CLI 3.224.0 leaves a resource whose platform parent stayed behind: its old URN
-    (parent type chain kept), in this stack. Later CLIs give it the top-level URN this program registers anyway."""
-    return pulumi.Alias(parent=f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{parent_type}::{parent_name}")
+# The first Pulumi CLI whose `pulumi state move` can move a team (pulumi/pulumi#22141, released in 3.226.0).
+PULUMI_CLI_FOR_MOVES = "3.226.0"
 
 
 def refuse_other_settings(deployed: str, expected: str, environment: str) -> str:
@@ -68,8 +68,7 @@ def build_team_stack(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
         return pulumi.Output.all(digest, platform.get_output(name)).apply(lambda values: values[1])
 
     aws_opts = pulumi.ResourceOptions(providers={"aws": aws_provider(cfg)})
-    k8s = kubernetes_provider(cfg.cluster_name, out("kubeconfig"),
-                              pulumi.ResourceOptions(aliases=[moved_from(Cluster.TYPE, cfg.cluster_name)]))
+    k8s = kubernetes_provider(cfg.cluster_name, out("kubeconfig"), pulumi.ResourceOptions())
     arns = out("bucket_arns")
     bucket_arns: dict[str, pulumi.Input[str]] = {kind: arns[kind] for kind in BUCKET_KINDS}
     access = TeamAccess(team_access_name(cfg, team), team, cluster_name=out("cluster_name"), oidc_provider_arn=out("oidc_provider_arn"),
@@ -77,12 +76,11 @@ def build_team_stack(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
                         data_key_arn=out("data_key_arn"), tags=cost_tags(cfg.tags, env), opts=aws_opts)
 
     fsx = out("fsx")
-    volumes = [apply(v, parent=None, provider=k8s, aliases=[moved_from(platform_k8s.SharedStorage.TYPE, platform_k8s.shared_storage_name(cfg))])
+    volumes = [apply(v, parent=None, provider=k8s)
                for v in storage.team_volumes(team.name, file_system_id=fsx["id"], dns_name=fsx["dns_name"], mount_name=fsx["mount_name"],
                                              capacity_gib=cfg.fsx.storage_capacity_gib, datasets_path=cfg.fsx.datasets_path)]
     image = out("runtime_image")
-    directory = apply(platform_k8s.team_directory_job(cfg, team, image), parent=None, provider=k8s,
-                      aliases=[moved_from(platform_k8s.TeamDirectories.TYPE, platform_k8s.team_directories_name(cfg))])
+    directory = apply(platform_k8s.team_directory_job(cfg, team), parent=None, provider=k8s)
     # The platform's own objects (Kueue, the StorageClass, guardrails, the MLflow server) are deployed: nothing to wait for
     # but this team's volumes and directory.
     tenancy = Tenancy(platform_k8s.tenancy_name(cfg, team), cfg, team, role_arn=access.role.arn, prices_as_of=price_table().as_of,
@@ -108,7 +106,7 @@ def state_move_urns(cfg: PlatformConfig, team: TeamConfig, project: str = contra
         return f"urn:pulumi:{cfg.environment}::{project}::{type_chain}::{name}"
     volumes = storage.team_volumes(team.name, file_system_id="", dns_name="", mount_name="",  # names only: ids name nothing
                                    capacity_gib=cfg.fsx.storage_capacity_gib, datasets_path=cfg.fsx.datasets_path)
-    job = platform_k8s.team_directory_job(cfg, team, "")
+    job = platform_k8s.team_directory_job(cfg, team)
     return [urn(TeamAccess.TYPE, team_access_name(cfg, team)),
             urn(Tenancy.TYPE, platform_k8s.tenancy_name(cfg, team)),
             *(urn(f"{platform_k8s.SharedStorage.TYPE}${type_token(v)}", resource_name(v)) for v in volumes),
@@ -119,7 +117,10 @@ def move_commands(cfg: PlatformConfig, team: TeamConfig) -> list[str]:
     """The commands that move an already-deployed team out of the platform stack without recreating anything."""
     stack = f"{cfg.environment}.team-{team.name}"
     urns = " \\\n    ".join(f"'{u}'" for u in state_move_urns(cfg, team))
-    return [f"pulumi stack init {stack} --secrets-provider <the platform stack's>   # it reads the platform's secret outputs",
+    need = PULUMI_CLI_FOR_MOVES
+    return [f'[ "$(printf "%s\\n" {need} "$(pulumi version | tr -d v)" | sort -V | head -n1)" = {need} ] '
+            f'|| {{ echo "pulumi state move of a team needs Pulumi CLI >= {need} (pulumi/pulumi#22141)" >&2; exit 1; }}',
+            f"pulumi stack init {stack} --secrets-provider <the platform stack's>   # it reads the platform's secret outputs",
             f"pulumi state move --source {cfg.environment} --dest {stack} \\\n    {urns}",
             f"pulumi preview -s {stack}   # expect: 0 to create, 0 to replace, 0 to delete",
             f"pulumi preview -s {cfg.environment}   # expect: no change to any resource (the team's outputs go)"]

@@ -20,7 +20,7 @@ from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 @dataclass(frozen=True)
 class TrackingUser:
-    image: pulumi.Input[str]  # runs the Job that makes the team's MLflow user
+    image: pulumi.Input[str]  # the runtime image: runs the Job that makes the team's MLflow user; the team's jobs' default
     after: Sequence[pulumi.Resource]  # the MLflow release (its server answers the Job)
 
 
@@ -37,7 +37,7 @@ class Tenancy(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: PlatformConfig, team: TeamConfig, *, role_arn: pulumi.Input[str], prices_as_of: str,
                  after: Sequence[pulumi.Resource], database: SweepDatabase, tracking: TrackingUser, opts: pulumi.ResourceOptions):
         super().__init__(self.TYPE, name, None, opts)
-        namespace, *rest = tenancy.team_objects(cfg, team, role_arn=role_arn, prices_as_of=prices_as_of)
+        namespace, *rest = tenancy.team_objects(cfg, team, role_arn=role_arn, prices_as_of=prices_as_of, runtime_image=tracking.image)
         ns = apply(namespace, parent=self)
         self.objects = [ns] + [apply(o, parent=self, depends_on=[ns, *after]) for o in rest]
         password = random.RandomPassword(f"{name}-sweeps", length=32, special=False, opts=pulumi.ResourceOptions(parent=self))

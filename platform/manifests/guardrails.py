@@ -11,8 +11,9 @@ create (TrainJobs, PyTorchJobs) and for the pods the operators create from them:
   writes the admitted flavour's labels there), or every term of its required node affinity confines it to tenant
   flavours; it never names a node (`spec.nodeName` skips the scheduler). The system nodes run MLflow with the
   database's credentials, the budget controller (which may patch every ClusterQueue), Kueue and Prometheus: a team's
-  pod there could read their memory through the node or starve them. The system nodes need no taint for this, so the
-  charts and EKS add-ons need no toleration.
+  pod there could read their memory through the node or starve them. The other way round, every tenant node is
+  tainted (contract.flavour_traits) and every platform pod selects the system nodes, so nothing of the platform's
+  lands beside a team's pod (tests/test_day_two.py fits each against each node group).
 
 The team's facts come from its settings ConfigMap (`paramRef` without a namespace: the admitted object's own
 namespace), which members can read but not write. No ConfigMap, no admission (`parameterNotFoundAction: Deny`).

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainforge import contract
+from trainforge import contract, versions
 
 STORAGE_CLASS = "trainforge-fsx-static"
 CSI_DRIVER = "fsx.csi.aws.com"
@@ -37,10 +37,13 @@ DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 
 def block_storage_class(kms_key_arn: Any) -> dict[str, Any]:
     """gp3 through the EBS CSI add-on, encrypted with the stack's data key; bound where the pod lands (a volume is in
-    one AZ); kept on claim deletion (Prometheus' history survives a reinstall)."""
+    one AZ). A volume goes with its claim (Delete): a StatefulSet's claims outlive a chart's reinstall, so Prometheus'
+    history survives that anyway, and a destroyed environment leaves no encrypted volume billed with no cluster. (A
+    stack deployed with Retain gets the class replaced once: a class's reclaim policy is immutable; the volumes it
+    made keep their own.)"""
     return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": BLOCK_STORAGE_CLASS, "annotations": {DEFAULT_CLASS_ANNOTATION: "true"}},
-            "provisioner": EBS_CSI_DRIVER, "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain",
+            "provisioner": EBS_CSI_DRIVER, "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Delete",
             "allowVolumeExpansion": True,
             "parameters": {"type": "gp3", "encrypted": "true", "kmsKeyId": kms_key_arn, "csi.storage.k8s.io/fstype": "ext4"}}
 
@@ -78,10 +81,10 @@ def team_directory_script(team: str, datasets_path: str) -> str:
             f'chmod 0770 "{path}"\n')
 
 
-def team_directory_job(team: str, image: Any, labels: dict[str, str], datasets_path: str) -> dict[str, Any]:
+def team_directory_job(team: str, labels: dict[str, str], datasets_path: str) -> dict[str, Any]:
     """One Job per team (adding a team adds only its own), root only as far as chown needs: every capability dropped
     but CHOWN, FOWNER and DAC_OVERRIDE. `labels`: the team's cost labels (the Job's pod runs on the team's account)."""
-    container = {"name": "mkdir", "image": image, "command": ["sh", "-c", team_directory_script(team, datasets_path)],
+    container = {"name": "mkdir", "image": versions.DIRECTORY_JOB_IMAGE, "command": ["sh", "-c", team_directory_script(team, datasets_path)],
                  "volumeMounts": [{"name": "fsx", "mountPath": contract.FSX_MOUNT_PATH}],
                  "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
                  "securityContext": {"runAsUser": 0, "runAsGroup": 0, "allowPrivilegeEscalation": False,

@@ -166,10 +166,13 @@ def service_account(cfg: PlatformConfig, team: TeamConfig, role_arn: Any) -> dic
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
 
 
-def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str) -> dict[str, Any]:
-    """What the CLI needs of the team without the stack file (the budget controller adds spent / as-of)."""
+def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str, runtime_image: Any) -> dict[str, Any]:
+    """What the CLI needs of the team without the stack file (the budget controller adds spent / as-of). The runtime
+    image is the one the platform deployed, by digest: what a job that names no image runs (its content tag changes
+    with every build, so no client could name it from its own version)."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(SETTINGS_CONFIG_MAP, team, cfg.environment),
             "data": {"team": team.name, "cost_centre": team.cost_centre, contract.SETTING_BUDGET_USD: f"{team.monthly_budget_usd:.2f}",
+                     contract.SETTING_DEFAULT_IMAGE: runtime_image,
                      "region": cfg.region, "prices_as_of": prices_as_of, guardrails.PARAM_QUEUE: contract.queue_name(team.name),
                      # The team's POSIX identity: its pods run as it and its FSx directory belongs to it (admission
                      # policy params, platform/manifests/guardrails.py).
@@ -221,8 +224,8 @@ def api_server_addresses(cfg: PlatformConfig) -> list[str]:
     return [*services, str(cfg.network.vpc_cidr)]
 
 
-def team_objects(cfg: PlatformConfig, team: TeamConfig, *, role_arn: Any, prices_as_of: str) -> list[dict[str, Any]]:
+def team_objects(cfg: PlatformConfig, team: TeamConfig, *, role_arn: Any, prices_as_of: str, runtime_image: Any) -> list[dict[str, Any]]:
     """Every object of one team, namespace first."""
     return [namespace(team, cfg.environment), resource_quota(cfg, team), limit_range(cfg, team), cluster_queue(cfg, team),
             local_queue(cfg, team), member_role(cfg, team), *role_bindings(cfg, team), *queue_reader(cfg, team), *network_policies(cfg, team),
-            service_account(cfg, team, role_arn), *sweep_controller(cfg, team), settings(cfg, team, prices_as_of), *claims(cfg, team)]
+            service_account(cfg, team, role_arn), *sweep_controller(cfg, team), settings(cfg, team, prices_as_of, runtime_image), *claims(cfg, team)]

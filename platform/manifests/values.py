@@ -245,13 +245,19 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
     }
 
 
+# What `kubectl port-forward` to the UI sends as Host: the local end, on whatever port was chosen (MLflow matches the
+# header with fnmatch where a pattern has `*`: mlflow/server/security_utils.py is_allowed_host_header).
+PORT_FORWARD_HOSTS = ("localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*")
+
+
 def mlflow_hosts() -> list[str]:
-    """Every Host header an in-cluster client sends: the service's short, namespaced and fully qualified names, each with
-    and without the port (MLflow matches the header as sent)."""
+    """Every Host header a client sends: in the cluster, the service's short, namespaced and fully qualified names, each
+    with and without the port (MLflow matches the header as sent); from a laptop, a port-forward's local end. Nothing
+    else: serverAllowedHosts replaces MLflow's defaults (which admit any private address)."""
     service = contract.MLFLOW_SERVICE_NAME
     names = [service, f"{service}.{contract.NAMESPACE_MLFLOW}", f"{service}.{contract.NAMESPACE_MLFLOW}.svc",
              f"{service}.{contract.NAMESPACE_MLFLOW}.svc.cluster.local"]
-    return [*names, *(f"{n}:{contract.MLFLOW_PORT}" for n in names)]
+    return [*names, *(f"{n}:{contract.MLFLOW_PORT}" for n in names), *PORT_FORWARD_HOSTS]
 
 
 def opencost(cfg: PlatformConfig) -> dict[str, Any]:

@@ -51,6 +51,10 @@ def accelerator_label(gpu_model: str) -> str:
 # Taints (Kubernetes spelling of effects; the AWS layer translates to the EKS API's spelling)
 TAINT_GPU = "nvidia.com/gpu"
 TAINT_SPOT = f"{LABEL_DOMAIN}/spot"
+# On the team CPU nodes: what has no node selector (CoreDNS, the CSI controllers, a chart's hook Job) would otherwise
+# schedule there, beside teams' pods, with its credentials. Every tenant node is tainted (the GPU ones by TAINT_GPU),
+# so only pods that tolerate a tenant flavour (teams', rendered from these traits) and node agents land on them.
+TAINT_TEAM_CPU = f"{LABEL_DOMAIN}/team-cpu"
 
 # Extended resources
 RESOURCE_GPU = "nvidia.com/gpu"
@@ -132,6 +136,8 @@ def flavour_traits(flavour: Flavour) -> FlavourTraits:
     taints: list[Taint] = []
     if flavour.has_gpus:
         taints.append(Taint(TAINT_GPU, "present"))
+    if flavour is Flavour.CPU:
+        taints.append(Taint(TAINT_TEAM_CPU, "true"))
     if flavour is Flavour.GPU_SPOT:
         labels[LABEL_CAPACITY] = "spot"
         taints.append(Taint(TAINT_SPOT, "true"))
@@ -294,8 +300,18 @@ def runtime_image_repository(environment: str) -> str:
 
 
 def runtime_image_tag(version: str) -> str:
-    """Release images are tagged v<version> (scripts/build-image also pushes v<version>-<commit>)."""
+    """A release image's tag, v<version>: pushed once per version by `scripts/build-image --release`."""
     return f"v{version}"
+
+
+def content_image_tag(version: str, context_digest: str) -> str:
+    """The tag of an image built from one build context: v<version>-<first 12 hex of the context's digest>. It changes
+    exactly when what the image is built from changes (infra/registry.py context_digest), so a later `pulumi up` pushes
+    a new tag to the immutable repository, or pushes nothing."""
+    return f"v{version}-{context_digest[:12]}"
+
+# The OCI label on the runtime image holding its build context's digest (what its content tag abbreviates).
+IMAGE_CONTEXT_LABEL = "io.trainforge.context-digest"
 
 
 def runtime_image(account_id: str, region: str, environment: str, version: str) -> str:
@@ -315,6 +331,7 @@ def cluster_queue_name(team: str) -> str:
 # controller updates and the submitter reads (so `trainforge check/submit` and the cluster agree).
 TEAM_SETTINGS_CONFIG_MAP = "trainforge-team"
 SETTING_BUDGET_USD = "monthly_budget_usd"  # written by the platform (pulumi up)
+SETTING_DEFAULT_IMAGE = "default_image"  # written by the platform: the runtime image it deployed, by digest (what a job that names no image runs)
 SETTING_SPENT_USD = "spent_usd"  # written by the budget controller, with the two below
 SETTING_SPENT_MONTH = "spent_month"  # YYYY-MM (UTC) the figure belongs to
 SETTING_SPENT_AS_OF = "spent_as_of"  # RFC 3339 (UTC), the end of the cost window OpenCost answered for

@@ -117,8 +117,9 @@ def cluster_queue(cfg: PlatformConfig, team: TeamConfig, labels: dict[str, str] 
             "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: contract.namespace_name(team.name)}},
             "queueingStrategy": "BestEffortFIFO",
             "resourceGroups": [{"coveredResources": COVERED, "flavors": entries}],
-            "preemption": {"reclaimWithinCohort": "Any", "borrowWithinCohort": {"policy": "LowerPriority"},
-                           "withinClusterQueue": "LowerPriority"},
+            # No borrowWithinCohort: with fair sharing on, Kueue preempts across the cohort by fair share alone and
+            # ignores it (Kueue docs, "Fair Sharing": preemption within the cohort uses the fair-sharing strategies).
+            "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
             "fairSharing": {"weight": str(team.fair_share_weight)},
         },
     }

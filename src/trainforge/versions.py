@@ -12,6 +12,11 @@ KUEUE = "0.19.2"
 TRAINING_OPERATOR = "1.9.0"  # the optional v1 operator (PyTorchJob)
 PROMETHEUS_OPERATOR = "0.93.0"  # the operator kube-prometheus-stack 88.5.x ships (PodMonitor, PrometheusRule CRDs)
 
+# The directory Job's image: a shell, mkdir, chown and chmod, nothing else. Not the runtime image: that is several GB
+# (a first pull outlasts pulumi-kubernetes' Job wait) and changes with every build (the Job would be replaced and re-run
+# on each `up`). From ECR Public's mirror of Docker's official images: no Docker Hub pull limit through the NAT.
+DIRECTORY_JOB_IMAGE = "public.ecr.aws/docker/library/busybox:1.37.0"
+
 COMPONENTS = {"kubeflow-trainer": KUBEFLOW_TRAINER, "kueue": KUEUE, "training-operator": TRAINING_OPERATOR,
               "prometheus-operator": PROMETHEUS_OPERATOR}
 

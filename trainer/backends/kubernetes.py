@@ -57,6 +57,11 @@ class KubernetesBackend:
                 + ". Kueue admits it when the team's quota has room.")
         return JobReport(spec.name, spec.team, JobPhase.CREATED, line, ClusterObject(manifest=manifest))
 
+    def deployed_image(self, team: str) -> str | None:
+        """The image the platform's last `up` deployed, by digest, from the team's settings (None from a platform
+        older than this setting: the stack's release tag is used then)."""
+        return (self.cluster.team_settings(team) or {}).get(contract.SETTING_DEFAULT_IMAGE) or None
+
     def live_queue(self, team: str) -> dict[str, Any]:
         """The team's ClusterQueue as the cluster has it: admission decides over it (trainforge.kueue.assign)."""
         return self.cluster.cluster_queue(team)

@@ -262,6 +262,9 @@ class LocalBackend:
                 reports.append(JobReport(name, "?", JobPhase.DAMAGED, str(damaged)))
         return sorted(reports, key=lambda r: r.details.created_at if isinstance(r.details, LocalRun) else float("inf"))
 
+    def deployed_image(self, team: str) -> str | None:
+        return None  # a local job runs this checkout, not an image
+
 
 if __name__ == "__main__":
     raise SystemExit(supervise(sys.argv[1]))

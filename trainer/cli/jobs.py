@@ -116,8 +116,8 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
         raise TrainforgeError("", ["the kubernetes backend checks quota and budget against the environment's stack before creating "
                                    "anything. Fix: --stack stacks/Pulumi.<env>.yaml"])
     platform = load_platform(stack) if stack is not None else None
-    spec = with_image(spec, platform)
     target = backend(backend_name, team=spec.team, kind=kind, context=context, cost_centre=cost_centre(spec, platform))
+    spec = with_image(spec, platform, target.deployed_image(spec.team) if spec.image is None else None)
     if platform is None:
         decision = unchecked(spec)
     else:

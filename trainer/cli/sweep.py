@@ -90,8 +90,10 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
                                                       "team": sweep.base.team, "source": str(sweep_file.resolve()),
                                                       "stack": str(stack.resolve()) if stack else None, "context": context}, indent=2))
 
+    deployed = target.deployed_image(sweep.base.team)
+
     def admission(spec):
-        spec = with_image(spec, platform)
+        spec = with_image(spec, platform, deployed)
         if platform is None:
             return unchecked(spec)
         return admit(spec, platform)
@@ -255,7 +257,7 @@ def _submit_promoted(spec, cluster, stack: Optional[Path]) -> str:
     from trainforge.trainer.sweeps.cluster import payload_of, platform_of
     target, job = cluster
     platform = load_platform(stack) if stack is not None else platform_of(payload_of(job))
-    spec = with_image(spec, platform)
+    spec = with_image(spec, platform, target.deployed_image(target.team))
     return target.submit(spec, admit(spec, platform, live_queue=target.live_queue(target.team))).summary
 
 

@@ -35,12 +35,12 @@ def start_in_cluster(sweep, stack: Path, kind: Kind, context: Optional[str], res
         refuse_second_controller(sweep.name, team, existing, resume)
         target.cluster.cancel(CONTROLLER_KIND, team, job)  # a finished controller, replaced to continue the sweep
         wait_gone(target, team, job)
-    live = target.live_queue(team)
+    live, deployed = target.live_queue(team), target.deployed_image(team)
     # Every trial has the base's shape: admitted now as a trial would be, so a sweep that could run nothing never starts.
-    trial = admit(with_image(sweep.base, platform), platform, live_queue=live)
+    trial = admit(with_image(sweep.base, platform, deployed), platform, live_queue=live)
     if not trial.admitted:
         raise NotAdmitted(sweep.base.name, trial.problems)
-    spec = with_image(controller_spec(sweep, stack=stack_payload(stack), trial_kind=kind.value, resume=resume), platform)
+    spec = with_image(controller_spec(sweep, stack=stack_payload(stack), trial_kind=kind.value, resume=resume), platform, deployed)
     report = target.submit(spec, admit(spec, platform, live_queue=live))
     directory = paths.sweep_dir(sweep.name)
     directory.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,8 @@ def resume_in_cluster(name: str, target, job: dict) -> None:
     refuse_second_controller(name, target.team, job, resume=True)
     payload = payload_of(job)
     sweep, platform = sweep_of(payload), platform_of(payload)
-    spec = with_image(controller_spec(sweep, stack=payload["stack"], trial_kind=payload.get("trial_kind", "trainjob"), resume=True), platform)
+    spec = with_image(controller_spec(sweep, stack=payload["stack"], trial_kind=payload.get("trial_kind", "trainjob"), resume=True), platform,
+                      target.deployed_image(target.team))
     decision = admit(spec, platform, live_queue=target.live_queue(target.team))
     was = job_state("trainjob", job)
     target.cluster.cancel(CONTROLLER_KIND, target.team, job["metadata"]["name"])

@@ -109,8 +109,9 @@ def run_in_cluster(storage: str, poll_s: float) -> int:
     status = StatusObject(backend.cluster, team, job)
     try:
         sweep = sweep_of(payload)
+        deployed = backend.deployed_image(team)
         controller = SweepController(
-            sweep, backend, lambda spec: admit(with_image(spec, platform), platform, live_queue=backend.live_queue(team)),
+            sweep, backend, lambda spec: admit(with_image(spec, platform, deployed), platform, live_queue=backend.live_queue(team)),
             storage_url(storage), tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), poll_s=poll_s,
             on_change=status.publish, trial_storage=contract.SWEEP_STORAGE_FROM_FILE, resume=bool(payload.get("resume")),
             on_look=status.look)

@@ -95,9 +95,11 @@ def tracker(cfg: RunConfig, env: Distributed, task: Task, precision: Precision, 
 
 
 def git_commit() -> str:
-    """The code's commit: from the image (TRAINFORGE_GIT_COMMIT), else from the working tree, else unknown."""
-    if os.environ.get("TRAINFORGE_GIT_COMMIT"):
-        return os.environ["TRAINFORGE_GIT_COMMIT"]
+    """The code's version: in the image, the digest of the sources it was built from (TRAINFORGE_SOURCE_DIGEST, what its
+    content tag abbreviates: the image carries no commit, so that the same sources always build the same tag); else the
+    working tree's commit, else unknown."""
+    if os.environ.get("TRAINFORGE_SOURCE_DIGEST", "unknown") != "unknown":
+        return "source:" + os.environ["TRAINFORGE_SOURCE_DIGEST"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
         return out.stdout.strip()
