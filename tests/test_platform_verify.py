@@ -1,14 +1,19 @@
 """`trainforge platform verify` against the test Kubernetes API (tests/support/kubeapi.py) holding a deployed stack: the
 releases the program registers (as Helm records them), the Deployments and DaemonSets their charts really render, the
-program's own controller and team ClusterQueues, and Prometheus and MLflow behind the API server's service proxy —
-Prometheus' scrape pools named after the monitors the program and the charts really create."""
+program's own controller and team ClusterQueues, and Prometheus behind the API server's service proxy — Prometheus'
+scrape pools named after the monitors the program and the charts really create. MLflow is checked as verify checks it
+on a cluster, by a Job: the stand-in's Job runner really runs the Job's command, with the env its Secrets resolve to,
+against a real MLflow on loopback that has the program's admin, auth app and Host allowlist."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -37,7 +42,10 @@ def healthy_cluster(evaluation, *team_stacks) -> KubeApi:
             "labels": {"owner": "helm", "name": name, "status": "deployed", "version": "1"}}})
     for obj in everything:
         namespace = obj["metadata"].get("namespace")
-        if obj["kind"] == "Namespace":
+        if obj["kind"] == "Secret" and namespace == contract.NAMESPACE_MLFLOW:  # stored as the API server stores stringData
+            data = {k: base64.b64encode(str(v).encode()).decode() for k, v in (obj.get("stringData") or {}).items()}
+            api.put({**{k: v for k, v in obj.items() if k != "stringData"}, "data": {**(obj.get("data") or {}), **data}})
+        elif obj["kind"] == "Namespace":
             api.namespaces.add(obj["metadata"]["name"])
         elif obj["kind"] in ("Deployment", "DaemonSet") and namespace in PLATFORM_NAMESPACES:
             replicas = obj["spec"].get("replicas", 1)
@@ -63,20 +71,54 @@ def healthy_cluster(evaluation, *team_stacks) -> KubeApi:
             return 200, {"status": "success", "data": {"resultType": "vector", "result": [] if last is None else [{"metric": {}, "value": [time.time(), str(last)]}]}}
         return 404, "not found"
 
-    api.mlflow = (200, {"experiments": [{"experiment_id": "0", "name": "Default"}]})
     api.proxies[(contract.NAMESPACE_MONITORING, "kube-prometheus-stack-prometheus:9090")] = prometheus
-    api.proxies[(contract.NAMESPACE_MLFLOW, f"mlflow:{contract.MLFLOW_PORT}")] = lambda path, query: api.mlflow
     return api
 
 
+@pytest.fixture(scope="module")
+def admin_mlflow(evaluations, tmp_path_factory):
+    """A real MLflow as the dev stack's chart runs it: the auth app, its Host allowlist, the program's admin."""
+    import configparser
+
+    from support.evaluated import kubernetes_objects, manifest
+    from support.servers import mlflow_server
+    from trainforge.platform.manifests import tracking
+    evaluation = evaluations(STACKS / "Pulumi.dev.yaml")
+    charts, _ = rendered_program(evaluation)
+    (hosts,) = [o["data"]["MLFLOW_SERVER_ALLOWED_HOSTS"] for o in charts["mlflow"] if "MLFLOW_SERVER_ALLOWED_HOSTS" in (o.get("data") or {})]
+    (secret,) = [manifest(r) for r in kubernetes_objects(evaluation) if r.inputs.get("metadata", {}).get("name") == tracking.ADMIN_SECRET]
+    tmp = tmp_path_factory.mktemp("verify-mlflow")
+    ini = configparser.ConfigParser()
+    ini["mlflow"] = {"default_permission": "NO_PERMISSIONS", "database_uri": f"sqlite:///{tmp}/auth.db",
+                     "admin_username": secret["stringData"]["username"], "admin_password": secret["stringData"]["password"],
+                     "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth"}
+    with open(tmp / "basic_auth.ini", "w") as f:
+        ini.write(f)
+    env = {"MLFLOW_AUTH_CONFIG_PATH": str(tmp / "basic_auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-key",
+           "MLFLOW_SERVER_ALLOWED_HOSTS": hosts}
+    with mlflow_server(tmp, env=env, app_name=contract.MLFLOW_AUTH_APP) as uri:
+        yield uri
+
+
 @pytest.fixture
-def cluster(evaluations, tmp_path):
+def cluster(evaluations, admin_mlflow, tmp_path):
+    from support.kubeapi import container_env, running_jobs
     from trainforge.platform.components.offline import evaluate_stack_file
 
     platform = evaluations(STACKS / "Pulumi.dev.yaml")
     team_stacks = [evaluate_stack_file(path) for path in TEAM_STACK_FILES if path.name.startswith("Pulumi.dev.")]
     api = healthy_cluster(platform, *team_stacks)
-    with serve(api) as served:
+    api.mlflow_uri = admin_mlflow  # where the in-cluster name leads (a breakage may point it elsewhere)
+
+    def execute(job: dict) -> tuple[int, str]:
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        env = {**container_env(api, contract.NAMESPACE_MLFLOW, container), "MLFLOW_TRACKING_URI": api.mlflow_uri,
+               **getattr(api, "extra_env", {})}
+        done = subprocess.run([sys.executable if part == "python" else part for part in container["command"]],
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+        return done.returncode, done.stdout + done.stderr
+
+    with serve(api) as served, running_jobs(api, contract.NAMESPACE_MLFLOW, execute):
         yield api, served.kubeconfig(tmp_path / "kubeconfig", ADMIN)
 
 
@@ -95,6 +137,13 @@ def test_a_healthy_platform_passes_every_check(cluster):
     assert {"release kueue", "release kube-prometheus-stack", "queue team-vision", "queue team-language", "alerts", "mlflow",
             "budget controller", "scrape Kueue's quota metrics", "scrape the budget controller"} <= checks
     assert any(c.startswith("deployment monitoring/") for c in checks) and any(c.startswith("daemonset ") for c in checks)
+    (mlflow,) = [f for f in report["findings"] if f["check"] == "mlflow"]
+    assert "answers the admin" in mlflow["detail"], mlflow
+    created = [r["body"] for r in api.requests if r["method"] == "POST" and r["path"].endswith("/jobs")]
+    assert created and created[0]["spec"]["template"]["spec"]["containers"][0]["image"] == next(
+        c["image"] for c in api.find("apps", "v1", "deployments", contract.NAMESPACE_MLFLOW, "mlflow")["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "mlflow"), "the check runs on the image MLflow runs"
+    assert not api.of_kind("jobs", contract.NAMESPACE_MLFLOW), "the check Job is deleted"
     table = verify(kubeconfig)
     assert table.returncode == 0 and "checks passed" in table.stdout
 
@@ -127,8 +176,14 @@ def stale_budget(api):
     api.prometheus["last_pass"] = time.time() - 3600
 
 
-def refuse_host(api):
-    api.mlflow = (403, "Invalid Host header - possible DNS rebinding attack detected")
+def wrong_admin(api):
+    secret = api.find("", "v1", "secrets", contract.NAMESPACE_MLFLOW, "mlflow-admin")
+    secret["data"]["password"] = base64.b64encode(b"not-the-admins-password").decode()
+
+
+def mlflow_down(api):
+    api.mlflow_uri = "http://127.0.0.1:9"  # nothing listens there
+    api.extra_env = {"MLFLOW_READY_TIMEOUT_S": "2"}
 
 
 @pytest.mark.parametrize("breakage, check, words", [
@@ -138,7 +193,8 @@ def refuse_host(api):
     (break_scrape, "scrape Kueue's quota metrics", "403"),
     (fire_alert, "alerts", "KubeControllerManagerDown"),
     (stale_budget, "budget controller", "last pass"),
-    (refuse_host, "mlflow", "403"),
+    (wrong_admin, "mlflow", "401"),
+    (mlflow_down, "mlflow", "did not answer /health"),
 ])
 def test_each_broken_piece_is_named_with_its_fix_and_exit_1(cluster, breakage, check, words):
     api, kubeconfig = cluster
@@ -153,4 +209,74 @@ def test_each_broken_piece_is_named_with_its_fix_and_exit_1(cluster, breakage, c
 def test_no_usable_kubeconfig_exits_2_with_the_command_to_get_one(tmp_path):
     result = verify(tmp_path / "absent")
     assert result.returncode == 2 and "aws eks update-kubeconfig --name trainforge-dev" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---- removing a team: drain its queue first --------------------------------------------------------------------------
+
+def drain(kubeconfig, team: str, *extra) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "platform", "drain-team", team, "--stack", "dev", *extra],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+
+
+def vision_queue(api) -> dict:
+    return api.find("kueue.x-k8s.io", "v1beta2", "clusterqueues", None, contract.cluster_queue_name("vision"))
+
+
+@contextlib.contextmanager
+def kueue_evicting(api, evicts: bool):
+    """Kueue as HoldAndDrain makes it act: once the queue is drained it evicts the admitted workloads one by one (or,
+    `evicts=False`, a workload that never lets go)."""
+    stop = threading.Event()
+
+    def play() -> None:
+        while not stop.wait(0.2):
+            queue = vision_queue(api)  # a patch stores a new object
+            if evicts and queue["spec"].get("stopPolicy") == "HoldAndDrain" and queue["status"]["admittedWorkloads"] > 0:
+                queue["status"]["admittedWorkloads"] -= 1
+    thread = threading.Thread(target=play, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_drain_team_holds_the_queue_and_returns_once_kueue_has_let_go_of_every_workload(cluster):
+    """The removal's order: the queue held and drained, its workloads evicted, then (the next `up`) the queue deleted —
+    never a delete Kueue's `resource-in-use` finalizer would hold up. A budget hold becomes the engineer's hold, so the
+    budget controller does not lift it at the month's turn."""
+    api, kubeconfig = cluster
+    queue = vision_queue(api)
+    queue["metadata"].setdefault("annotations", {})[contract.BUDGET_HOLD_ANNOTATION] = "over budget"
+    queue["status"].update(admittedWorkloads=3, reservingWorkloads=0)
+    with kueue_evicting(api, evicts=True):
+        result = drain(kubeconfig, "vision", "--timeout", "1m")
+    assert result.returncode == 0, result.stdout + result.stderr
+    queue = vision_queue(api)
+    assert queue["spec"]["stopPolicy"] == "HoldAndDrain" and queue["status"]["admittedWorkloads"] == 0
+    annotations = queue["metadata"]["annotations"]
+    assert contract.BUDGET_HOLD_ANNOTATION not in annotations and contract.DRAIN_ANNOTATION in annotations
+    assert "is drained" in result.stdout and "Next: remove team vision" in result.stdout
+    patches = [r for r in api.requests if r["method"] == "PATCH" and "clusterqueues" in r["path"]]
+    assert len(patches) == 1 and not [r for r in api.requests if r["method"] == "DELETE"], "it drains; the removal deletes"
+
+
+def test_drain_team_names_what_is_still_admitted_at_its_timeout(cluster):
+    api, kubeconfig = cluster
+    queue = vision_queue(api)
+    queue["status"].update(admittedWorkloads=1, reservingWorkloads=1)
+    with kueue_evicting(api, evicts=False):
+        result = drain(kubeconfig, "vision", "--timeout", "3s")
+    assert result.returncode == 1
+    assert "still holds 2 admitted or reserving workloads after 3s" in result.stderr
+    assert f"kubectl get workloads -n {contract.namespace_name('vision')}" in result.stderr
+
+
+def test_drain_team_refuses_a_team_the_stack_does_not_have(cluster):
+    _, kubeconfig = cluster
+    result = drain(kubeconfig, "nlp")
+    assert result.returncode == 2 and "team 'nlp' is not in stack dev" in result.stderr
     assert "Traceback" not in result.stderr

@@ -103,6 +103,8 @@ def test_gpu_groups_are_tainted_and_labelled_from_the_contract(stack):
         if group.has_gpus:
             assert (contract.TAINT_GPU, "NO_SCHEDULE") in taints, f"{group.name}: GPU nodes would take any pod"
             assert ng.inputs["amiType"] == "AL2023_x86_64_NVIDIA"
+        elif group.flavour is contract.Flavour.CPU:  # teams' CPU nodes: nothing of the platform's without a toleration
+            assert taints == {(contract.TAINT_TEAM_CPU, "NO_SCHEDULE")} and ng.inputs["amiType"] == "AL2023_x86_64_STANDARD"
         else:
             assert taints == set() and ng.inputs["amiType"] == "AL2023_x86_64_STANDARD"
         if group.capacity == "spot":

@@ -33,7 +33,8 @@ from support.training import command
 from trainforge import contract, run_tags
 from trainforge.platform.manifests import tracking
 
-pytestmark = pytest.mark.slow
+# One worker holds the module, so its server (about 30 s to start and seed) is started once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mlflow-auth")]
 
 
 def program_objects(evaluation) -> list[dict]:

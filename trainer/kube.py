@@ -172,6 +172,15 @@ class Cluster:
         self._call(f"{'holding' if hold else 'releasing'} ClusterQueue {contract.cluster_queue_name(team)}",
                    self.custom.patch_cluster_custom_object, *KUEUE, "clusterqueues", contract.cluster_queue_name(team), patch)
 
+    def drain_queue(self, team: str, note: str) -> dict[str, Any]:
+        """HoldAndDrain the team's ClusterQueue: nothing admitted any more, and what is admitted evicted, so Kueue lets go
+        of its `resource-in-use` finalizer and the queue can be deleted. The budget controller's mark is taken off: the
+        hold is a platform engineer's now, which it never lifts."""
+        patch = {"metadata": {"annotations": {contract.BUDGET_HOLD_ANNOTATION: None, contract.DRAIN_ANNOTATION: note}},
+                 "spec": {"stopPolicy": "HoldAndDrain"}}
+        return self._call(f"draining ClusterQueue {contract.cluster_queue_name(team)}", self.custom.patch_cluster_custom_object,
+                          *KUEUE, "clusterqueues", contract.cluster_queue_name(team), patch)
+
     def team_settings(self, team: str) -> dict[str, str] | None:
         namespace = contract.namespace_name(team)
         found = self._call(f"reading ConfigMap {namespace}/{contract.TEAM_SETTINGS_CONFIG_MAP}", self.core.read_namespaced_config_map,

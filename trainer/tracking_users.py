@@ -4,6 +4,9 @@ Run in the cluster by the platform's per-team Job (platform/manifests/tracking.p
 `python -m trainforge.trainer.tracking_users`, configured by its environment. Safe to run again: an existing user gets
 its password reset to the one in the team's Secret, so the Secret stays the truth. Waits for the server first (the
 Job may start while MLflow rolls out); every failure names what to check.
+
+`python -m trainforge.trainer.tracking_users --probe` is `trainforge platform verify`'s check, run by a short Job of its
+own: the tracking API as the admin, by the service's in-cluster name, the way every job reaches it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from trainforge.contract import MLFLOW_USER_ENV as USER_ENV
 
 CREATE = "/api/2.0/mlflow/users/create"
+SEARCH = "/api/2.0/mlflow/experiments/search"
 UPDATE_PASSWORD = "/api/2.0/mlflow/users/update-password"
 
 
@@ -69,7 +73,25 @@ def ensure_user(uri: str, admin: tuple[str, str], username: str, password: str, 
     raise UserSetupError(f"MLflow answered {status} for user {username!r}: {text[:500]}")
 
 
+def probe(uri: str, admin: tuple[str, str], *, ready_timeout_s: float = 30) -> str:
+    """What the admin gets from the tracking API; UserSetupError naming the fix where it is refused."""
+    wait_until_ready(uri, ready_timeout_s)
+    status, text = _call(uri, "POST", SEARCH, {"max_results": 1}, admin)
+    if status == 200:
+        return f"MLflow at {uri} answers the admin"
+    if status == 401:
+        raise UserSetupError("MLflow refused the admin's credentials (401): the mlflow-admin Secret must hold the admin the "
+                             "chart's auth config was installed with (`pulumi up` writes both)")
+    if status == 403 and "Invalid Host header" in text:
+        raise UserSetupError(f"MLflow refused the Host {uri.split('//', 1)[-1]} (403 Invalid Host header): the chart's "
+                             "serverAllowedHosts must list the service's in-cluster names (platform/manifests/values.py mlflow_hosts)")
+    raise UserSetupError(f"MLflow answered {status}: {text[:300]}. Fix: `kubectl -n mlflow logs deploy/mlflow` (the database "
+                         "connection, the artifact bucket's role)")
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--probe"]:
+        return _probe_main()
     missing = [v for v in ("MLFLOW_TRACKING_URI", *USER_ENV.values()) if not os.environ.get(v)]
     if missing:
         print(f"tracking_users: {', '.join(missing)} not set (the Job sets them from the mlflow-admin and the team's "
@@ -84,6 +106,21 @@ def main() -> int:
         print(f"tracking_users: {e}", file=sys.stderr)
         return 1
     print(f"MLflow user {env[USER_ENV['username']]}: {done}")
+    return 0
+
+
+def _probe_main() -> int:
+    missing = [v for v in ("MLFLOW_TRACKING_URI", USER_ENV["admin_username"], USER_ENV["admin_password"]) if not os.environ.get(v)]
+    if missing:
+        print(f"tracking_users --probe: {', '.join(missing)} not set (the Job sets them from the mlflow-admin Secret)", file=sys.stderr)
+        return 2
+    env = os.environ
+    try:
+        print(probe(env["MLFLOW_TRACKING_URI"], (env[USER_ENV["admin_username"]], env[USER_ENV["admin_password"]]),
+                    ready_timeout_s=float(env.get("MLFLOW_READY_TIMEOUT_S", "30"))))
+    except UserSetupError as e:
+        print(f"tracking_users --probe: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -149,21 +149,50 @@ def user_job(cfg: PlatformConfig, team: TeamConfig, image: Any) -> dict[str, Any
     digest = hashlib.sha256(" ".join(command + [team.name]).encode()).hexdigest()[:8]
     labels = tenancy.cost_labels(team, cfg.environment)
 
-    def from_secret(name: str, key: str) -> dict[str, Any]:
-        return {"secretKeyRef": {"name": name, "key": key}}
-    env = [{"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
-           {"name": USER_ENV["admin_username"], "valueFrom": from_secret(ADMIN_SECRET, "username")},
-           {"name": USER_ENV["admin_password"], "valueFrom": from_secret(ADMIN_SECRET, "password")},
-           {"name": USER_ENV["username"], "valueFrom": from_secret(_user_secret_name(team), contract.MLFLOW_USERNAME_KEY)},
-           {"name": USER_ENV["password"], "valueFrom": from_secret(_user_secret_name(team), contract.MLFLOW_PASSWORD_KEY)}]
-    container = {"name": "user", "image": image, "command": command, "env": env,
-                 "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-                 "securityContext": {"runAsNonRoot": True, "runAsUser": contract.RUNTIME_UID, "allowPrivilegeEscalation": False,
-                                     "capabilities": {"drop": ["ALL"]}}}
+    env = [*_admin_env(),
+           {"name": USER_ENV["username"], "valueFrom": _from_secret(_user_secret_name(team), contract.MLFLOW_USERNAME_KEY)},
+           {"name": USER_ENV["password"], "valueFrom": _from_secret(_user_secret_name(team), contract.MLFLOW_PASSWORD_KEY)}]
+    container = _admin_container("user", image, command, env)
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": f"{_user_secret_name(team)}-{digest}", "namespace": contract.NAMESPACE_MLFLOW, "labels": labels},
             "spec": {"backoffLimit": 6,
                      "template": {"metadata": {"labels": labels},
                                   "spec": {"restartPolicy": "OnFailure",
+                                           "nodeSelector": dict(contract.flavour_traits(contract.Flavour.SYSTEM).labels),
+                                           "containers": [container]}}}}
+
+
+def _from_secret(name: str, key: str) -> dict[str, Any]:
+    return {"secretKeyRef": {"name": name, "key": key}}
+
+
+def _admin_env() -> list[dict[str, Any]]:
+    """The server by its in-cluster name and the admin's credentials, from the mlflow-admin Secret."""
+    return [{"name": "MLFLOW_TRACKING_URI", "value": contract.MLFLOW_TRACKING_URI},
+            {"name": USER_ENV["admin_username"], "valueFrom": _from_secret(ADMIN_SECRET, "username")},
+            {"name": USER_ENV["admin_password"], "valueFrom": _from_secret(ADMIN_SECRET, "password")}]
+
+
+def _admin_container(name: str, image: Any, command: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": name, "image": image, "command": command, "env": env,
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+            "securityContext": {"runAsNonRoot": True, "runAsUser": contract.RUNTIME_UID, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}}}
+
+
+PROBE_JOB_PREFIX = "trainforge-verify-mlflow-"
+PROBE_DEADLINE_S = 120  # the Job's own limit: an image pull on a fresh system node, the server's answer
+
+
+def probe_job(name: str, image: str) -> dict[str, Any]:
+    """`trainforge platform verify`'s MLflow check, as a Job in MLflow's namespace: from inside the cluster, by the
+    service's in-cluster name, as the admin (the API server's service proxy can do neither: it strips the
+    Authorization header and sends the pod's address as Host). One try, a deadline, and gone ten minutes after."""
+    container = _admin_container("probe", image, ["python", "-m", "trainforge.trainer.tracking_users", "--probe"], _admin_env())
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": contract.NAMESPACE_MLFLOW, "labels": {"app.kubernetes.io/name": "trainforge-verify"}},
+            "spec": {"backoffLimit": 0, "activeDeadlineSeconds": PROBE_DEADLINE_S, "ttlSecondsAfterFinished": 600,
+                     "template": {"metadata": {"labels": {"app.kubernetes.io/name": "trainforge-verify"}},
+                                  "spec": {"restartPolicy": "Never",
                                            "nodeSelector": dict(contract.flavour_traits(contract.Flavour.SYSTEM).labels),
                                            "containers": [container]}}}}

@@ -2,8 +2,10 @@
 application layer's counterpart of the offline plan (the plan says what an up would do; verify says whether it did).
 
 What the stack should have comes from its config and the chart table (what the program deploys); what it has is read
-through the Kubernetes API with the caller's kubeconfig, Prometheus and MLflow through the API server's service proxy
-(no port-forward, no network path into the VPC needed). Each finding names what is wrong and the fix.
+through the Kubernetes API with the caller's kubeconfig, Prometheus through the API server's service proxy (no
+port-forward, no network path into the VPC needed). MLflow is checked from inside the cluster by a short Job, as its
+admin: the service proxy strips the caller's Authorization header and sends the pod's address as Host, so through it
+MLflow (basic auth, a Host allowlist) could never answer. Each finding names what is wrong and the fix.
 """
 
 from __future__ import annotations
@@ -14,14 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from trainforge import contract
-from trainforge.platform.manifests import budget, monitoring
+from trainforge.platform.manifests import budget, monitoring, tracking
 from trainforge.platform.manifests.charts import pinned
 from trainforge.stackconfig import PlatformConfig
 
 PLATFORM_NAMESPACES = (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_MLFLOW,
                        contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM)
 PROMETHEUS_SERVICE = (contract.NAMESPACE_MONITORING, f"{contract.PROMETHEUS_SERVICE_NAME}:9090")
-MLFLOW_SERVICE = (contract.NAMESPACE_MLFLOW, f"{contract.MLFLOW_SERVICE_NAME}:{contract.MLFLOW_PORT}")
 # kube-prometheus-stack's always-firing heartbeat and its inhibitor: firing is their healthy state.
 HEARTBEAT_ALERTS = {"Watchdog", "InfoInhibitor"}
 
@@ -67,7 +68,8 @@ def expected_scrapes() -> list[Scrape]:
 
 
 class Api:
-    """GET-only JSON over the official client's connection (kubeconfig auth, TLS), paths as the API server has them."""
+    """JSON over the official client's connection (kubeconfig auth, TLS), paths as the API server has them: reads, and
+    the one Job verify runs (created, then deleted)."""
 
     def __init__(self, context: str | None = None, timeout_s: float = 20.0):
         import os
@@ -80,10 +82,20 @@ class Api:
         self.timeout_s = timeout_s
 
     def get(self, path: str, query: dict[str, str] | None = None) -> tuple[int, Any]:
+        return self._call("GET", path, query)
+
+    def create(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        return self._call("POST", path, None, body)
+
+    def delete(self, path: str, query: dict[str, str] | None = None) -> tuple[int, Any]:
+        return self._call("DELETE", path, query)
+
+    def _call(self, method: str, path: str, query: dict[str, str] | None, body: Any = None) -> tuple[int, Any]:
         from kubernetes.client.exceptions import ApiException
         try:
             # _preload_content=False: the raw response, whatever the body (JSON from the API, text from a proxied service).
-            response = self.client.call_api(path, "GET", query_params=list((query or {}).items()), auth_settings=["BearerToken"],
+            response = self.client.call_api(path, method, query_params=list((query or {}).items()), auth_settings=["BearerToken"],
+                                            body=body, header_params={"Content-Type": "application/json"} if body is not None else None,
                                             _preload_content=False, _return_http_data_only=True, _request_timeout=self.timeout_s)
             status, body = response.status, response.data.decode()
         except ApiException as exc:
@@ -196,8 +208,55 @@ def _budget(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
 
 
 def _mlflow(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
-    status, body = api.proxy(MLFLOW_SERVICE, "/api/2.0/mlflow/experiments/search", {"max_results": "1"})
-    invalid_host = status == 403 and "Invalid Host header" in str(body)
-    report.add("mlflow", status == 200, "answers" if status == 200 else f"{status}: {str(body)[:200]}",
-               "MLflow refuses the Host header: the chart's serverAllowedHosts must list the in-cluster names" if invalid_host
-               else "`kubectl -n mlflow logs deploy/mlflow` (the database connection, the artifact bucket's role)")
+    """Run tracking.probe_job on the image MLflow runs (on the system nodes already, so no pull to wait for) and report
+    what it printed; the Job is deleted whatever happened."""
+    jobs = f"/apis/batch/v1/namespaces/{contract.NAMESPACE_MLFLOW}/jobs"
+    status, deployment = api.get(f"/apis/apps/v1/namespaces/{contract.NAMESPACE_MLFLOW}/deployments/{contract.MLFLOW_SERVICE_NAME}")
+    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []) if status == 200 else []
+    image = next((c["image"] for c in containers if c.get("name") == contract.MLFLOW_SERVICE_NAME), None)
+    if image is None:
+        report.add("mlflow", False, f"no {contract.NAMESPACE_MLFLOW}/{contract.MLFLOW_SERVICE_NAME} Deployment ({status})",
+                   "`helm history mlflow -n mlflow`, then `pulumi up`")
+        return
+    name = f"{tracking.PROBE_JOB_PREFIX}{int(now())}"
+    status, body = api.create(jobs, tracking.probe_job(name, image))
+    if status not in (200, 201):
+        report.add("mlflow", False, f"could not start the check Job: {status} {str(body)[:200]}",
+                   "verify runs a Job in the mlflow namespace: run it as a platform admin")
+        return
+    try:
+        succeeded, output = _wait_for_job(api, f"{jobs}/{name}", name, now)
+    finally:
+        api.delete(f"{jobs}/{name}", {"propagationPolicy": "Background"})
+    report.add("mlflow", succeeded, output or ("answers the admin" if succeeded else "the check Job did not finish"),
+               "" if succeeded else _mlflow_fix(output))
+
+
+def _wait_for_job(api: Api, path: str, name: str, now) -> tuple[bool, str]:
+    """(succeeded, what its pod printed) once the Job ends, or (False, why) at its deadline."""
+    deadline = now() + tracking.PROBE_DEADLINE_S + 30
+    while now() < deadline:
+        status, job = api.get(path)
+        state = job.get("status", {}) if status == 200 else {}
+        failed = any(c.get("type") == "Failed" and c.get("status") == "True" for c in state.get("conditions", []))
+        if state.get("succeeded") or failed or state.get("failed"):
+            return bool(state.get("succeeded")), _job_output(api, name)
+        time.sleep(1)
+    return False, f"the check Job {contract.NAMESPACE_MLFLOW}/{name} did not finish within {tracking.PROBE_DEADLINE_S + 30} s"
+
+
+def _job_output(api: Api, name: str) -> str:
+    status, pods = api.get(f"/api/v1/namespaces/{contract.NAMESPACE_MLFLOW}/pods", {"labelSelector": f"job-name={name}"})
+    for pod in (pods.get("items") or []) if status == 200 else []:
+        status, log = api.get(f"/api/v1/namespaces/{contract.NAMESPACE_MLFLOW}/pods/{pod['metadata']['name']}/log")
+        if status == 200 and str(log).strip():
+            return str(log).strip().splitlines()[-1][:300]
+    return ""
+
+
+def _mlflow_fix(output: str) -> str:
+    if "Invalid Host header" in output:
+        return "the chart's serverAllowedHosts must list the service's in-cluster names (platform/manifests/values.py mlflow_hosts)"
+    if "401" in output:
+        return "the mlflow-admin Secret and the chart's auth config disagree: `pulumi up` writes both"
+    return "`kubectl -n mlflow logs deploy/mlflow` (the database connection, the artifact bucket's role)"

@@ -340,6 +340,8 @@ SETTING_SPENT_AS_OF = "spent_as_of"  # RFC 3339 (UTC), the end of the cost windo
 SETTING_SPENT_DAYS = "spent_days"
 # A ClusterQueue held for budget carries this annotation: the controller lifts only the holds it set itself.
 BUDGET_HOLD_ANNOTATION = f"{LABEL_DOMAIN}/budget-hold"
+# On a ClusterQueue `trainforge platform drain-team` drained (HoldAndDrain) for the team's removal: who and when.
+DRAIN_ANNOTATION = f"{LABEL_DOMAIN}/draining-for-removal"
 NAMESPACE_OPENCOST = "opencost"
 OPENCOST_API_PORT = 9003
 OPENCOST_URL = f"http://opencost.{NAMESPACE_OPENCOST}.svc.cluster.local:{OPENCOST_API_PORT}"

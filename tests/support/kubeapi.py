@@ -485,3 +485,49 @@ def serve(api: KubeApi):
             served.stop()
         except OSError:
             pass
+
+
+@contextmanager
+def running_jobs(api: KubeApi, namespace: str, execute):
+    """The Job controller and a kubelet for the Jobs created in `namespace` while the block runs: each new Job gets a
+    pod (labelled `job-name`, as the controller labels it) whose container `execute(job)` really runs, returning (exit
+    code, output); the output becomes the pod's log and the exit code the Job's status (Complete, or Failed)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            with api.lock:
+                pending = [o for (g, _, p, ns, _), o in api.objects.items() if (g, p, ns) == ("batch", "jobs", namespace) and "status" not in o]
+                for job in pending:
+                    job["status"] = {"active": 1}
+            for job in pending:
+                code, output = execute(job)
+                name = job["metadata"]["name"]
+                pod = f"{name}-{uuid.uuid4().hex[:5]}"
+                api.put({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": namespace, "labels": {"job-name": name}},
+                         "status": {"phase": "Succeeded" if code == 0 else "Failed"}})
+                api.pod_logs[(namespace, pod)] = output
+                job["status"] = ({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]} if code == 0 else
+                                 {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
+            stop.wait(0.1)
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def container_env(api: KubeApi, namespace: str, container: dict[str, Any]) -> dict[str, str]:
+    """A container's env as the kubelet resolves it: values, and secretKeyRefs from the Secrets the API holds."""
+    env = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif "secretKeyRef" in var.get("valueFrom", {}):
+            ref = var["valueFrom"]["secretKeyRef"]
+            secret = api.find("", "v1", "secrets", namespace, ref["name"])
+            if secret is not None and ref["key"] in secret.get("data", {}):
+                env[var["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+    return env

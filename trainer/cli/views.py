@@ -280,6 +280,9 @@ def plan_tables(plan, diff=None, base=None) -> None:
         for verb, teams in (("joins", diff.teams_added), ("leaves", diff.teams_removed)):
             for team in teams:  # a team stack's own resources are not this stack's: say who comes and goes
                 console.print(f"team [cyan]{team}[/] {verb} the cohort")
+        for team in diff.teams_removed:  # Kueue's finalizer holds an admitting queue: the update would wait on it, half done
+            console.print(f"  before the update that removes it: [bold]trainforge platform drain-team {team} --stack "
+                          f"{plan.stack}[/] (its ClusterQueue cannot go while Kueue admits its workloads)")
         dollars = Table(title=f"cost difference: {diff.monthly_delta_usd:+,.2f} USD/month", title_justify="left")
         for column in ("item", "before", "after", "delta"):
             dollars.add_column(column, justify="left" if column == "item" else "right")
