@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from trainforge import contract, durations
+from trainforge import contract, durations, versions
 from trainforge.contract import Flavour
 from trainforge.platform.manifests import monitoring, storage, tracking
 from trainforge.stackconfig import PlatformConfig
@@ -138,12 +138,11 @@ def kueue(cfg: PlatformConfig) -> dict[str, Any]:
 
 
 def cluster_autoscaler(cfg: PlatformConfig, role_arn: Any) -> dict[str, Any]:
-    minor = cfg.cluster.version
     return {
         "cloudProvider": "aws", "awsRegion": cfg.region,
         "autoDiscovery": {"clusterName": cfg.cluster_name},  # finds the node groups' ASGs by their discovery tags
         "rbac": {"serviceAccount": {"name": contract.AUTOSCALER_SERVICE_ACCOUNT, "annotations": {contract.IRSA_ROLE_ANNOTATION: role_arn}}},
-        "image": {"tag": f"v{minor}.0"},  # the autoscaler's minor follows the cluster's
+        "image": {"tag": versions.cluster_autoscaler_image_tag(cfg.cluster.version)},  # its minor is the cluster's, newest patch
         "nodeSelector": SYSTEM_NODES,
         "resources": requests("100m", "300Mi", "1Gi"),
         "extraArgs": {

@@ -17,6 +17,16 @@ PROMETHEUS_OPERATOR = "0.93.0"  # the operator kube-prometheus-stack 88.5.x ship
 # on each `up`). From ECR Public's mirror of Docker's official images: no Docker Hub pull limit through the NAT.
 DIRECTORY_JOB_IMAGE = "public.ecr.aws/docker/library/busybox:1.37.0"
 
+# cluster-autoscaler's image per Kubernetes minor (its minor must be the cluster's): the newest patch of each, from the
+# kubernetes/autoscaler release tags (cluster-autoscaler-1.33.6, -1.34.5; 1.35.0 is what chart 9.59.0 ships). A minor
+# not listed gets <minor>.0, which exists for every released minor.
+CLUSTER_AUTOSCALER_PATCHES = {"1.33": "1.33.6", "1.34": "1.34.5", "1.35": "1.35.0"}
+
+
+def cluster_autoscaler_image_tag(kubernetes_minor: str) -> str:
+    return "v" + CLUSTER_AUTOSCALER_PATCHES.get(kubernetes_minor, f"{kubernetes_minor}.0")
+
+
 COMPONENTS = {"kubeflow-trainer": KUBEFLOW_TRAINER, "kueue": KUEUE, "training-operator": TRAINING_OPERATOR,
               "prometheus-operator": PROMETHEUS_OPERATOR}
 
