@@ -190,7 +190,7 @@ def test_user_errors_exit_with_the_non_retryable_code(tmp_path):
 def test_the_language_model_learns_in_the_precision_auto_picks(tmp_path):
     """The bundled transformer LM, 2 ranks, precision auto (bf16 autocast where this CPU computes bf16 natively, fp32
     where it would emulate it: tests/test_precision.py): eval loss well below the uniform-guess loss."""
-    run(tmp_path, "task=char_lm", "precision=auto", "max_steps=150", "eval_every=50", "eval_batches=8", "lr=0.003")
+    run(tmp_path, "task=char_lm", "precision=auto", "max_steps=90", "eval_every=45", "eval_batches=8", "lr=0.003")
     outcome = result(tmp_path)
     assert outcome["precision"] in ("bf16", "fp32") and outcome["precision_reason"].startswith("auto: ")
     assert outcome["deterministic"] is True and outcome["deterministic_reason"].startswith("auto: on on cpu"), "issue 38: what the device honours"
