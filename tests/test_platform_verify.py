@@ -26,6 +26,8 @@ from trainforge.platform.plan.first_up import FirstUp
 from trainforge.platform.plan.verify import PLATFORM_NAMESPACES
 
 ADMIN = "platform-admin-token"
+# One worker holds the module: its MLflow server (about 20 s to start) is started once, not once per worker.
+pytestmark = pytest.mark.xdist_group("platform-verify")
 
 
 def healthy_cluster(evaluation, *team_stacks) -> KubeApi:
@@ -75,9 +77,10 @@ def healthy_cluster(evaluation, *team_stacks) -> KubeApi:
     return api
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def admin_mlflow(evaluations, tmp_path_factory):
-    """A real MLflow as the dev stack's chart runs it: the auth app, its Host allowlist, the program's admin."""
+    """A real MLflow as the dev stack's chart runs it: the auth app, its Host allowlist, the program's admin. Once per
+    session: xdist may run other modules' tests on this worker between this module's."""
     import configparser
 
     from support.evaluated import kubernetes_objects, manifest
@@ -100,14 +103,18 @@ def admin_mlflow(evaluations, tmp_path_factory):
         yield uri
 
 
-@pytest.fixture
-def cluster(evaluations, admin_mlflow, tmp_path):
-    from support.kubeapi import container_env, running_jobs
+@pytest.fixture(scope="session")
+def dev_team_stacks():
     from trainforge.platform.components.offline import evaluate_stack_file
+    return [evaluate_stack_file(path) for path in TEAM_STACK_FILES if path.name.startswith("Pulumi.dev.")]
+
+
+@pytest.fixture
+def cluster(evaluations, admin_mlflow, dev_team_stacks, tmp_path):
+    from support.kubeapi import container_env, running_jobs
 
     platform = evaluations(STACKS / "Pulumi.dev.yaml")
-    team_stacks = [evaluate_stack_file(path) for path in TEAM_STACK_FILES if path.name.startswith("Pulumi.dev.")]
-    api = healthy_cluster(platform, *team_stacks)
+    api = healthy_cluster(platform, *dev_team_stacks)
     api.mlflow_uri = admin_mlflow  # where the in-cluster name leads (a breakage may point it elsewhere)
 
     def execute(job: dict) -> tuple[int, str]:

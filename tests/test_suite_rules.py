@@ -4,6 +4,7 @@
   run alone, on any xdist worker, in any order.
 - No fixed sleeps: a wait for a process polls a real signal through support.waiting.wait_until, the one place that
   may call time.sleep. A sleep that is long enough here is a race on CI.
+- xdist groups hold: a test marked with a group runs under an id carrying it, which is what sends the group to one worker.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+from support.lanes import TIMING
 from support.repo import REPO
 
 TESTS = REPO / "tests"
@@ -66,3 +69,15 @@ def test_the_sleep_rule_can_fail():
     assert _sleeps(ast.parse("from time import sleep\nsleep(1)\n")) == [2]
     assert _sleeps(ast.parse("cmd = 'import time; time.sleep(60)'\n")) == [], "a child's source in a string is the child's business"
     assert all((TESTS / allowed).exists() for allowed in SLEEP_ALLOWED)
+
+
+@TIMING
+def test_an_xdist_group_reaches_the_scheduler(request):
+    """`--dist loadgroup` sends a group to one worker by the `@<group>` suffix xdist gives its tests' ids. With pytest
+    9.2 and xdist 3.8 the suffix was silently lost (pytest builds nodeid from another field), so every group was
+    ignored: pyproject pins pytest below 9.2, and this fails if a version pair loses it again."""
+    if not hasattr(request.config, "workerinput"):
+        pytest.skip("not on an xdist worker (-n 0): there is no scheduler to reach")
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("the workers were not started with --dist loadgroup")
+    assert request.node.nodeid.endswith("@timing"), request.node.nodeid
