@@ -36,13 +36,28 @@ def autoscaler_discovery_tags(cluster_name: str) -> dict[str, str]:
     return {f"{nodes.AUTOSCALER}/{cluster_name}": "owned", f"{nodes.AUTOSCALER}/enabled": "true"}
 
 
+# Every container's rlimits on EFA nodes. libfabric's EFA provider pins its buffers: past RLIMIT_MEMLOCK the kernel
+# refuses (ib_umem_get: -ENOMEM unless CAP_IPC_LOCK, which a `restricted` pod cannot have), and NCCL fails with
+# "Libfabric error: (-12)". The limit reaches containers from containerd's: unlimited only where the AMI's EFA packages
+# set systemd's DefaultLimitMEMLOCK=infinity (efa-config 01-efa.conf), so it is set here, for any AMI. The base runtime
+# spec's list replaces nodeadm's, so its open-files limit (65536 / 1048576, nodeadm base-runtime-spec.json) comes too.
+UNLIMITED = 2**64 - 1
+EFA_CONTAINER_RLIMITS = [{"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576},
+                         {"type": "RLIMIT_MEMLOCK", "soft": UNLIMITED, "hard": UNLIMITED}]
+
+
 def nodeadm_user_data(group: NodeGroupConfig) -> str | None:
     """AL2023 node configuration (MIME multipart, which EKS merges with its own): stripe the instance's NVMe disks as
-    RAID0 for kubelet and containerd, so multi-GB images and scratch do not fill the root volume."""
-    if not all(i.local_nvme for i in group.instances):
+    RAID0 for kubelet and containerd, so multi-GB images and scratch do not fill the root volume; on EFA groups, give
+    containers unlimited locked memory (EFA_CONTAINER_RLIMITS)."""
+    spec: dict = {}
+    if all(i.local_nvme for i in group.instances):
+        spec["instance"] = {"localStorage": {"strategy": "RAID0"}}
+    if group.efa:
+        spec["containerd"] = {"baseRuntimeSpec": {"process": {"rlimits": EFA_CONTAINER_RLIMITS}}}
+    if not spec:
         return None
-    node_config = {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig",
-                   "spec": {"instance": {"localStorage": {"strategy": "RAID0"}}}}
+    node_config = {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": spec}
     # A fixed boundary: a random one (the default) changes the user data, hence the launch template's version, on every
     # `pulumi up`, and the node group would roll all its nodes each time.
     message = MIMEMultipart("mixed", boundary="==trainforge-nodeadm==")

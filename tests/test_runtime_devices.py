@@ -196,6 +196,49 @@ def test_an_efa_pod_without_the_ofi_plugin_is_refused_with_the_fix(tmp_path):
     assert ofi_plugin_problem({"FI_PROVIDER": "efa", "LD_LIBRARY_PATH": f"/nonexistent:{tmp_path}"}) is None
 
 
+def limits_with_memlock(soft: str, hard: str) -> str:
+    """/proc/self/limits as the kernel writes it, with this locked-memory line."""
+    return ("Limit                     Soft Limit           Hard Limit           Units     \n"
+            "Max open files            65536                1048576              files     \n"
+            f"Max locked memory         {soft:<20} {hard:<20} bytes     \n")
+
+
+def test_an_efa_pod_that_cannot_lock_memory_is_refused_with_the_fix():
+    """The kernel's default 8 MiB would fail libfabric's EFA provider later with an opaque -12; the runtime says so
+    first. This machine's own limits read too (no EFA here: nothing to refuse)."""
+    from pathlib import Path
+
+    from trainforge.trainer.runtime.distributed import memlock_problem
+    efa = {"FI_PROVIDER": "efa"}
+    problem = memlock_problem(efa, limits_with_memlock("8388608", "8388608"))
+    assert problem is not None and "8192 KiB" in problem and "Fix:" in problem
+    assert memlock_problem(efa, limits_with_memlock("unlimited", "unlimited")) is None
+    assert memlock_problem(efa, limits_with_memlock(str(64 * 2**30), "unlimited")) is None
+    assert memlock_problem({}, limits_with_memlock("8388608", "8388608")) is None, "no EFA devices: nothing is pinned"
+    assert memlock_problem({}, Path("/proc/self/limits").read_text()) is None
+
+
+def test_efa_nodes_give_containers_unlimited_locked_memory():
+    """The EFA groups' nodeadm config sets the containers' rlimits (memlock unlimited, nodeadm's open-files limit kept);
+    other groups keep the AMI's."""
+    import base64
+    import email
+
+    import yaml
+
+    from trainforge.infra.nodegroups import UNLIMITED, nodeadm_user_data
+    from trainforge.stackconfig import NodeGroupConfig
+    efa = NodeGroupConfig(name="p5", instance_types=["p5.48xlarge"], capacity="on-demand", min_size=0, max_size=2, efa=True,
+                          availability_zone="us-east-1a")
+    message = email.message_from_bytes(base64.b64decode(nodeadm_user_data(efa)))
+    (part,) = [p for p in message.walk() if p.get_content_type() == "application/node.eks.aws"]
+    rlimits = {r["type"]: r for r in yaml.safe_load(part.get_payload(decode=True))["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]}
+    assert rlimits["RLIMIT_MEMLOCK"]["soft"] == rlimits["RLIMIT_MEMLOCK"]["hard"] == UNLIMITED == 2**64 - 1
+    assert rlimits["RLIMIT_NOFILE"] == {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}
+    plain = NodeGroupConfig(name="cpu", instance_types=["m6i.4xlarge"], capacity="on-demand", min_size=0, max_size=2)
+    assert nodeadm_user_data(plain) is None
+
+
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_activation_checkpointing_recomputes_per_unit_and_trains_the_same_numbers(world_of_one, mode):
     """Per FSDP unit (the LM's blocks): the unit's forward runs again in backward, the gradients are the same bits as

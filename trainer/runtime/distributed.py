@@ -8,6 +8,7 @@ import os
 import random
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -58,6 +59,26 @@ def ofi_plugin_problem(environ: dict[str, str] | os._Environ) -> str | None:
             "its lib folder to LD_LIBRARY_PATH")
 
 
+MEMLOCK_NEEDED = 16 * 2**30  # what AWS's EFA checks ask of `ulimit -l` (awsome-distributed-training 2-efa-enumeration.sh)
+
+
+def memlock_problem(environ: dict[str, str] | os._Environ, limits: str) -> str | None:
+    """On a pod given EFA devices, the locked-memory limit (`limits`: /proc/self/limits) must be unlimited or large:
+    libfabric pins its buffers, and a `restricted` pod cannot raise it (no CAP_IPC_LOCK). None when it is (or EFA is
+    not in use)."""
+    if environ.get("FI_PROVIDER") != "efa":
+        return None
+    line = next((row for row in limits.splitlines() if row.startswith("Max locked memory")), None)
+    if line is None:
+        return None
+    soft = line.split()[3]
+    if soft == "unlimited" or int(soft) >= MEMLOCK_NEEDED:
+        return None
+    return (f"this pod has EFA devices but may lock only {int(soft) // 1024} KiB of memory (RLIMIT_MEMLOCK): libfabric's "
+            "EFA provider would fail with 'Libfabric error: (-12)'. Fix: run on the platform's EFA node groups (their "
+            "nodeadm config gives containers unlimited locked memory), or raise containerd's LimitMEMLOCK on your nodes")
+
+
 def init_distributed(nccl: NcclConfig | None = None, output_dir: str = ".") -> Distributed:
     """Join the job's process group; a lone process (no torchrun) forms a group of one, so nothing branches. A default
     group the caller already made is used as it is. NCCL's error handling and flight recorder are set up from `nccl`
@@ -70,7 +91,8 @@ def init_distributed(nccl: NcclConfig | None = None, output_dir: str = ".") -> D
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
-        if (problem := ofi_plugin_problem(os.environ)) is not None:
+        limits = Path("/proc/self/limits").read_text() if Path("/proc/self/limits").exists() else ""
+        if (problem := ofi_plugin_problem(os.environ) or memlock_problem(os.environ, limits)) is not None:
             from trainforge.trainer.runtime.config import UserError
             raise UserError(problem)
         device = torch.device("cuda", local)
