@@ -936,18 +936,16 @@ def test_reconcile_after_a_restart_reads_the_study_once_not_once_per_trial(tmp_p
         controller = SweepController(sweep, backend=None, admit=None, storage_url=storage)
         study = controller.study
         done = len(study.get_trials(deepcopy=False))
-        for number in range(done, trials):  # finished and settled trials, as a long sweep leaves them
+        for _ in range(done, trials):  # finished and settled trials, as a long sweep leaves them
             trial = study.ask()
             study.tell(trial, 0.5)
             study.set_user_attr(f"trial.{trial.number}.settled", True)
-        reads = 0
-        original = study._storage.get_study_user_attrs
+        reads: list[int] = []
 
-        def counted(study_id):
-            nonlocal reads
-            reads += 1
+        def counted(study_id, original=study._storage.get_study_user_attrs):
+            reads.append(study_id)
             return original(study_id)
         study._storage.get_study_user_attrs = counted
         controller.reconcile()
-        counts[trials] = reads
+        counts[trials] = len(reads)
     assert counts[400] == counts[50] <= 3, counts
