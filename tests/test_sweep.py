@@ -942,8 +942,8 @@ def test_reconcile_after_a_restart_reads_the_study_once_not_once_per_trial(tmp_p
             study.set_user_attr(f"trial.{trial.number}.settled", True)
         reads: list[int] = []
 
-        def counted(study_id, original=study._storage.get_study_user_attrs):
-            reads.append(study_id)
+        def counted(study_id, original=study._storage.get_study_user_attrs, sink=reads):
+            sink.append(study_id)
             return original(study_id)
         study._storage.get_study_user_attrs = counted
         controller.reconcile()
