@@ -20,7 +20,7 @@ from trainforge.infra.service_roles import ServiceRoles
 from trainforge.infra.keys import Keys
 from trainforge.infra.network import Network
 from trainforge.infra.nodegroups import EfaSecurityGroup, NodePool
-from trainforge.infra.registry import RuntimeImageRepository
+from trainforge.infra.registry import RuntimeImageRepository, project_root
 from trainforge.infra.storage import Buckets, LustreFileSystem
 from trainforge.infra.tags import cost_tags
 from trainforge.infra.teams import TeamAccess
@@ -103,7 +103,7 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
         f"{env}-mlflow", cfg.kubernetes.mlflow, vpc_id=network.vpc_id, subnet_ids=private_subnets,
         client_security_group_id=cluster.security_group_id, data_key=keys.data, protect=not cfg.buckets.force_destroy,
         tags=tags, opts=aws_opts)
-    images = RuntimeImageRepository(f"{env}-runtime-image", env, version=_version(), context=".",
+    images = RuntimeImageRepository(f"{env}-runtime-image", env, version=_version(), context=str(project_root()),
                                     existing_image=cfg.kubernetes.runtime_image, data_key=keys.data, tags=tags, opts=aws_opts)
 
     team_roles = {

@@ -29,6 +29,22 @@ IMAGE_CONTEXT = ("Dockerfile", "pyproject.toml", "README.md", "src", "infra", "p
 CONTEXT_EXCLUDED = ("__pycache__", "*.pyc", "*.egg-info")
 
 
+def project_root() -> Path:
+    """Where the image is built from: the Pulumi project's directory. `pulumi up` runs the program there; an offline
+    evaluation (`trainforge plan`, a benchmark) may run anywhere, and then the checkout this package was loaded from
+    is the project. Relative where it is the working directory, as `pulumi up` has it: the image's inputs then name the
+    same context from any checkout's path, and a move of the checkout changes nothing."""
+    here = Path.cwd()
+    if (here / "Pulumi.yaml").is_file():
+        return Path(".")
+    import trainforge
+    checkout = Path(trainforge.__file__).resolve().parents[2]  # src/trainforge/__init__.py -> the checkout
+    if (checkout / "Pulumi.yaml").is_file():
+        return checkout
+    raise FileNotFoundError(f"no Pulumi project here ({here}) nor at the checkout trainforge was loaded from ({checkout}): the "
+                            "runtime image's build context is the project's root. Fix: run from the directory holding Pulumi.yaml")
+
+
 def context_files(root: str | Path) -> list[Path]:
     """Every file of the build context under `root`, relative, sorted: IMAGE_CONTEXT less CONTEXT_EXCLUDED."""
     root = Path(root)

@@ -101,6 +101,7 @@ def test_a_later_product_commit_pushes_a_new_tag_and_replaces_nothing_else(deplo
     """The next `up` from a checkout whose runtime code changed: the image gets a new content tag (the repository's tags
     are immutable: the old tag again would be refused), the pods that run it are updated to it, and nothing that does
     not run the image changes."""
+    shutil.copy(REPO / "Pulumi.yaml", tmp_path / "Pulumi.yaml")  # the project, as a later checkout of it
     for entry in registry.IMAGE_CONTEXT:
         source = REPO / entry
         if source.is_dir():
@@ -156,6 +157,15 @@ def test_the_build_context_is_what_the_dockerfile_copies_and_dockerignore_admits
     files = registry.context_files(REPO)
     assert not [f for f in files if f.parts[0] in ("tests", "stacks", "scripts", ".ci", "benchmarks") or "__pycache__" in f.parts]
     assert registry.context_digest(REPO) == registry.context_digest(REPO)
+
+
+def test_the_build_context_is_the_project_wherever_the_program_is_evaluated(tmp_path, monkeypatch):
+    """`pulumi up` runs in the project (the context stays "."); `trainforge plan` or a benchmark may run elsewhere, and
+    then the checkout the package came from is the project."""
+    monkeypatch.chdir(REPO)
+    assert str(registry.project_root()) == "."
+    monkeypatch.chdir(tmp_path)
+    assert registry.project_root() == REPO
 
 
 def PYPROJECT_VERSION() -> str:
