@@ -536,8 +536,10 @@ def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20}}
     spec = write_sweep(tmp_path, name="downtime", base=base, max_trials=1, max_parallel=1, pruner={"type": "none"})
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
-    first = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec), "--poll", "0.2"], cwd=REPO, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "first-controller.log"  # what it said, shown if it never launches (once seen under load on CI)
+    with open(log, "w") as out:
+        first = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec), "--poll", "0.2"], cwd=REPO, env=env,
+                                 stdout=out, stderr=subprocess.STDOUT)
 
     def launched() -> str | None:
         try:
@@ -546,7 +548,8 @@ def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next
             return None
         return next((t.user_attrs["job"] for t in trials if t.user_attrs.get("launch") == "submitted"), None)
     try:
-        wait_until(lambda: launched() is not None, 120)
+        wait_until(lambda: launched() is not None or first.poll() is not None, 120)
+        assert launched() is not None, f"the controller launched nothing (exit {first.poll()}): {log.read_text()[-3000:]}"
     finally:
         first.kill()
         first.wait(30)
