@@ -9,7 +9,7 @@ import copy
 import shutil
 
 import pytest
-from support.evaluated import deployable, evaluation_of, plain, program_manifests
+from support.evaluated import autoscaler_templates, deployable, evaluation_of, plain, program_manifests
 from support.repo import REPO, STACK_FILES, STACKS
 
 from trainforge import contract, nodes
@@ -175,16 +175,9 @@ def PYPROJECT_VERSION() -> str:
 
 # ---- where pods land --------------------------------------------------------------------------------------------
 
-def autoscaler_templates(evaluation) -> list[tuple[str, nodes.NodeTemplate]]:
-    """Each node group's flavour and its template, the autoscaler's way, from what the engine recorded: the group's first
-    instance type and the Tag resources on its ASG."""
-    out = []
-    for group in evaluation.of_type("aws:eks/nodeGroup:NodeGroup"):
-        tags = {t.inputs["tag"]["key"]: t.inputs["tag"]["value"] for t in evaluation.of_type("aws:autoscaling/tag:Tag")
-                if t.parent == group.urn}
-        template = nodes.template_from(group.inputs["nodeGroupNamePrefix"].rstrip("-"), group.inputs["instanceTypes"][0], tags)
-        out.append((template.labels[contract.LABEL_FLAVOUR], template))
-    return out
+def flavoured_templates(evaluation) -> list[tuple[str, nodes.NodeTemplate]]:
+    """Each node group's autoscaler template (support.evaluated) with the flavour its labels name."""
+    return [(t.labels[contract.LABEL_FLAVOUR], t) for t in autoscaler_templates(evaluation)]
 
 
 def platform_pods(evaluation) -> list[tuple[str, dict]]:
@@ -230,7 +223,7 @@ def test_no_platform_pod_fits_a_team_node(path):
     """Team nodes hold teams' pods alone: every platform pod (charts, hook Jobs, the program's own, the add-ons'
     controllers) is refused by each tenant group's template for its labels or taints, and fits a system group."""
     evaluation = evaluation_of(path)
-    templates = autoscaler_templates(evaluation)
+    templates = flavoured_templates(evaluation)
     tenant = [t for flavour, t in templates if flavour != contract.Flavour.SYSTEM.value]
     system = [t for flavour, t in templates if flavour == contract.Flavour.SYSTEM.value]
     assert tenant and system
@@ -248,7 +241,7 @@ def test_the_team_cpu_nodes_are_tainted_and_their_flavour_says_so():
     """The taint the CPU group carries is the one Kueue's cpu ResourceFlavor names (so admitted pods tolerate it) and the
     one rendered CPU jobs tolerate."""
     evaluation = evaluation_of(DEV)
-    (cpu,) = [t for flavour, t in autoscaler_templates(evaluation) if flavour == contract.Flavour.CPU.value]
+    (cpu,) = [t for flavour, t in flavoured_templates(evaluation) if flavour == contract.Flavour.CPU.value]
     assert nodes.Taint(contract.TAINT_TEAM_CPU, "true", "NoSchedule") in cpu.taints
     (group,) = [g for g in evaluation.of_type("aws:eks/nodeGroup:NodeGroup") if g.inputs["labels"][contract.LABEL_FLAVOUR] == "cpu"]
     assert {"key": contract.TAINT_TEAM_CPU, "value": "true", "effect": "NO_SCHEDULE"} in group.inputs["taints"]

@@ -8,12 +8,10 @@ against a real MLflow on loopback that has the program's admin, auth app and Hos
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -231,24 +229,16 @@ def vision_queue(api) -> dict:
     return api.find("kueue.x-k8s.io", "v1beta2", "clusterqueues", None, contract.cluster_queue_name("vision"))
 
 
-@contextlib.contextmanager
 def kueue_evicting(api, evicts: bool):
     """Kueue as HoldAndDrain makes it act: once the queue is drained it evicts the admitted workloads one by one (or,
     `evicts=False`, a workload that never lets go)."""
-    stop = threading.Event()
+    from support.waiting import repeating
 
-    def play() -> None:
-        while not stop.wait(0.2):
-            queue = vision_queue(api)  # a patch stores a new object
-            if evicts and queue["spec"].get("stopPolicy") == "HoldAndDrain" and queue["status"]["admittedWorkloads"] > 0:
-                queue["status"]["admittedWorkloads"] -= 1
-    thread = threading.Thread(target=play, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+    def step() -> None:
+        queue = vision_queue(api)  # a patch stores a new object
+        if evicts and queue["spec"].get("stopPolicy") == "HoldAndDrain" and queue["status"]["admittedWorkloads"] > 0:
+            queue["status"]["admittedWorkloads"] -= 1
+    return repeating(step)
 
 
 def test_drain_team_holds_the_queue_and_returns_once_kueue_has_let_go_of_every_workload(cluster):

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from support.evaluated import program_manifests
 from support.repo import REPO, STACK_FILES
-from support.evaluated import kubernetes_objects, manifest, releases
+from support.evaluated import autoscaler_templates, kubernetes_objects, manifest, releases
 
 from trainforge import catalog, contract, kueue, nodes
 from trainforge.contract import Flavour
@@ -107,17 +107,6 @@ def test_the_efa_pretraining_example_is_admitted_on_prod(evaluations):
     # The team's whole EFA quota as nodes: 64 GPUs = 8 p5 nodes, each's 180 CPU and 1800Gi within the flavour's quota.
     eight = kueue.PodSet(pod_set.name, 8, pod_set.pod)
     assert kueue.assign([eight], own, cohort=queues, flavors=flavors).admitted
-
-
-def autoscaler_templates(evaluation) -> list[nodes.NodeTemplate]:
-    """Each node group's template, the autoscaler's way, from what the engine recorded: the group's first instance type
-    and the Tag resources on its ASG (no config, no contract: the artefacts)."""
-    out = []
-    for group in evaluation.of_type("aws:eks/nodeGroup:NodeGroup"):
-        tags = {t.inputs["tag"]["key"]: t.inputs["tag"]["value"] for t in evaluation.of_type("aws:autoscaling/tag:Tag")
-                if t.parent == group.urn}
-        out.append(nodes.template_from(group.inputs["nodeGroupNamePrefix"].rstrip("-"), group.inputs["instanceTypes"][0], tags))
-    return out
 
 
 def test_the_autoscaler_grows_a_group_for_every_job_check_admits(stack):

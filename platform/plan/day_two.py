@@ -16,6 +16,8 @@ from typing import Any, Iterable, Literal
 
 from trainforge import contract
 from trainforge.infra.engine import Evaluation, RegisteredResource
+from trainforge.platform.plan import first_up
+from trainforge.platform.plan.first_up import Fact
 
 ACCESS_ENTRY = "aws:eks/accessEntry:AccessEntry"
 ACCESS_POLICY = "aws:eks/accessPolicyAssociation:AccessPolicyAssociation"
@@ -38,12 +40,6 @@ REPLACED_BY: dict[str, tuple[str, ...]] = {
     # ... a PersistentVolume's source is immutable once created.
     "kubernetes:core/v1:PersistentVolume": ("spec",),
 }
-
-
-@dataclass(frozen=True)
-class Fact:
-    rule: str
-    source: str
 
 
 FACTS = {
@@ -72,14 +68,8 @@ class Change:
         return f"{self.action} {self.urn}" + (f" ({', '.join(self.properties)})" if self.properties else "")
 
 
-@dataclass(frozen=True)
-class Problem:
-    fact: str
-    resource: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"[{self.fact}] {self.resource}: {self.detail} (rule: {FACTS[self.fact].rule}; source: {FACTS[self.fact].source})"
+class Problem(first_up.Problem):
+    facts = FACTS
 
 
 def _deployed_match(resource: RegisteredResource, deployed: dict[str, RegisteredResource]) -> RegisteredResource | None:

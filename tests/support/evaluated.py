@@ -98,3 +98,15 @@ def releases(evaluation) -> dict[str, dict]:
 def kubernetes_objects(evaluation):
     return [r for r in evaluation.resources if r.type.startswith("kubernetes:") and r.type != RELEASE
             and not r.type.startswith("kubernetes:kustomize")]
+
+
+def autoscaler_templates(evaluation):
+    """Each node group's template, the autoscaler's way, from what the engine recorded: the group's first instance type
+    and the Tag resources on its ASG (no config, no contract: the artefacts); a list of trainforge.nodes.NodeTemplate."""
+    from trainforge import nodes
+    out = []
+    for group in evaluation.of_type("aws:eks/nodeGroup:NodeGroup"):
+        tags = {t.inputs["tag"]["key"]: t.inputs["tag"]["value"] for t in evaluation.of_type("aws:autoscaling/tag:Tag")
+                if t.parent == group.urn}
+        out.append(nodes.template_from(group.inputs["nodeGroupNamePrefix"].rstrip("-"), group.inputs["instanceTypes"][0], tags))
+    return out

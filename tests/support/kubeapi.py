@@ -487,36 +487,27 @@ def serve(api: KubeApi):
             pass
 
 
-@contextmanager
 def running_jobs(api: KubeApi, namespace: str, execute):
     """The Job controller and a kubelet for the Jobs created in `namespace` while the block runs: each new Job gets a
     pod (labelled `job-name`, as the controller labels it) whose container `execute(job)` really runs, returning (exit
     code, output); the output becomes the pod's log and the exit code the Job's status (Complete, or Failed)."""
-    stop = threading.Event()
+    from support.waiting import repeating
 
-    def loop() -> None:
-        while not stop.is_set():
-            with api.lock:
-                pending = [o for (g, _, p, ns, _), o in api.objects.items() if (g, p, ns) == ("batch", "jobs", namespace) and "status" not in o]
-                for job in pending:
-                    job["status"] = {"active": 1}
+    def step() -> None:
+        with api.lock:
+            pending = [o for (g, _, p, ns, _), o in api.objects.items() if (g, p, ns) == ("batch", "jobs", namespace) and "status" not in o]
             for job in pending:
-                code, output = execute(job)
-                name = job["metadata"]["name"]
-                pod = f"{name}-{uuid.uuid4().hex[:5]}"
-                api.put({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": namespace, "labels": {"job-name": name}},
-                         "status": {"phase": "Succeeded" if code == 0 else "Failed"}})
-                api.pod_logs[(namespace, pod)] = output
-                job["status"] = ({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]} if code == 0 else
-                                 {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
-            stop.wait(0.1)
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=10)
+                job["status"] = {"active": 1}
+        for job in pending:
+            code, output = execute(job)
+            name = job["metadata"]["name"]
+            pod = f"{name}-{uuid.uuid4().hex[:5]}"
+            api.put({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": namespace, "labels": {"job-name": name}},
+                     "status": {"phase": "Succeeded" if code == 0 else "Failed"}})
+            api.pod_logs[(namespace, pod)] = output
+            job["status"] = ({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]} if code == 0 else
+                             {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
+    return repeating(step, 0.1)
 
 
 def container_env(api: KubeApi, namespace: str, container: dict[str, Any]) -> dict[str, str]:

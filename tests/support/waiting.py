@@ -6,8 +6,10 @@ wait that would race on a slower, busier CI machine cannot creep in.
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -22,3 +24,21 @@ def wait_until(predicate: Callable[[], T], timeout: float = 180, interval: float
         if time.monotonic() >= deadline:
             raise TimeoutError(f"not within {timeout} s: {what or getattr(predicate, '__name__', 'the condition')}")
         time.sleep(interval)
+
+
+@contextmanager
+def repeating(step: Callable[[], None], interval: float = 0.2) -> Iterator[None]:
+    """`step` run every `interval` seconds in a background thread while the block runs (a test playing a controller),
+    stopped and joined after."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            step()
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
