@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trainforge.trainer.runtime import tasks
+from trainforge.trainer.runtime.checkpoint_files import scan
 from trainforge.trainer.runtime.loop import add_eval_sums, packed_eval_sums
 
 META = torch.device("meta")
@@ -75,6 +76,41 @@ def test_an_async_save_reads_the_state_only_after_the_steps_device_work(tmp_path
         manager.close()
         assert events == ["settle", "stage", "settle", "stage"]
         assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-00000003", "step-00000005"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_stager_that_closes_itself_after_staging_is_replaced_for_the_next_save(tmp_path, monkeypatch):
+    """torch 2.11's DefaultStager closes its StateDictStager after each stage (emptying its copy dispatch), so the
+    second async checkpoint through the same stager died with `KeyError: <class 'type'>` on an H200 (gpu-check stage E).
+    Played here by making the stager close itself the way that torch does; every save must still commit."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    from trainforge.trainer.runtime.checkpoint import CheckpointManager
+    from trainforge.trainer.runtime.config import CheckpointConfig
+    staged = DefaultStager._stage
+
+    def stage_then_close(self, state_dict, **kwargs):
+        try:
+            return staged(self, state_dict, **kwargs)
+        finally:
+            self._state_dict_stager.close()
+    monkeypatch.setattr(DefaultStager, "_stage", stage_then_close)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path / "ckpt"), interval_steps=1, keep_last=5,
+                                                     async_save=True),
+                                    rank=0, world_size=1, metric_mode="min", process_group=dist.new_group(backend="gloo"))
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.AdamW(model.parameters())
+        for step in (1, 2, 3):
+            model(torch.ones(2, 4)).sum().backward()
+            optimizer.step()
+            manager.save(step, model, optimizer, {"step": step}, None, blocking=False)
+            manager.wait()
+        manager.close()
+        assert [c.step for c in scan(tmp_path / "ckpt")[0]] == [1, 2, 3]
     finally:
         dist.destroy_process_group()
 

@@ -194,6 +194,7 @@ class CheckpointManager:
         """Start (or, with blocking=True, complete) a checkpoint of `step`. Returns seconds training was blocked."""
         started = time.perf_counter()
         self.wait()  # one save in flight at a time bounds memory
+        self._retire_spent_stager()
         path = self.directory / step_dir_name(step)
         if path.exists() and self.rank == 0:
             shutil.rmtree(path)  # an uncommitted leftover of this very step
@@ -241,6 +242,15 @@ class CheckpointManager:
             self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
                                                         use_async_staging=True, use_non_blocking_copy=on_gpu))
         return self._stager
+
+    def _retire_spent_stager(self) -> None:
+        # torch before 2.13 closes the DefaultStager's inner StateDictStager after every stage, which empties its
+        # copy dispatch: a second stage through it fails on the first dict (`KeyError: <class 'type'>`, seen on an
+        # H200 with torch 2.11 at the second checkpoint). Such a stager is built anew for the next save.
+        inner = getattr(self._stager, "_state_dict_stager", None)
+        if inner is not None and not getattr(inner, "_deepcopy_dispatch", True):
+            self._stager.close()
+            self._stager = None
 
     def wait_for_staging(self) -> float:
         """Block until the in-flight save has copied the state; call before anything mutates it. Returns seconds."""
