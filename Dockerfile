@@ -29,7 +29,9 @@ RUN apt-get update \
  && cd / && rm -rf /tmp/efa /var/lib/apt/lists/*
 
 # The project, from pyproject.toml (no second list of requirements). The base's torch satisfies the runtime range,
-# so pip keeps it instead of resolving another build.
+# so pip keeps it instead of resolving another build. Python is the base's own, on purpose: torch's CUDA build is made
+# for it, and a second interpreter would mean a second torch. pip refuses it if it leaves requires-python (>=3.11; the
+# package is tested on 3.11 and 3.13), and the build prints it.
 WORKDIR /workspace
 COPY pyproject.toml README.md ./
 COPY src ./src
@@ -38,7 +40,7 @@ COPY platform ./platform
 COPY policies ./policies
 COPY trainer ./trainer
 RUN python -m pip install ".[runtime,tracking-server]" \
- && python -c "import torch, trainforge.trainer.runtime.loop; print('torch', torch.__version__)"
+ && python -c "import sys, torch, trainforge.trainer.runtime.loop; print('python', sys.version.split()[0], 'torch', torch.__version__)"
 
 # The digest of the build context (infra/registry.py context_digest; the program and scripts/build-image pass it): the
 # runs record it as their code version. Not the commit: the same sources must build the same content tag.
