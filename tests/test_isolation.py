@@ -511,3 +511,79 @@ def test_a_sweep_controller_reaches_the_api_server_and_nothing_else_a_team_pod_m
             kubernetes_service = {"namespace": "default", "labels": {}, "ip": str(service_range[1]), "port": 443}
             assert egress_allowed(policies, namespace, kubernetes_service, controller)
             assert not egress_allowed(policies, namespace, kubernetes_service), "an ordinary team pod does not"
+
+
+def ingress_allowed(policies: list[dict], namespace: str, labels: dict, port: int, source_namespace: str) -> bool:
+    """NetworkPolicy ingress into a pod of `namespace` with `labels` on `port`, from a pod of `source_namespace`."""
+    selecting = [p for p in policies if "Ingress" in p["spec"]["policyTypes"] and _selects(p["spec"]["podSelector"], labels)]
+    if not selecting:
+        return True
+
+    def peer_admits(peer: dict) -> bool:
+        assert "ipBlock" not in peer, "extend the model before admitting addresses"
+        if "namespaceSelector" in peer:
+            return _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": source_namespace})
+        return source_namespace == namespace
+    return any(("from" not in rule or any(peer_admits(peer) for peer in rule["from"]))
+               and (not rule.get("ports") or any(p.get("port") == port for p in rule["ports"]))
+               for policy in selecting for rule in policy["spec"].get("ingress", []))
+
+
+def _mlflow_pods(evaluation) -> dict[str, dict]:
+    """Every pod template in MLflow's namespace, the chart's server and the program's Jobs, by what they are."""
+    from support import helm
+    rendered, _ = helm.rendered_program(evaluation)
+    server = [o for o in rendered["mlflow"] if o["kind"] == "Deployment"]
+    assert len(server) == 1
+    pods = {"the server": server[0]["spec"]["template"]["metadata"]["labels"]}
+    for obj in map(manifest, kubernetes_objects(evaluation)):
+        if obj["kind"] == "Job" and obj["metadata"]["namespace"] == contract.NAMESPACE_MLFLOW:
+            pods[f"Job {obj['metadata']['name']}"] = obj["spec"]["template"]["metadata"].get("labels") or {}
+    return pods
+
+
+def test_mlflow_reaches_only_dns_its_database_and_the_object_store(stack):
+    """MLflow fetches what a user names (a model version's source, a gateway endpoint): its server may reach DNS, the
+    stack's PostgreSQL and HTTPS outside the cluster, and no platform service (Prometheus, Alertmanager, the operators,
+    the API server, a kubelet). The Jobs beside it reach the server and the database, not the internet."""
+    from trainforge.platform.manifests import tracking
+    evaluation, cfg = stack
+    policies = [manifest(r) for r in kubernetes_objects(evaluation)
+                if r.type.endswith(":NetworkPolicy") and manifest(r)["metadata"]["namespace"] == contract.NAMESPACE_MLFLOW]
+    pods = _mlflow_pods(evaluation)
+    assert tracking.SERVER_POD_LABELS.items() <= pods["the server"].items(), "the policies select the chart's server pods"
+    assert len(pods) > 1 + len(cfg.teams), "the bootstrap, sweep and user Jobs are there to check"
+    server_port = [d for d in platform_destinations(evaluation, cfg)
+                   if d["namespace"] == contract.NAMESPACE_MLFLOW and d["port"] == contract.MLFLOW_PORT]
+    others = [d for d in platform_destinations(evaluation, cfg) if d not in server_port]
+    assert {"Prometheus", "Alertmanager"} <= {w for d in others for w in ("Prometheus", "Alertmanager") if w.lower() in d["what"].lower()}
+    dns = {"namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}, "ip": "10.0.0.10", "port": 53}
+    database = {"namespace": "", "ip": str(next(cfg.network.vpc_cidr.hosts()) + 7), "port": contract.POSTGRES_PORT}
+    s3 = {"namespace": "", "ip": "52.216.8.1", "port": 443}
+    for what, labels in pods.items():
+        reachable = [f"{d['what']} ({d['namespace'] or 'VPC'}:{d['port']})" for d in others
+                     if egress_allowed(policies, contract.NAMESPACE_MLFLOW, d, labels)]
+        assert reachable == [], f"{what} reaches {reachable}"
+        assert egress_allowed(policies, contract.NAMESPACE_MLFLOW, dns, labels), what
+        assert egress_allowed(policies, contract.NAMESPACE_MLFLOW, database, labels), what
+        assert egress_allowed(policies, contract.NAMESPACE_MLFLOW, s3, labels) == (what == "the server"), what
+        assert all(egress_allowed(policies, contract.NAMESPACE_MLFLOW, d, labels) for d in server_port), what
+    for source in (contract.namespace_name(cfg.teams[0].name), contract.NAMESPACE_MLFLOW, "kube-system"):
+        assert ingress_allowed(policies, contract.NAMESPACE_MLFLOW, pods["the server"], contract.MLFLOW_PORT, source), source
+    assert not ingress_allowed(policies, contract.NAMESPACE_MLFLOW, pods["the server"], 8080, "kube-system")
+    job = next(labels for what, labels in pods.items() if what.startswith("Job "))
+    assert not ingress_allowed(policies, contract.NAMESPACE_MLFLOW, job, contract.MLFLOW_PORT, contract.NAMESPACE_MLFLOW)
+
+
+def test_mlflows_jobs_and_server_start_after_the_namespaces_allowances(stack):
+    """Default-deny applied alone would stop the bootstrap Jobs and the migration at their first connection."""
+    from support.evaluated import RELEASE
+    evaluation, _ = stack
+    policies = [r for r in kubernetes_objects(evaluation)
+                if r.type.endswith(":NetworkPolicy") and manifest(r)["metadata"]["namespace"] == contract.NAMESPACE_MLFLOW]
+    assert len(policies) >= 5
+    waiting = [r for r in kubernetes_objects(evaluation) if r.type.endswith(":Job") and manifest(r)["metadata"]["namespace"] == contract.NAMESPACE_MLFLOW]
+    waiting += [r for r in evaluation.of_type(RELEASE) if r.inputs.get("namespace") == contract.NAMESPACE_MLFLOW]
+    assert len(waiting) > 2
+    for resource in waiting:
+        assert all(evaluation.depends_on(resource, policy) for policy in policies), resource.name

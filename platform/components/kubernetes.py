@@ -168,7 +168,9 @@ class TrackingServer(pulumi.ComponentResource):
         super().__init__("trainforge:platform:TrackingServer", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_MLFLOW), parent=self)
         secret = apply(database_secret(aws), parent=self, depends_on=[ns])
-        self.namespace, self.secret = ns, secret
+        # Before anything runs here: the Jobs and the server start under the namespace's allowances, not before them.
+        policies = [apply(p, parent=self, depends_on=[ns]) for p in tracking.network_policies(cfg)]
+        self.namespace, self.secret, self.network_policies = ns, secret, policies
         child = pulumi.ResourceOptions(parent=self)
         # Alphanumeric: the chart's init container puts the admin password into the auth ini with sed.
         admin_password = random.RandomPassword(f"{name}-admin", length=32, special=False, opts=child)
@@ -177,14 +179,14 @@ class TrackingServer(pulumi.ComponentResource):
         defaults = apply(tracking.container_defaults(), parent=self, depends_on=[ns])
         server_password = random.RandomPassword(f"{name}-server-db", length=40, special=False, opts=child)
         server = apply(tracking.server_secret(pulumi.Output.secret(server_password.result)), parent=self, depends_on=[ns])
-        databases = [apply(o, parent=self, depends_on=[ns, secret, server, *aws.system_ready])
+        databases = [apply(o, parent=self, depends_on=[ns, secret, server, *policies, *aws.system_ready])
                      for o in tracking.database_objects(host=aws.database.instance.address, master_secret=DATABASE_SECRET)]
         chart_values = values.mlflow(cfg, database_host=aws.database.instance.address, database_secret=tracking.SERVER_SECRET,
                                      artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn,
                                      flask_secret_key=pulumi.Output.secret(flask_key.result),
                                      image=pulumi.Output.from_input(image).apply(values.chart_image))
         self.release = helm_release(charts["mlflow"], chart_values, parent=self,
-                                    depends_on=[ns, server, admin, defaults, *databases, *aws.system_ready, monitoring_release])
+                                    depends_on=[ns, server, admin, defaults, *policies, *databases, *aws.system_ready, monitoring_release])
         self.register_outputs({"tracking_uri": contract.MLFLOW_TRACKING_URI})
 
 
@@ -250,7 +252,7 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     tracking_server = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, default_image, opts)
     from trainforge.pricing import price_table
     from trainforge.platform.components.tenancy import SweepDatabase, Tenancy, TrackingUser
-    database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking_server.namespace, tracking_server.secret])
+    database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking_server.namespace, tracking_server.secret, *tracking_server.network_policies])
     tracking_user = TrackingUser(default_image, after=[tracking_server.release])
     for team in cfg.teams:
         Tenancy(tenancy_name(cfg, team), cfg, team, role_arn=aws.team_role_arns[team.name], prices_as_of=price_table().as_of,

@@ -98,9 +98,13 @@ def team_network_policy(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": "allow-sweep-database", "namespace": contract.namespace_name(team.name),
                          "labels": tenancy.cost_labels(team, cfg.environment)},
-            "spec": {"podSelector": {}, "policyTypes": ["Egress"],
-                     "egress": [{"to": [{"ipBlock": {"cidr": str(cfg.network.vpc_cidr)}}],
-                                 "ports": [{"protocol": "TCP", "port": contract.POSTGRES_PORT}]}]}}
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [database_egress(cfg)]}}
+
+
+def database_egress(cfg: PlatformConfig) -> dict[str, Any]:
+    """An egress rule to the stack's PostgreSQL: its port inside the VPC (RDS picks the address; its security group
+    admits the nodes)."""
+    return {"to": [{"ipBlock": {"cidr": str(cfg.network.vpc_cidr)}}], "ports": [{"protocol": "TCP", "port": contract.POSTGRES_PORT}]}
 
 
 def team_sweep_objects(cfg: PlatformConfig, team: TeamConfig, *, host: Any, password: Any, storage: Any, master_secret: str) -> list[dict[str, Any]]:

@@ -133,9 +133,10 @@ def network_policies(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, An
     scraping from the monitoring namespace, the MLflow service, and HTTPS out (S3, STS and the other AWS endpoints)
     but not into the VPC: pods, nodes and the API server's private endpoint all have VPC addresses, and no training pod
     needs any of them on 443. So a team pod reaches no platform service but MLflow and DNS (tests/test_isolation.py,
-    over the charts' own pods). The platform namespaces carry no ingress policies of their own: the API server's
+    over the charts' own pods). Ingress into a platform service cannot be narrowed by address: the API server's
     service proxy (`trainforge platform verify`) comes from control-plane interfaces in the pod subnets, so any
-    address range admitting it would admit every pod; the teams' egress is where isolation holds.
+    address range admitting it would admit every pod; the teams' egress, and MLflow's (the one platform server that
+    fetches what a user names, tracking.network_policies), are where isolation holds.
     Enforced by the VPC CNI's network policy agent (the vpc-cni add-on has it on)."""
     def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(name, team, cfg.environment), "spec": spec}
@@ -147,16 +148,26 @@ def network_policies(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, An
         policy("default-deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
         policy("allow-same-namespace", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
                                         "ingress": [{"from": [everyone]}], "egress": [{"to": [everyone]}]}),
-        policy("allow-dns", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
-            "to": [{**namespace_peer(contract.NAMESPACE_KUBE_SYSTEM), "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]}),
+        policy("allow-dns", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [dns_egress()]}),
         policy("allow-metrics-scrape", {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{
             "from": [namespace_peer(contract.NAMESPACE_MONITORING)], "ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]}]}),
         policy("allow-mlflow", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
             "to": [namespace_peer(contract.NAMESPACE_MLFLOW)], "ports": [{"protocol": "TCP", "port": contract.MLFLOW_PORT}]}]}),
-        policy("allow-https-out", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
-            "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": in_cluster_ranges(cfg)}}], "ports": [{"protocol": "TCP", "port": 443}]}]}),
+        policy("allow-https-out", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [https_out_of_cluster(cfg)]}),
     ]
+
+
+def dns_egress() -> dict[str, Any]:
+    """An egress rule to the cluster's DNS (CoreDNS in kube-system), UDP and TCP."""
+    return {"to": [{"namespaceSelector": {"matchLabels": {kueue.NAMESPACE_NAME_LABEL: contract.NAMESPACE_KUBE_SYSTEM}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+
+
+def https_out_of_cluster(cfg: PlatformConfig) -> dict[str, Any]:
+    """An egress rule to HTTPS outside the cluster (S3, STS and the other AWS endpoints), never into the VPC or a
+    Service address."""
+    return {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": in_cluster_ranges(cfg)}}], "ports": [{"protocol": "TCP", "port": 443}]}
 
 
 def service_account(cfg: PlatformConfig, team: TeamConfig, role_arn: Any) -> dict[str, Any]:

@@ -180,6 +180,34 @@ def _admin_container(name: str, image: Any, command: list[str], env: list[dict[s
                                 "capabilities": {"drop": ["ALL"]}}}
 
 
+# The MLflow server's pods, as the chart labels them (tests/test_isolation.py checks the rendered Deployment's).
+SERVER_POD_LABELS = {"app.kubernetes.io/name": "mlflow", "app.kubernetes.io/instance": "mlflow"}
+
+
+def network_policies(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """MLflow's namespace denies everything, then allows: anyone to the server's port (team pods, the Jobs here, the
+    API server's service proxy), every pod here DNS and the stack's PostgreSQL (the server, the migration, the bootstrap
+    Jobs), the Jobs here the server, and the server alone HTTPS out of the cluster (S3 for artifacts, STS for its
+    IRSA role). So a request that makes the server fetch an address a user chose (a model source, a gateway endpoint)
+    reaches no platform service: not Prometheus, Alertmanager, the operators or the API server."""
+    def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": name, "namespace": contract.NAMESPACE_MLFLOW, "labels": {"app.kubernetes.io/part-of": "trainforge"}},
+                "spec": spec}
+    server = {"matchLabels": dict(SERVER_POD_LABELS)}
+    server_port = [{"protocol": "TCP", "port": contract.MLFLOW_PORT}]
+    return [
+        policy("default-deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+        policy("allow-server-in", {"podSelector": server, "policyTypes": ["Ingress"], "ingress": [{"ports": server_port}]}),
+        policy("allow-dns-and-database", {"podSelector": {}, "policyTypes": ["Egress"],
+                                          "egress": [tenancy.dns_egress(), sweeps.database_egress(cfg)]}),
+        policy("allow-jobs-to-server", {"podSelector": {}, "policyTypes": ["Egress"],
+                                        "egress": [{"to": [{"podSelector": server}], "ports": server_port}]}),
+        policy("allow-server-object-store", {"podSelector": server, "policyTypes": ["Egress"],
+                                             "egress": [tenancy.https_out_of_cluster(cfg)]}),
+    ]
+
+
 PROBE_JOB_PREFIX = "trainforge-verify-mlflow-"
 PROBE_DEADLINE_S = 120  # the Job's own limit: an image pull on a fresh system node, the server's answer
 
