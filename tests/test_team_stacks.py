@@ -138,7 +138,7 @@ def test_the_shipped_team_stacks_pass_the_policy_pack_and_join_their_cohort():
         cohort = load_cohort(path)
         assert cohort.declared_in(plan.team.name) == str(path)
         assert plan.team.name not in [t.name for t in read_inline_teams(cohort.source and Path(cohort.source))]
-        assert len(plan.resources) == 42, sorted((r.type, r.name) for r in plan.resources)
+        assert len(plan.resources) == 43, sorted((r.type, r.name) for r in plan.resources)
 
 
 def test_a_team_stack_builds_on_the_platform_stacks_real_outputs(tmp_path):

@@ -15,6 +15,7 @@ from support.evaluated import manifest
 
 from trainforge import contract, k8s_schema
 from trainforge.contract import Flavour
+from trainforge.platform.manifests import storage
 from trainforge.stackconfig import CONFIG_KEY, ConfigError, parse, read_stack_file
 
 KINDS = {"Namespace", "ResourceQuota", "LimitRange", "ClusterQueue", "LocalQueue", "Role", "RoleBinding", "NetworkPolicy",
@@ -57,6 +58,8 @@ def test_every_team_has_every_object_valid_and_cost_labelled(stack):
                 assert obj["kind"] in ("ConfigMap", "Secret", "Job")
             elif obj["metadata"].get("namespace") == contract.NAMESPACE_SYSTEM:  # the Job that makes its FSx directory
                 assert (obj["kind"], obj["metadata"]["name"]) == ("Job", f"fsx-dir-{team.name}")
+            elif obj["metadata"].get("namespace") == storage.QUOTA_NAMESPACE:  # the Job that sets its FSx quota
+                assert obj["kind"] == "Job" and obj["metadata"]["name"].startswith(f"fsx-quota-{team.name}-")
             elif obj["kind"] not in ("Namespace", "ClusterQueue"):
                 assert obj["metadata"]["namespace"] == contract.namespace_name(team.name)
         namespace = one(objects, "Namespace")["metadata"]["labels"]
@@ -283,3 +286,85 @@ def test_the_sweep_controller_may_do_nothing_a_member_may_not(stack):
         (account,) = [o for o in objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT
                       and o["metadata"]["namespace"] == namespace]
         assert account["automountServiceAccountToken"] is False, "only the controller's pod projects a token"
+
+
+# ---- FSx quotas: one team cannot fill the shared file system --------------------------------------------------------
+
+def test_each_teams_fsx_quota_is_set_on_the_group_its_pods_must_run_as_before_the_team_starts(stack):
+    """The Job sets a hard group quota (KiB) on the gid the admission policy makes every team pod run as, on the same
+    file system the team's volume mounts, with SYS_ADMIN alone (Lustre's check for setting a quota), in kube-system; the
+    team's queue waits for it, so no job of the team writes before its quota holds."""
+    from trainforge import versions
+    from trainforge.platform.manifests import guardrails
+    evaluation, cfg = stack
+    objects = {(r.type.rsplit(":", 1)[-1], manifest(r)["metadata"].get("namespace"), manifest(r)["metadata"]["name"]): r
+               for r in evaluation.resources if r.type.startswith("kubernetes:") and "helm.sh" not in r.type}
+    claim = objects[("PersistentVolumeClaim", storage.QUOTA_NAMESPACE, storage.QUOTA_ROOT_CLAIM)]
+    volume = manifest(objects[("PersistentVolume", None, manifest(claim)["spec"]["volumeName"])])
+    assert volume["spec"]["claimRef"] == {"namespace": storage.QUOTA_NAMESPACE, "name": storage.QUOTA_ROOT_CLAIM}
+    team_volume = manifest(objects[("PersistentVolume", None, f"{contract.FSX_CLAIM_NAME}-{cfg.teams[0].name}")])
+    root, team_fileset = volume["spec"]["csi"]["volumeAttributes"], team_volume["spec"]["csi"]["volumeAttributes"]
+    assert root["dnsname"] == team_fileset["dnsname"] and team_fileset["mountname"].startswith(root["mountname"] + "/"), \
+        "the root of the file system the teams write"
+    handles = [manifest(r)["spec"]["csi"]["volumeHandle"] for r in evaluation.resources if r.type.endswith(":PersistentVolume")]
+    assert len(handles) == len(set(handles)), "each PV its own handle"
+    assert all(cfg.fsx_quota_gib(team) is not None for team in cfg.teams), "the shipped stacks give every team a quota"
+    for team in cfg.teams:
+        (job_resource,) = [r for (kind, namespace, name), r in objects.items()
+                           if kind == "Job" and namespace == storage.QUOTA_NAMESPACE and name.startswith(f"fsx-quota-{team.name}-")]
+        job = manifest(job_resource)
+        pod = job["spec"]["template"]["spec"]
+        settings = one(team_objects(evaluation, team.name), "ConfigMap", "trainforge-team")["data"]
+        gid = settings[guardrails.PARAM_GID]
+        (setquota,) = pod["initContainers"]
+        assert setquota["command"] == ["lfs", "setquota", "-g", gid, "-b", "0", "-B", str(cfg.fsx_quota_gib(team) * 1024 * 1024),
+                                       "-i", "0", "-I", "0", contract.FSX_MOUNT_PATH]
+        for container in (*pod["initContainers"], *pod["containers"]):
+            assert container["image"] == versions.FSX_QUOTA_JOB_IMAGE
+            assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert pod["volumes"] == [{"name": "fsx", "persistentVolumeClaim": {"claimName": storage.QUOTA_ROOT_CLAIM}}]
+        assert evaluation.depends_on(job_resource, claim)
+        queue = objects[("ClusterQueue", None, contract.namespace_name(team.name))]
+        assert evaluation.depends_on(queue, job_resource), team.name
+
+
+def test_a_changed_quota_is_a_new_job_and_an_unchanged_one_is_not_run_again():
+    same = storage.team_quota_job("vision", 300, {})["metadata"]["name"]
+    assert storage.team_quota_job("vision", 300, {})["metadata"]["name"] == same
+    assert storage.team_quota_job("vision", 400, {})["metadata"]["name"] != same
+    assert storage.team_quota_job("language", 300, {})["metadata"]["name"] != same
+
+
+@pytest.mark.parametrize("fsx, teams, message", [
+    ({"team_quota_gib": 1300}, {}, "teams[0].fsx_quota_gib: team 'vision' may hold 1300 GiB but the file system has 1200 GiB. "
+                                   "Fix: at most 1200, or raise fsx.storage_capacity_gib"),
+    ({"team_quota_gib": 300}, {0: {"fsx_quota_gib": 1000}}, "the teams' FSx quotas add up to 1300 GiB (vision 1000, language 300) "
+                                                             "but the file system has 1200 GiB"),
+    ({"team_quota_gib": 0}, {}, "fsx.team_quota_gib"),
+    ({}, {1: {"fsx_quota_gib": -5}}, "teams[1].fsx_quota_gib"),
+])
+def test_fsx_quotas_that_do_not_fit_the_file_system_are_refused_with_the_fix(fsx, teams, message):
+    raw = copy.deepcopy(read_stack_file(REPO / "stacks" / "Pulumi.dev.yaml").config[CONFIG_KEY])
+    raw["fsx"].update(fsx)
+    for index, change in teams.items():
+        raw["teams"][index].update(change)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(raw, environment="dev", source="dev")
+
+
+def test_a_team_stacks_quota_counts_in_its_platforms_cohort(tmp_path):
+    """Declared in its own stack, a team's quota still adds to the file system's: the cohort is checked as one."""
+    import yaml
+
+    from trainforge.stackconfig.team_stacks import CohortError, load_cohort
+    for name in ("Pulumi.dev.yaml", "Pulumi.dev.team-audio.yaml"):
+        (tmp_path / name).write_text((REPO / "stacks" / name).read_text())
+    assert load_cohort(tmp_path / "Pulumi.dev.yaml").teams
+    team_file = tmp_path / "Pulumi.dev.team-audio.yaml"
+    doc = yaml.safe_load(team_file.read_text())
+    (key,) = [k for k in doc["config"] if k.endswith(":team")]
+    doc["config"][key]["fsx_quota_gib"] = 700
+    team_file.write_text(yaml.safe_dump(doc))
+    with pytest.raises(CohortError, match=re.escape("the teams' FSx quotas add up to 1300 GiB (audio 700, vision 300, language 300)")):
+        load_cohort(tmp_path / "Pulumi.dev.yaml")

@@ -132,9 +132,16 @@ def team_directory_job(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
     return storage.team_directory_job(team.name, tenancy.cost_labels(team, cfg.environment), cfg.fsx.datasets_path)
 
 
+def team_quota_job(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any] | None:
+    """The Job that sets the team's FSx group quota; None where the team has none."""
+    gib = cfg.fsx_quota_gib(team)
+    return None if gib is None else storage.team_quota_job(team.name, gib, tenancy.cost_labels(team, cfg.environment))
+
+
 class TeamDirectories(pulumi.ComponentResource):
     """The FSx root in trainforge's namespace and, per team the platform stack declares, the Job that creates and owns
-    `/fsx/teams/<team>` (`jobs[team]`: the team's objects wait for it; Pulumi waits for a Job to complete)."""
+    `/fsx/teams/<team>` (`jobs[team]`: the team's objects wait for it; Pulumi waits for a Job to complete), and the one
+    that sets its quota (`quota_jobs[team]`, on the root mounted again in kube-system)."""
 
     TYPE = "trainforge:platform:TeamDirectories"
 
@@ -145,6 +152,9 @@ class TeamDirectories(pulumi.ComponentResource):
         # Its pod needs a system node and the FSx CSI node plugin (system_ready).
         self.jobs = {team.name: apply(team_directory_job(cfg, team), parent=self, depends_on=[*root, *aws.system_ready])
                      for team in cfg.teams}
+        quota_root = [apply(o, parent=self, depends_on=[*after]) for o in storage.quota_root_volume(**fsx_volume(cfg, aws))]
+        self.quota_jobs = {team.name: apply(job, parent=self, depends_on=[*quota_root, *aws.system_ready])
+                           for team in cfg.teams if (job := team_quota_job(cfg, team)) is not None}
         self.register_outputs({"teams": sorted(self.jobs)})
 
 
@@ -256,7 +266,8 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     tracking_user = TrackingUser(default_image, after=[tracking_server.release])
     for team in cfg.teams:
         Tenancy(tenancy_name(cfg, team), cfg, team, role_arn=aws.team_role_arns[team.name], prices_as_of=price_table().as_of,
-                after=[scheduling.release, shared.storage_class, *shared.volumes[team.name], *guard.objects, directories.jobs[team.name]], database=database,
+                after=[scheduling.release, shared.storage_class, *shared.volumes[team.name], *guard.objects, directories.jobs[team.name],
+                       *([directories.quota_jobs[team.name]] if team.name in directories.quota_jobs else [])], database=database,
                 tracking=tracking_user, opts=opts)
     return KubernetesLayer({
         "kubernetes": {

@@ -81,10 +81,13 @@ def build_team_stack(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
                                              capacity_gib=cfg.fsx.storage_capacity_gib, datasets_path=cfg.fsx.datasets_path)]
     image = out("runtime_image")
     directory = apply(platform_k8s.team_directory_job(cfg, team), parent=None, provider=k8s)
+    # Its quota on the root the platform stack mounts in kube-system (the platform's TeamDirectories).
+    quota = platform_k8s.team_quota_job(cfg, team)
+    quota_job = [apply(quota, parent=None, provider=k8s)] if quota is not None else []
     # The platform's own objects (Kueue, the StorageClass, guardrails, the MLflow server) are deployed: nothing to wait for
-    # but this team's volumes and directory.
+    # but this team's volumes, directory and quota.
     tenancy = Tenancy(platform_k8s.tenancy_name(cfg, team), cfg, team, role_arn=access.role.arn, prices_as_of=price_table().as_of,
-                      after=[*volumes, directory],
+                      after=[*volumes, directory, *quota_job],
                       database=SweepDatabase(out("mlflow_database"), platform_k8s.DATABASE_SECRET, after=[]),
                       tracking=TrackingUser(image, after=[]), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s}))
     return {
@@ -106,11 +109,11 @@ def state_move_urns(cfg: PlatformConfig, team: TeamConfig, project: str = contra
         return f"urn:pulumi:{cfg.environment}::{project}::{type_chain}::{name}"
     volumes = storage.team_volumes(team.name, file_system_id="", dns_name="", mount_name="",  # names only: ids name nothing
                                    capacity_gib=cfg.fsx.storage_capacity_gib, datasets_path=cfg.fsx.datasets_path)
-    job = platform_k8s.team_directory_job(cfg, team)
+    jobs = [job for job in (platform_k8s.team_directory_job(cfg, team), platform_k8s.team_quota_job(cfg, team)) if job is not None]
     return [urn(TeamAccess.TYPE, team_access_name(cfg, team)),
             urn(Tenancy.TYPE, platform_k8s.tenancy_name(cfg, team)),
             *(urn(f"{platform_k8s.SharedStorage.TYPE}${type_token(v)}", resource_name(v)) for v in volumes),
-            urn(f"{platform_k8s.TeamDirectories.TYPE}${type_token(job)}", resource_name(job))]
+            *(urn(f"{platform_k8s.TeamDirectories.TYPE}${type_token(job)}", resource_name(job)) for job in jobs)]
 
 
 def move_commands(cfg: PlatformConfig, team: TeamConfig) -> list[str]:

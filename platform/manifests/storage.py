@@ -18,10 +18,17 @@ A new Lustre file system has only a root-owned `/`. So the platform mounts the r
 datasets directory (idempotent: a re-run changes nothing). The team's queue and access are created after its Job
 completes, so no job of the team can start before its directory exists. The StorageClass has no provisioner: a claim
 can never create a new (costly) file system by accident; it binds only the PVs made here.
+
+Each team's files may hold at most its FSx quota (`fsx_quota_gib`, default `fsx.team_quota_gib`): a Lustre group
+quota on the team's gid, which every file its pods write carries. A Job per team and quota in kube-system (setting a
+quota takes CAP_SYS_ADMIN, which only a system namespace admits) runs `lfs setquota` from the FSx CSI driver's image
+on the root mounted there once more (claim `fsx-root-quota`). The stack refuses quotas that together exceed the file
+system, so a team within its quota always finds room.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from trainforge import contract, versions
@@ -69,6 +76,50 @@ def root_volume(*, file_system_id: Any, dns_name: Any, mount_name: Any, capacity
              "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS, "volumeName": ROOT_CLAIM,
                       "resources": {"requests": {"storage": f"{capacity_gib}Gi"}}}}
     return [pv, claim]
+
+
+QUOTA_NAMESPACE = contract.NAMESPACE_KUBE_SYSTEM  # setting a Lustre quota takes CAP_SYS_ADMIN: a system namespace's
+QUOTA_ROOT_CLAIM = "fsx-root-quota"
+
+
+def quota_root_volume(*, file_system_id: Any, dns_name: Any, mount_name: Any, capacity_gib: int) -> list[dict[str, Any]]:
+    """The file system's root once more, pre-bound to a claim in the quota Jobs' namespace (a claim is namespaced)."""
+    pv, claim = root_volume(file_system_id=file_system_id, dns_name=dns_name, mount_name=mount_name, capacity_gib=capacity_gib)
+    pv["metadata"]["name"] = QUOTA_ROOT_CLAIM
+    pv["spec"]["claimRef"] = {"namespace": QUOTA_NAMESPACE, "name": QUOTA_ROOT_CLAIM}
+    pv["spec"]["csi"]["volumeHandle"] = _join(file_system_id, f"::{QUOTA_ROOT_CLAIM}")  # its own, as every PV here
+    claim["metadata"] = {"name": QUOTA_ROOT_CLAIM, "namespace": QUOTA_NAMESPACE}
+    claim["spec"]["volumeName"] = QUOTA_ROOT_CLAIM
+    return [pv, claim]
+
+
+def quota_command(team: str, gib: int) -> list[str]:
+    """`lfs setquota` of the team's group: a hard block limit in KiB (lfs's unit without a suffix), no soft limit, no
+    inode limit. FSx enforces group quotas on every file system; files a team's pods write carry its gid."""
+    return ["lfs", "setquota", "-g", str(contract.team_posix_id(team)), "-b", "0", "-B", str(gib * 1024 * 1024),
+            "-i", "0", "-I", "0", contract.FSX_MOUNT_PATH]
+
+
+def team_quota_job(team: str, gib: int, labels: dict[str, str]) -> dict[str, Any]:
+    """One Job per team and quota (its name carries the quota: a changed quota is a new Job, run once): sets the group
+    quota, then prints it (`lfs quota`) for the Job's log. Root with CAP_SYS_ADMIN alone (Lustre's client checks it for
+    Q_SETQUOTA, llite quotactl_ioctl), on a system node."""
+    digest = hashlib.sha256(" ".join(quota_command(team, gib)).encode()).hexdigest()[:8]
+    mount = [{"name": "fsx", "mountPath": contract.FSX_MOUNT_PATH}]
+    security = {"runAsUser": 0, "runAsGroup": 0, "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}
+    resources = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}
+
+    def container(name: str, command: list[str]) -> dict[str, Any]:
+        return {"name": name, "image": versions.FSX_QUOTA_JOB_IMAGE, "command": command, "volumeMounts": mount,
+                "resources": resources, "securityContext": security}
+    show = ["lfs", "quota", "-h", "-g", str(contract.team_posix_id(team)), contract.FSX_MOUNT_PATH]
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": f"fsx-quota-{team}-{digest}", "namespace": QUOTA_NAMESPACE, "labels": {**labels, contract.LABEL_TEAM: team}},
+            "spec": {"backoffLimit": 6, "template": {"metadata": {"labels": {**labels, contract.LABEL_TEAM: team}}, "spec": {
+                "restartPolicy": "OnFailure", "nodeSelector": dict(contract.flavour_traits(contract.Flavour.SYSTEM).labels),
+                "initContainers": [container("setquota", quota_command(team, gib))], "containers": [container("show", show)],
+                "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": QUOTA_ROOT_CLAIM}}]}}}}
 
 
 def team_directory_script(team: str, datasets_path: str) -> str:

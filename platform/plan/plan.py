@@ -95,6 +95,14 @@ class Plan:
         return cohort_quota_rows(self.config)
 
     @property
+    def fsx_quotas(self) -> dict[str, Any]:
+        """The teams' FSx group quotas against the file system (the stack refuses a sum above it)."""
+        quotas = {t.name: self.config.fsx_quota_gib(t) for t in self.config.teams}
+        total, capacity = sum(g for g in quotas.values() if g is not None), self.config.fsx.storage_capacity_gib
+        return {"capacity_gib": capacity, "quota_gib": total, "free_gib": capacity - total,
+                "unlimited": sorted(name for name, gib in quotas.items() if gib is None)}
+
+    @property
     def mandatory_failures(self) -> list[Violation]:
         return [v for v in self.violations if v.level == "mandatory"]
 
@@ -107,8 +115,10 @@ class Plan:
             **({"team": self.team.name, "quota": [r.__dict__ for r in self.quotas],
                 contract.SETTING_BUDGET_USD: self.team.monthly_budget_usd} if self.team else {}),
             "cohort_quota": [{**r.__dict__, "free": r.free} for r in self.cohort_quotas],
+            "fsx_quota": self.fsx_quotas,
             "teams": [{"name": t.name, "stack": self.declared_in.get(t.name, self.stack), "gpu_quota": {f.value: n for f, n in t.gpu_quota.items()},
-                       contract.SETTING_BUDGET_USD: t.monthly_budget_usd} for t in self.config.teams],
+                       "fsx_quota_gib": self.config.fsx_quota_gib(t), contract.SETTING_BUDGET_USD: t.monthly_budget_usd}
+                      for t in self.config.teams],
             **self.cost.to_json(), "assumptions": [line.assumption for line in self.cost.lines] + [f"{k}={v}" for k, v in self.assumptions.__dict__.items()],
             "seconds": round(self.seconds, 3),
         }

@@ -16,6 +16,9 @@ PROMETHEUS_OPERATOR = "0.93.0"  # the operator kube-prometheus-stack 88.5.x ship
 # (a first pull outlasts pulumi-kubernetes' Job wait) and changes with every build (the Job would be replaced and re-run
 # on each `up`). From ECR Public's mirror of Docker's official images: no Docker Hub pull limit through the NAT.
 DIRECTORY_JOB_IMAGE = "public.ecr.aws/docker/library/busybox:1.37.0"
+# The FSx quota Jobs run `lfs` from the FSx CSI driver's own image (its Dockerfile installs Amazon Linux's
+# lustre-client; no shell in it), at the app version of chart 1.17.0 (1.9.0; ../shared/PLATFORM-FACTS.md), from ECR Public.
+FSX_QUOTA_JOB_IMAGE = "public.ecr.aws/fsx-csi-driver/aws-fsx-csi-driver:v1.9.0"
 
 # cluster-autoscaler's image per Kubernetes minor (its minor must be the cluster's): the newest patch of each, from the
 # kubernetes/autoscaler release tags (cluster-autoscaler-1.33.6, -1.34.5; 1.35.0 is what chart 9.59.0 ships). A minor

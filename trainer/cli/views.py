@@ -237,12 +237,18 @@ def plan_tables(plan, diff=None, base=None) -> None:
             quota.add_row(row.flavour, str(row.team_gpus), str(row.borrowable), str(row.cohort_gpus), str(row.capacity))
         console.print(quota)
     teams = Table(title="teams (the platform stack's and the team stacks')", title_justify="left")
-    for column in ("team", "stack", "cost centre", "GPU quota", "monthly budget"):
+    for column in ("team", "stack", "cost centre", "GPU quota", "FSx quota", "monthly budget"):
         teams.add_column(column)
     for team in plan.config.teams:
+        gib = plan.config.fsx_quota_gib(team)
         teams.add_row(team.name, plan.declared_in.get(team.name, plan.stack), team.cost_centre,
-                      ", ".join(f"{f.value}: {n}" for f, n in team.gpu_quota.items()), f"${team.monthly_budget_usd:,.0f}")
+                      ", ".join(f"{f.value}: {n}" for f, n in team.gpu_quota.items()),
+                      "[red]none: can fill the file system[/]" if gib is None else f"{gib:,} GiB", f"${team.monthly_budget_usd:,.0f}")
     console.print(teams)
+    fsx = plan.fsx_quotas
+    console.print(f"FSx: the teams' quotas hold {fsx['quota_gib']:,} GiB of the file system's {fsx['capacity_gib']:,} GiB "
+                  f"({fsx['free_gib']:,} GiB free for new quotas)" + (f"; [red]{len(fsx['unlimited'])} team(s) without a quota: "
+                                                                      f"{', '.join(fsx['unlimited'])}[/]" if fsx["unlimited"] else ""))
     cohort = Table(title="the cohort's GPU quotas against the cluster's capacity (every team, every stack)", title_justify="left")
     for column in ("flavour", "teams", "quotas", "capacity (node groups at max)", "free for new quotas"):
         cohort.add_column(column, justify="left" if column == "flavour" else "right")

@@ -150,6 +150,9 @@ class FsxConfig(_Model):
     per_unit_storage_throughput: int | None = Field(None, description="MB/s per TiB; persistent types only")
     data_repository: DataRepositoryConfig | None = None
     backup_retention_days: int | None = Field(None, ge=0, le=90, description="daily automatic backups kept; PERSISTENT only, default 7")
+    team_quota_gib: int | None = Field(None, gt=0, le=10**7, description="GiB each team's files may hold (a Lustre group quota "
+                                       "on the team's gid) unless the team sets fsx_quota_gib; unset: no quota, and one team "
+                                       "can fill the file system for every team")
 
     @property
     def datasets_path(self) -> str:

@@ -101,6 +101,10 @@ class PlatformConfig(_Model):
                 out[group.flavour] = out.get(group.flavour, 0) + group.max_gpus
         return out
 
+    def fsx_quota_gib(self, team: TeamConfig) -> int | None:
+        """The team's FSx group quota: its own, else the platform's default (None: no quota)."""
+        return team.fsx_quota_gib if team.fsx_quota_gib is not None else self.fsx.team_quota_gib
+
     def settings_digest(self) -> str:
         """A digest of the platform's settings without its teams: what a team stack checks the deployed platform against
         (adding a team inline does not change it, nor does the deployer's CIDR, which `pulumi config set` gives at deploy)."""
@@ -158,6 +162,27 @@ def team_problems(platform: PlatformConfig, teams: list[tuple[str, TeamConfig]])
                     f"Fix: lower the quota to <= {have} or raise max_size of a {flavour.value} group"
                 )
     out += cohort_capacity_problems(platform, [team for _, team in teams])
+    out += fsx_quota_problems(platform, teams)
+    return out
+
+
+def fsx_quota_problems(platform: PlatformConfig, teams: list[tuple[str, TeamConfig]]) -> list[str]:
+    """The teams' FSx quotas must fit the file system together: then a team within its quota always finds room, whatever
+    the others write (over-committed, the first team to fill it stops every team's checkpoints)."""
+    capacity = platform.fsx.storage_capacity_gib
+    quotas = [(label, team, platform.fsx_quota_gib(team)) for label, team in teams]
+    out = [f"{label}.fsx_quota_gib: team {team.name!r} may hold {gib} GiB but the file system has {capacity} GiB. "
+           f"Fix: at most {capacity}, or raise fsx.storage_capacity_gib"
+           for label, team, gib in quotas if gib is not None and gib > capacity]
+    total = sum(gib for _, _, gib in quotas if gib is not None)
+    if not out and total > capacity:
+        holders = sorted(((t.name, g) for _, t, g in quotas if g), key=lambda h: -h[1])
+        shares = ", ".join(f"{name} {gib}" for name, gib in holders[:SHARES_SHOWN])
+        if len(holders) > SHARES_SHOWN:
+            shares += f", and {len(holders) - SHARES_SHOWN} more teams"
+        out.append(f"teams: the teams' FSx quotas add up to {total} GiB ({shares}) but the file system has {capacity} GiB: one "
+                   f"team could fill it while another is within its quota. Fix: lower fsx_quota_gib (or fsx.team_quota_gib, "
+                   f"the default) by {total - capacity} GiB in all, or raise fsx.storage_capacity_gib")
     return out
 
 
