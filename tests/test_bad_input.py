@@ -78,7 +78,7 @@ BAD_FIELDS = [
     ("resources.memory", "-12Gi", "resources.memory"), ("resources.gpu", "h100", "resources"),
     # Zero is no limit and counts as nothing for the quotas (issue 37, item 5); `check` of such a job used to crash.
     ("resources.cpu", "0", "resources.cpu"), ("resources.cpu", "0m", "resources.cpu"), ("resources.memory", "0", "resources.memory"),
-    ("resources.memory", "0.0Gi", "resources.memory"),
+    ("resources.memory", "0.0Gi", "resources.memory"), ("resources.ephemeral_storage", "0Gi", "resources.ephemeral_storage"),
     # Hostile values (issue 37): each refused with the field and the fix, nothing rendered.
     ("limits.max_runtime", "9999999999999999999d", "limits.max_runtime"), ("limits.max_runtime", "367d", "limits.max_runtime"),
     ("checkpoint.interval_steps", 10 ** 400, "checkpoint.interval_steps"),

@@ -140,6 +140,9 @@ TAMPERING = {
     "zero memory written as 0.0Gi": lambda pod: pod["spec"]["containers"][0]["resources"].update(
         limits={**pod["spec"]["containers"][0]["resources"]["limits"], "memory": "0.0Gi"}),
     "a zero request under a real limit": lambda pod: pod["spec"]["containers"][0]["resources"]["requests"].update(cpu="0m"),
+    "zero scratch disk": lambda pod: pod["spec"]["containers"][0]["resources"].update(
+        limits={**pod["spec"]["containers"][0]["resources"]["limits"], contract.RESOURCE_EPHEMERAL_STORAGE: "0"}),
+    "no scratch disk limit": lambda pod: pod["spec"]["containers"][0]["resources"]["limits"].pop(contract.RESOURCE_EPHEMERAL_STORAGE),
     "no limits": lambda pod: pod["spec"]["containers"][0]["resources"].pop("limits"),
     "no resources at all": lambda pod: pod["spec"]["containers"][0].pop("resources"),
     "an init container without limits": lambda pod: pod["spec"].update(initContainers=[{"name": "x", "image": "busybox"}]),

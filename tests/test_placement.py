@@ -85,6 +85,8 @@ def nodes_of(platform: PlatformConfig) -> list[Node]:
             allocatable = nodes.usable(instance) if instance.gpus else {}
             if group.efa:
                 allocatable[contract.RESOURCE_EFA] = catalog.efa_device_count(instance)
+            if instance.gpus:  # the root disk the group gives its nodes
+                allocatable[contract.RESOURCE_EPHEMERAL_STORAGE] = nodes.ephemeral_allocatable_gib(group.disk_gib) * 2**30
             labels = {**nodes.node_labels(group), INSTANCE_TYPE_LABEL: name}
             out.append(Node(group.flavour, labels, traits.taints, allocatable))
     return out

@@ -224,3 +224,50 @@ def test_kueue_refuses_what_no_flavour_covers_and_what_a_flavour_does_not_tolera
     wrong_label = nodes.PodShape({"cpu": 1000}, node_selector={"f": "x"}, tolerations=tolerant.tolerations)
     refused = kueue.assign([kueue.PodSet("p", 1, wrong_label)], queue, cohort=[], flavors=flavors)
     assert not refused.admitted and "doesn't match node affinity" in refused.problems[0]
+
+
+# ---- scratch disk (issue 37, item 5): requested, limited, counted by the namespace, left out of Kueue ------------------
+
+def test_scratch_disk_is_requested_and_limited_counted_by_the_namespace_and_left_out_of_kueue(stack):
+    """A worker's ephemeral-storage is its request and its limit (the kubelet evicts it past that, instead of it filling
+    a disk other teams' pods share); the namespace's quota counts it; Kueue's Configuration excludes it, since no
+    ClusterQueue covers it and Kueue refuses a resource none covers; the autoscaler's template node offers it."""
+    evaluation, cfg = stack
+    config = yaml.safe_load(releases(evaluation)["kueue"]["values"]["managerConfig"]["controllerManagerConfigYaml"])
+    assert config["resources"]["excludeResourcePrefixes"] == [contract.RESOURCE_EPHEMERAL_STORAGE]
+    queues, flavors = program_kueue(evaluation)
+    assert not any(contract.RESOURCE_EPHEMERAL_STORAGE in g["coveredResources"] for q in queues for g in q["spec"]["resourceGroups"])
+    objects = [manifest(r) for r in kubernetes_objects(evaluation)]
+    templates = autoscaler_templates(evaluation)
+    for group in cfg.node_groups:
+        (template,) = [t for t in templates if t.group == group.name]
+        assert template.allocatable[contract.RESOURCE_EPHEMERAL_STORAGE] == nodes.ephemeral_allocatable_gib(group.disk_gib) * 2**30
+    admitted = 0
+    for spec in jobs_for(cfg):
+        decision = admit(spec, cfg)
+        if not decision.admitted:
+            continue
+        manifest_ = render(spec, decision.placement)
+        (pod_set, *_) = kueue.pod_sets(manifest_)
+        scratch = nodes.quantity(contract.RESOURCE_EPHEMERAL_STORAGE, spec.resources.ephemeral_storage)
+        assert pod_set.pod.requests[contract.RESOURCE_EPHEMERAL_STORAGE] == scratch > 0
+        own = next(q for q in queues if q["metadata"]["name"] == contract.cluster_queue_name(spec.team))
+        assert kueue.assign([pod_set], own, cohort=queues, flavors=flavors).admitted, "excluded, as Kueue is configured"
+        admitted += 1
+    assert admitted >= 3
+    for team in cfg.teams:
+        namespace = contract.namespace_name(team.name)
+        hard = next(o for o in objects if o["kind"] == "ResourceQuota" and o["metadata"]["namespace"] == namespace)["spec"]["hard"]
+        assert hard[f"requests.{contract.RESOURCE_EPHEMERAL_STORAGE}"] == hard[f"limits.{contract.RESOURCE_EPHEMERAL_STORAGE}"] \
+            == team.ephemeral_storage_quota
+        (limits,) = next(o for o in objects if o["kind"] == "LimitRange" and o["metadata"]["namespace"] == namespace)["spec"]["limits"]
+        assert contract.RESOURCE_EPHEMERAL_STORAGE in limits["default"] and contract.RESOURCE_EPHEMERAL_STORAGE in limits["defaultRequest"]
+
+
+def test_a_job_asking_more_scratch_disk_than_any_node_offers_is_refused_not_left_pending(stack):
+    _, cfg = stack
+    spec = load_spec(REPO / "examples" / "quickstart.yaml").model_copy(update={"team": cfg.teams[0].name})
+    spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"ephemeral_storage": "40Ti"})})
+    decision = admit(spec, cfg)
+    assert not decision.admitted and "no node group can run a pod of this job" in decision.problems[0]
+    assert "ephemeral-storage 40Ti requested" in decision.problems[0], decision.problems

@@ -112,7 +112,8 @@ def _efa_pays_off(spec: JobSpec, platform: PlatformConfig | None) -> bool:
 
 def pod_shape(spec: JobSpec, where: Placement) -> nodes.PodShape:
     """One worker pod as the scheduler and the autoscaler match it against nodes."""
-    requests = nodes.requests_of({"cpu": spec.resources.cpu, "memory": spec.resources.memory, **where.extended_resources()})
+    requests = nodes.requests_of({"cpu": spec.resources.cpu, "memory": spec.resources.memory,
+                                  contract.RESOURCE_EPHEMERAL_STORAGE: spec.resources.ephemeral_storage, **where.extended_resources()})
     affinity = where.node_affinity()
     pod = {"nodeSelector": where.node_selector(), "tolerations": where.tolerations(), **({"affinity": affinity} if affinity else {})}
     return nodes.PodShape.of_pod_spec(pod, requests)

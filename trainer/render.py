@@ -101,7 +101,8 @@ def pod_labels(spec: JobSpec, cost_centre: str | None) -> dict[str, str]:
 
 
 def resources(spec: JobSpec, where: Placement) -> dict[str, Any]:
-    amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory, **where.extended_resources()}
+    amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory,
+                               contract.RESOURCE_EPHEMERAL_STORAGE: spec.resources.ephemeral_storage, **where.extended_resources()}
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 

@@ -68,14 +68,17 @@ class Resources(_Model):
     # node that cannot hold it would be Pending for ever, and `check` refuses it.
     cpu: str = Field("3", pattern=QUANTITY)
     memory: str = Field("12Gi", pattern=QUANTITY)
+    # The container's scratch disk on the node (its writable layer, logs, emptyDirs but /dev/shm), requested and limited:
+    # a pod that writes more is evicted instead of filling a disk other teams' pods share. Checkpoints go to FSx.
+    ephemeral_storage: str = Field("20Gi", pattern=QUANTITY)
 
-    @field_validator("cpu", "memory")
+    @field_validator("cpu", "memory", "ephemeral_storage")
     @classmethod
     def _counted(cls, amount: str, info: ValidationInfo) -> str:
         """Requests are also the limits: zero would be no limit at all, and would count as nothing against the team's
         ResourceQuota and Kueue quota (unbounded use beside other teams, uncounted)."""
         if nodes.quantity(str(info.field_name), amount) <= 0:
-            example = "'500m' or '3'" if info.field_name == "cpu" else "'512Mi' or '12Gi'"
+            example = {"cpu": "'500m' or '3'", "memory": "'512Mi' or '12Gi'"}.get(str(info.field_name), "'5Gi' or '20Gi'")
             raise ValueError(f"{amount!r} is zero: a worker's {info.field_name} is both what it reserves and its limit, so "
                              f"it must be more than nothing. Fix: e.g. {example}")
         return amount

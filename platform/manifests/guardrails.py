@@ -96,11 +96,13 @@ _ZERO_QUANTITY = r"^[+]?0*([.]0*)?([eE][+-]?[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|P
 
 
 def counted_resources() -> str:
-    """CEL: every container and init container limits cpu and memory to something, and requests nothing as zero."""
+    """CEL: every container and init container limits cpu, memory and scratch disk to something, and requests nothing
+    as zero."""
     def nonzero(where: str, resource: str) -> str:
         return f"!string(c.resources.{where}['{resource}']).matches('{_ZERO_QUANTITY}')"
-    limits = " && ".join(f"'{r}' in c.resources.limits && {nonzero('limits', r)}" for r in ("cpu", "memory"))
-    requests = " && ".join(f"(!('{r}' in c.resources.requests) || {nonzero('requests', r)})" for r in ("cpu", "memory"))
+    counted = ("cpu", "memory", contract.RESOURCE_EPHEMERAL_STORAGE)
+    limits = " && ".join(f"'{r}' in c.resources.limits && {nonzero('limits', r)}" for r in counted)
+    requests = " && ".join(f"(!('{r}' in c.resources.requests) || {nonzero('requests', r)})" for r in counted)
     condition = f"has(c.resources) && has(c.resources.limits) && {limits} && (!has(c.resources.requests) || ({requests}))"
     return " && ".join(f"(!has(object.spec.{field}) || object.spec.{field}.all(c, {condition}))" for field in ("containers", "initContainers"))
 
@@ -124,9 +126,10 @@ def pod_validations() -> list[dict[str, str]]:
          "message": f"a team's pod may mount only its namespace's FSx claims ({', '.join(ALLOWED_CLAIMS)}) and "
                     f"{', '.join(ALLOWED_VOLUME_KINDS)} volumes"},
         {"expression": counted_resources(),
-         "message": "every container of a team's pod limits cpu and memory to more than zero, and requests neither as zero: "
-                    "zero counts as nothing against the team's quota, and a zero limit is none. Fix: submit with "
-                    "`trainforge submit` (resources.cpu and resources.memory are the requests and the limits)"},
+         "message": "every container of a team's pod limits cpu, memory and ephemeral-storage to more than zero, and requests "
+                    "none of them as zero: zero counts as nothing against the team's quota, and a zero limit is none. Fix: "
+                    "submit with `trainforge submit` (resources.cpu, .memory and .ephemeral_storage are the requests and "
+                    "the limits)"},
         {"expression": tenant_placement(),
          "message": f"a team's pod runs only on tenant nodes ({', '.join(f.value for f in contract.TENANT_FLAVOURS)}), never on the "
                     f"system nodes that run the platform, and names no node. Fix: submit with `trainforge submit` (Kueue sets "

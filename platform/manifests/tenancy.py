@@ -50,15 +50,20 @@ def resource_quota(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
     hard = {f"requests.{contract.RESOURCE_GPU}": str(total[contract.RESOURCE_GPU]),
             f"requests.{contract.RESOURCE_EFA}": str(total[contract.RESOURCE_EFA]),
             "requests.cpu": kueue.cpu_text(total["cpu"]), "requests.memory": kueue.memory_text(total["memory"]),
+            # Scratch disk: Kueue leaves it out (contract.KUEUE_EXCLUDED_RESOURCES); counted here, limits included.
+            f"requests.{contract.RESOURCE_EPHEMERAL_STORAGE}": team.ephemeral_storage_quota,
+            f"limits.{contract.RESOURCE_EPHEMERAL_STORAGE}": team.ephemeral_storage_quota,
             "pods": "500", "persistentvolumeclaims": "10"}
     return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("trainforge-quota", team, cfg.environment), "spec": {"hard": hard}}
 
 
 def limit_range(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
-    """A pod that says nothing is still bounded (and counted against the quota)."""
+    """A pod that says nothing is still bounded (and counted against the quota); its scratch disk too (the quota counts
+    ephemeral-storage limits, so a container without one would otherwise be refused)."""
+    disk = contract.RESOURCE_EPHEMERAL_STORAGE
     return {"apiVersion": "v1", "kind": "LimitRange", "metadata": _meta("trainforge-defaults", team, cfg.environment),
-            "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
-                                 "default": {"cpu": "2", "memory": "8Gi"}}]}}
+            "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "500m", "memory": "1Gi", disk: "1Gi"},
+                                 "default": {"cpu": "2", "memory": "8Gi", disk: "10Gi"}}]}}
 
 
 def cluster_queue(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:

@@ -119,6 +119,7 @@ def kueue_configuration(cfg: PlatformConfig) -> dict[str, Any]:
                              "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5, "backoffBaseSeconds": 60,
                                                    "backoffMaxSeconds": 3600}},
         "integrations": {"frameworks": frameworks},
+        "resources": {"excludeResourcePrefixes": list(contract.KUEUE_EXCLUDED_RESOURCES)},
         # Kueue manages the team namespaces only (the chart's Job webhooks follow this selector too): the platform's
         # own Jobs — Helm hooks of other charts, the sweep database Job — never wait on Kueue's webhook, and inside a team
         # namespace a job without a queue label is suspended instead of running outside every quota and budget hold.

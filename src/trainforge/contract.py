@@ -59,6 +59,11 @@ TAINT_TEAM_CPU = f"{LABEL_DOMAIN}/team-cpu"
 # Extended resources
 RESOURCE_GPU = "nvidia.com/gpu"
 RESOURCE_EFA = "vpc.amazonaws.com/efa"
+RESOURCE_EPHEMERAL_STORAGE = "ephemeral-storage"
+# What Kueue's Configuration leaves out of quota (resources.excludeResourcePrefixes: an exact name, or a prefix before
+# "/"): a team pod's scratch disk is bounded by its own limit and the namespace's ResourceQuota, not by the
+# ClusterQueue (which would otherwise refuse every job that requests it: "resource unavailable in ClusterQueue").
+KUEUE_EXCLUDED_RESOURCES = (RESOURCE_EPHEMERAL_STORAGE,)
 
 # Storage
 FSX_CLAIM_NAME = "trainforge-fsx"  # read-write, in every team namespace

@@ -192,6 +192,12 @@ def _flavour_problem(pod: PodShape, flavor: dict[str, Any] | None, name: str) ->
     return None
 
 
+def excluded(resource: str) -> bool:
+    """Whether Kueue leaves `resource` out of quota (its Configuration's excludeResourcePrefixes, as the platform sets
+    them: contract.KUEUE_EXCLUDED_RESOURCES; a prefix matches the whole name or up to a "/")."""
+    return any(resource == prefix or resource.startswith(prefix.rstrip("/") + "/") for prefix in contract.KUEUE_EXCLUDED_RESOURCES)
+
+
 def assign(pod_sets: list[PodSet], queue: dict[str, Any], *, cohort: Sequence[dict[str, Any]] = (),
            flavors: dict[str, dict[str, Any]]) -> Verdict:
     """Whether Kueue can ever admit a workload of `pod_sets` into `queue` (its cohort's other queues in `cohort`, the
@@ -204,7 +210,7 @@ def assign(pod_sets: list[PodSet], queue: dict[str, Any], *, cohort: Sequence[di
     chosen: dict[str, str] = {}
     problems: list[str] = []
     for pod_set in pod_sets:
-        totals = {r: n * pod_set.count for r, n in pod_set.pod.requests.items() if n > 0}
+        totals = {r: n * pod_set.count for r, n in pod_set.pod.requests.items() if n > 0 and not excluded(r)}
         uncovered = [r for r in totals if not any(r in g.get("coveredResources", []) for g in groups)]
         if uncovered:
             problems.append(f"pod set {pod_set.name}: resource {uncovered[0]} unavailable in ClusterQueue {queue['metadata']['name']}")

@@ -54,8 +54,9 @@ def show(resource: str, amount: int) -> str:
     """The reverse of `quantity`, in the unit people read: "47.5" (CPUs), "180Gi", "8"."""
     if resource == "cpu":
         return f"{amount / 1000:g}"
-    if resource == "memory":
-        return f"{amount / 2**30:.4g}Gi"
+    if resource in ("memory", contract.RESOURCE_EPHEMERAL_STORAGE):
+        gib = amount / 2**30
+        return f"{gib:.4g}Gi" if gib < 10_000 else f"{gib / 1024:.4g}Ti"
     return str(amount)
 
 
@@ -147,7 +148,15 @@ def template_tags(group: NodeGroupConfig) -> dict[str, str]:
         tags[TEMPLATE_RESOURCE + contract.RESOURCE_GPU] = str(group.gpus_per_node)
     if group.efa:
         tags[TEMPLATE_RESOURCE + contract.RESOURCE_EFA] = str(catalog.efa_device_count(group.instances[0]))
+    tags[TEMPLATE_RESOURCE + contract.RESOURCE_EPHEMERAL_STORAGE] = f"{ephemeral_allocatable_gib(group.disk_gib)}Gi"
     return tags
+
+
+def ephemeral_allocatable_gib(disk_gib: int) -> int:
+    """Scratch disk the scheduler may hand out on a node of `disk_gib` root disk: less the kubelet's hard eviction
+    threshold (nodefs.available<10%) and its ephemeral-storage reservation (1 GiB) on EKS AMIs. Images share the disk
+    but not allocatable: the kubelet evicts by real use."""
+    return int(disk_gib * 0.9) - 1
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,8 @@ def template_from(group: str, first_type: str, tags: dict[str, str]) -> NodeTemp
     labels = {**generic, **{k.removeprefix(TEMPLATE_LABEL): v for k, v in tags.items() if k.startswith(TEMPLATE_LABEL)}}
     taints = tuple(Taint(k.removeprefix(TEMPLATE_TAINT), *v.rsplit(":", 1)) for k, v in sorted(tags.items()) if k.startswith(TEMPLATE_TAINT))
     resources = usable(instance) if instance.vcpus else {}
-    resources |= {k.removeprefix(TEMPLATE_RESOURCE): int(v) for k, v in tags.items() if k.startswith(TEMPLATE_RESOURCE)}
+    resources |= {name: quantity(name, v) for k, v in tags.items() if k.startswith(TEMPLATE_RESOURCE)
+                  for name in (k.removeprefix(TEMPLATE_RESOURCE),)}
     return NodeTemplate(group, first_type, labels, taints, resources)
 
 

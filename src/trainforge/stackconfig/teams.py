@@ -34,6 +34,8 @@ class TeamConfig(_Model):
     visible_to_organisation: bool = Field(False, description="let everyone with cluster access read (not change) its jobs")
     cpu_quota: str = Field("512", pattern=r"^[0-9]+(m)?$", description="CPU requests the namespace may hold at once")
     memory_quota: str = Field("4Ti", pattern=r"^[0-9]+(Mi|Gi|Ti)$", description="memory requests the namespace may hold at once")
+    ephemeral_storage_quota: str = Field("2Ti", pattern=r"^[1-9][0-9]*(Gi|Ti)$", description="node scratch disk (ephemeral-storage "
+                                         "limits) the namespace's pods may hold at once")
     fsx_quota_gib: int | None = Field(None, gt=0, le=10**7, description="GiB the team's files may hold on the shared FSx (a "
                                       "Lustre group quota on its gid); default: the platform's fsx.team_quota_gib")
 
