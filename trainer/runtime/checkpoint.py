@@ -247,9 +247,10 @@ class CheckpointManager:
         # torch before 2.13 closes the DefaultStager's inner StateDictStager after every stage, which empties its
         # copy dispatch: a second stage through it fails on the first dict (`KeyError: <class 'type'>`, seen on an
         # H200 with torch 2.11 at the second checkpoint). Such a stager is built anew for the next save.
-        inner = getattr(self._stager, "_state_dict_stager", None)
-        if inner is not None and not getattr(inner, "_deepcopy_dispatch", True):
-            self._stager.close()
+        stager = self._stager
+        inner = getattr(stager, "_state_dict_stager", None)
+        if stager is not None and inner is not None and not getattr(inner, "_deepcopy_dispatch", True):
+            stager.close()
             self._stager = None
 
     def wait_for_staging(self) -> float:
