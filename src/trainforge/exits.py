@@ -16,6 +16,7 @@ EXIT_OK = 0
 EXIT_USER_ERROR = 2  # bad config, bad code: retrying cannot help (as is any other code from 1 to 127)
 EXIT_PREEMPTED = 143  # interrupted (SIGTERM: spot notice, eviction, cancel); the checkpoint is taken — resume me
 EXIT_PEER_LOST = 200  # a collective failed because another rank or the network went away — not this rank's fault: retry
+EXIT_SERVICES_DOWN = 201  # a service it needs (API server, database, MLflow) stayed unreachable past its patience: retry
 
 
 EXIT_WORKER_LOST = 128 + signal.SIGKILL  # 137: a worker vanished without a record (SIGKILL, OOM, node loss)

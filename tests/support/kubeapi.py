@@ -231,6 +231,7 @@ class KubeApi:
     pod_logs: dict[tuple[str, str], str] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     unserved: set[str] = field(default_factory=set)  # plurals this cluster lacks (an operator not installed)
+    faults: dict[str, list[int]] = field(default_factory=dict)  # token -> the statuses its next requests get (an outage)
     # The service proxy (/api/v1/namespaces/<ns>/services/<name:port>/proxy/<path>): (ns, "name:port") ->
     # handler(path, query) -> (status, JSON body or text). Tests play Prometheus and MLflow behind it.
     proxies: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -353,6 +354,10 @@ class Handler(BaseHTTPRequestHandler):
         token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
         if token not in api.tokens and token not in api.identities:
             return self._send(401, status(401, "Unauthorized", "Unauthorized"))
+        with api.lock:
+            fault = api.faults[token].pop(0) if api.faults.get(token) else None
+        if fault is not None:  # an injected outage: a 5xx, a 429
+            return self._send(fault, status(fault, "InternalError" if fault >= 500 else "TooManyRequests", "injected"))
         who = api.identities.get(token)
         if who is not None:  # the API server authorises before it looks for the resource or the object
             attributes = self._attributes(method)

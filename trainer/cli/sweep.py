@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
+from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S
 from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, KIND_OPTION, Kind, Output, output_option
 from trainforge.trainer.cli.sweep_cluster import (cancel_in_cluster, cluster_study, extend_in_cluster, in_cluster, sweep_record,
                                                   resume_in_cluster, start_in_cluster)
@@ -120,11 +121,16 @@ SWEEP_TEAM_OPTION = typer.Option(None, "--team", help="kubernetes: the sweep's t
 
 @app.command(hidden=True)
 def controller(storage: str = typer.Option(None, help="default: the team's study database, mounted from its Secret"),
-               poll: float = typer.Option(5.0, min=0.1)) -> None:
+               poll: float = typer.Option(5.0, min=0.1),
+               give_up_after: float = typer.Option(GIVE_UP_AFTER_S, min=1.0, help="seconds of a service outage before it exits for "
+                                                   "the job to restart it")) -> None:
     """Inside the controller's pod (trainer/sweeps/cluster.py): run the sweep its TrainJob carries."""
+    import logging
+
     from trainforge import contract
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # the pod's log
     from trainforge.trainer.controllers.sweep import run_in_cluster
-    raise typer.Exit(run_in_cluster(storage or contract.SWEEP_STORAGE_FROM_FILE, poll))
+    raise typer.Exit(run_in_cluster(storage or contract.SWEEP_STORAGE_FROM_FILE, poll, give_up_after))
 
 
 @app.command()

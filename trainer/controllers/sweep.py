@@ -13,6 +13,7 @@ from typing import Any
 from trainforge import contract
 from trainforge.errors import TrainforgeError
 from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, encode, platform_of, sweep_of
+from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S, ServicesDown, is_transient
 
 STATUS_SAVE_S = 5.0
 STATUS_MAX_CHARS = 200_000  # of the 256 KiB the API server allows for all of an object's annotations
@@ -91,10 +92,12 @@ class StatusObject:
         self.publish(controller)
 
 
-def run_in_cluster(storage: str, poll_s: float) -> int:
+def run_in_cluster(storage: str, poll_s: float, give_up_after_s: float = GIVE_UP_AFTER_S) -> int:
     """`trainforge sweep controller`, in the controller's pod: the sweep from its TrainJob, the study from the team's
     Secret; exit 0 however the sweep ends (the status object says how; a retried pod would only end it again), 2 if
-    the study refuses the sweep (not retried)."""
+    the study refuses the sweep (not retried), EXIT_SERVICES_DOWN (>= 128: the job restarts the pod, which continues
+    from the study and the jobs) when the API server, the database or MLflow stays down past `give_up_after_s`, or
+    does not answer at start."""
     from trainforge.trainer.admission import admit
     from trainforge.trainer.backends.kubernetes import KubernetesBackend
     from trainforge.trainer.runtime.pruning import storage_url
@@ -114,11 +117,20 @@ def run_in_cluster(storage: str, poll_s: float) -> int:
             sweep, backend, lambda spec: admit(with_image(spec, platform, deployed), platform, live_queue=backend.live_queue(team)),
             storage_url(storage), tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), poll_s=poll_s,
             on_change=status.publish, trial_storage=contract.SWEEP_STORAGE_FROM_FILE, resume=bool(payload.get("resume")),
-            on_look=status.look)
-    except TrainforgeError as exc:
-        status.failed(str(exc))
+            on_look=status.look, give_up_after_s=give_up_after_s)
+    except Exception as exc:
+        if is_transient(exc):  # nothing started yet: the pod's restart is the backoff
+            print(f"sweep controller: a service it needs does not answer at start ({exc}); exiting {ServicesDown.exit_code} "
+                  "so the job restarts it", flush=True)
+            return ServicesDown.exit_code
+        if isinstance(exc, TrainforgeError):
+            status.failed(str(exc))
         raise
-    why = controller.run()
+    try:
+        why = controller.run()
+    except ServicesDown as exc:
+        print(f"sweep {sweep.name}: {exc}", flush=True)
+        return exc.exit_code
     status.publish(controller, force=True)
     print(f"sweep {sweep.name}: {why}", flush=True)
     return 0

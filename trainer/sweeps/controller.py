@@ -32,6 +32,7 @@ from trainforge.trainer.sweeps.trials import trial_job
 from trainforge.trainer.sweeps.study import HEARTBEAT_S, counted, distributions, is_multi_objective, open_study
 from trainforge.trainer.sweeps.costs import trial_cost, trial_estimate
 from trainforge.trainer.sweeps.faults import kill_point
+from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S, Outage, is_transient
 from trainforge.trainer.sweeps.tracking import SweepTracking
 
 log = logging.getLogger("trainforge.sweeps")
@@ -47,12 +48,14 @@ RAN_SAVE_S = 5.0  # how often the time the sweep ran is written to the study (a 
 class SweepController:
     def __init__(self, sweep: Sweep, backend: Any, admit: Callable[[JobSpec], Admission], storage_url: str,
                  tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None,
-                 trial_storage: str | None = None, resume: bool = False, on_look: Callable[[SweepController], None] | None = None):
+                 trial_storage: str | None = None, resume: bool = False, on_look: Callable[[SweepController], None] | None = None,
+                 give_up_after_s: float = GIVE_UP_AFTER_S):
         """`resume`: continue a cancelled sweep on purpose. `trial_storage`: how trials name the study's storage, where they see it differently (on the cluster: the
         team's Secret mounted as a file, `file:/var/run/trainforge/sweep-database/storage`); default: the same URL."""
         self.given, self.backend, self.admit, self.storage_url = sweep, backend, admit, storage_url
         self.trial_storage = trial_storage or storage_url
         self.poll_s, self.on_change, self.on_look = poll_s, on_change, on_look  # on_look: each look (the cluster's requests)
+        self.outage = Outage(give_up_after_s)
         self.study = open_study(sweep, storage_url, resume=resume)
         self.sweep = in_effect(sweep, self.study)
         self._extension = self.study.user_attrs.get(EXTENDED)
@@ -95,30 +98,56 @@ class SweepController:
     # ---- the loop ----------------------------------------------------------------------------------------------
 
     def run(self) -> str:
+        """Look until the sweep ends. A look that a service fails (outages.is_transient) is retried with backoff; the
+        look after an outage starts from the study and the jobs again (reconcile), since a launch or a settle may have
+        stopped halfway; an outage past the patience raises outages.ServicesDown."""
+        starting = True
+        while True:
+            try:
+                if starting or self.outage.ongoing:
+                    self._start() if starting else self.reconcile()
+                    starting = False
+                why = self._look()
+                self.outage.over()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                time.sleep(self.outage.failed(exc, self.poll_s))
+                continue
+            if why is not None:
+                return why
+            time.sleep(self.poll_s)
+
+    def _start(self) -> None:
         self.study.set_user_attr("finished_because", None)  # running (again): an extended sweep is not finished
         self.study.set_user_attr("planned_trials", self.sweep.planned_trials)
         self._save_ran_s()
         self.reconcile()
         self.requeue_stopped()
         self._clock = time.monotonic()
-        while True:
-            self.account_time()
-            optuna.storages.fail_stale_trials(self.study)  # workers whose heartbeat stopped: FAIL, then retried below
-            self.poll()
-            if self.on_look:
-                self.on_look(self)
-            attrs = self.study.user_attrs
-            self.take_extension(attrs)
-            if attrs.get("cancelled"):
-                self.stop_all("cancelled by `trainforge sweep cancel`")
-                return self.finish(CANCELLED)
-            if self.out_of_time():
-                self.stop_all(f"the sweep's wall time ({self.sweep.spec.budget.wall_time}) ran out")
-                return self.finish("wall time reached")
-            self.launch_what_fits()
-            if not self.running:
-                return self.finish(self.stopped_because or "all planned trials done")
-            time.sleep(self.poll_s)
+
+    def _look(self) -> str | None:
+        """One look: the jobs, a member's requests, the limits, launches. Why the sweep ended, or None while it runs."""
+        self.account_time()
+        # No stale-heartbeat check (Optuna's fail_stale_trials): a trial whose worker went silent because its job was
+        # suspended, requeued, waiting for nodes or restarting is waiting, and resumes from its own checkpoints under
+        # its own job. Only its job's end settles it (poll): a job that ended without the trial telling the study
+        # failed it. A hung worker is bounded by the trial job's max_runtime.
+        self.poll()
+        if self.on_look:
+            self.on_look(self)
+        attrs = self.study.user_attrs
+        self.take_extension(attrs)
+        if attrs.get("cancelled"):
+            self.stop_all("cancelled by `trainforge sweep cancel`")
+            return self.finish(CANCELLED)
+        if self.out_of_time():
+            self.stop_all(f"the sweep's wall time ({self.sweep.spec.budget.wall_time}) ran out")
+            return self.finish("wall time reached")
+        self.launch_what_fits()
+        if not self.running:
+            return self.finish(self.stopped_because or "all planned trials done")
+        return None
 
     def reconcile(self) -> None:
         """After a restart, from the study and the jobs alone: every trial not yet settled is settled once its job has
@@ -161,7 +190,7 @@ class SweepController:
             trial = access.stored_trial(self.study, trial_id)
             state = self._job_state(job)
             if trial.state is TrialState.FAIL and state not in TERMINAL and state != "missing":
-                # Failed while its job runs on: a stale heartbeat (a worker hung or gone) or a diverged trial. End the job.
+                # Failed while its job runs on (a diverged trial, or failed by someone else): end the job.
                 self._cancel(job)
                 state = "cancelled"
             if state in TERMINAL or state == "missing":

@@ -20,7 +20,7 @@ from trainforge.trainer.sweeps.spec import Sweep
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 HEARTBEAT_S = 10.0
-GRACE_S = 120  # a trial whose worker has not beaten for this long is failed (and retried once)
+GRACE_S = 120  # Optuna's grace for a silent worker; the controller never fails a trial on it (only its job's end does)
 
 
 class SweepError(TrainforgeError):
