@@ -103,8 +103,9 @@ def _suffix(name: str) -> str:
 class RecordingMocks(pulumi.runtime.Mocks):
     """Records every registration; returns the outputs a real AWS provider would compute."""
 
-    def __init__(self, region: str = "us-east-1", referenced: dict[str, Evaluation] | None = None):
+    def __init__(self, region: str = "us-east-1", referenced: dict[str, Evaluation] | None = None, account: str | None = None):
         self.region = region
+        self.account = account or MOCK_ACCOUNT  # the stack's own where it names it (its ECR, ARNs): as `pulumi up` would see
         self.resources: list[RegisteredResource] = []
         self.referenced = referenced or {}  # other stacks' evaluations, by stack name: what a StackReference to one reads
 
@@ -130,7 +131,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:
         if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
             return {"userName": "AWS", "password": "mock-token", "authorizationToken": "QVdTOm1vY2s=",
-                    "proxyEndpoint": f"https://{MOCK_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com"}, []
+                    "proxyEndpoint": f"https://{self.account}.dkr.ecr.{self.region}.amazonaws.com"}, []
         return {}, []
 
     def annotate(self, type_token: str, name: str, **fields: Any) -> None:
@@ -142,7 +143,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def _computed(self, args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
         service = args.typ.split(":")[1].split("/")[0] if args.typ.startswith("aws:") else "pulumi"
         token = _suffix(args.name)
-        out: dict[str, Any] = {"arn": f"arn:aws:{service}:{self.region}:{MOCK_ACCOUNT}:{args.name}"}
+        out: dict[str, Any] = {"arn": f"arn:aws:{service}:{self.region}:{self.account}:{args.name}"}
         if "name" not in args.inputs:  # Pulumi auto-naming happens in the engine, not in the program
             out["name"] = f"{args.name}-{token}"
         if args.typ == "aws:eks/cluster:Cluster":
@@ -151,7 +152,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
                 "certificateAuthority": {"data": "bW9jay1jYQ=="},
                 "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.{self.region}.amazonaws.com/id/{token.upper()}"}]}],
                 "vpcConfig": {**args.inputs.get("vpcConfig", {}), "clusterSecurityGroupId": f"sg-cluster{token}"},
-                "arn": f"arn:aws:eks:{self.region}:{MOCK_ACCOUNT}:cluster/{args.inputs.get('name', args.name)}",
+                "arn": f"arn:aws:eks:{self.region}:{self.account}:cluster/{args.inputs.get('name', args.name)}",
             }
         elif args.typ == "aws:s3/bucket:Bucket":
             out["bucket"] = args.inputs.get("bucket") or f"{args.name}-{token}"
@@ -159,7 +160,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
             out["latestVersion"] = 1
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             out |= {"dnsName": f"fs-{token}.fsx.{self.region}.amazonaws.com", "mountName": token,
-                    "arn": f"arn:aws:fsx:{self.region}:{MOCK_ACCOUNT}:file-system/{args.name}-{token}"}
+                    "arn": f"arn:aws:fsx:{self.region}:{self.account}:file-system/{args.name}-{token}"}
         elif args.typ == "docker-build:index:Image":  # the registry answers a push with the image's digest: of its content
             content = json.dumps([args.name, args.inputs.get("labels") or {}, args.inputs.get("buildArgs") or {}], sort_keys=True)
             digest = "sha256:" + hashlib.sha256(content.encode()).hexdigest()
@@ -171,7 +172,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:rds/instance:Instance":
             out |= {"address": f"{args.name}.{token}.{self.region}.rds.amazonaws.com", "port": args.inputs.get("port", 5432)}
         elif args.typ == "aws:ecr/repository:Repository":
-            out["repositoryUrl"] = f"{MOCK_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com/{args.inputs.get('name', args.name)}"
+            out["repositoryUrl"] = f"{self.account}.dkr.ecr.{self.region}.amazonaws.com/{args.inputs.get('name', args.name)}"
         elif args.typ == "aws:kms/key:Key":
             out["keyId"] = f"key-{token}"
         elif args.typ == "aws:ec2/eip:Eip":
@@ -302,7 +303,8 @@ def evaluate(program: Callable[[], None], config: dict[str, Any], environment: s
     """Run `program` (a Pulumi program's entry function) for stack `environment` with `config` (a stack file's `config:` map).
     `sdk_shortcuts=False` runs the SDK's own dependency resolution (what the shortcuts must agree with)."""
     platform = config.get(CONFIG_KEY)
-    mocks = mocks or RecordingMocks(platform.get("region", "us-east-1") if isinstance(platform, dict) else "us-east-1")
+    given = platform if isinstance(platform, dict) else {}
+    mocks = mocks or RecordingMocks(given.get("region", "us-east-1"), account=given.get("account_id"))
     pulumi_settings.ROOT.set(None)  # a fresh root stack per evaluation, so exports never leak between runs
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=environment, preview=False, monitor=RecordingMonitor(mocks),
                              organization=ORGANIZATION)

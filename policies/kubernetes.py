@@ -340,14 +340,15 @@ TEAM_POLICIES = ("trainforge-team-pods", "trainforge-team-jobs")
 POD_RULE_MARKS = {"the team's uid": ("runAsUser", "params.data.uid"), "the team's gid": ("runAsGroup", "params.data.gid"),
                   "only the team's volumes": ("object.spec.volumes", "persistentVolumeClaim"),
                   "tenant nodes only": ("nodeSelector", "!has(object.spec.nodeName)"),
-                  "resources that count": ("c.resources.limits", "matches(")}
+                  "resources that count": ("c.resources.limits", "matches("),
+                  "images from the platform's registries": ("c.image.startsWith(params.data[k])",)}
 JOB_RULE_MARKS = {"the team's own queue": ("params.data.queue",)}
 OPEN_VOLUME_KINDS = ("hostPath", "nfs", "csi", "ephemeral", "iscsi", "rbd", "cephfs", "glusterfs")
 
 
 @resource_rule("kubernetes", ["kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
                               "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"],
-               "The team admission policies keep every rule (uid, gid, volumes, placement, resources, queue) and deny.")
+               "The team admission policies keep every rule (uid, gid, volumes, placement, resources, images, queue) and deny.")
 def team_admission_policies_complete(props: Mapping[str, Any], ctx: Context) -> Iterable[str]:
     spec = props.get("spec") or {}
     name = (props.get("metadata") or {}).get("name")

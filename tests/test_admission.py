@@ -95,3 +95,26 @@ def test_check_command_exit_codes_and_json(tmp_path):
     no = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "check", "examples/llm-pretrain-efa.yaml", "--stack",
                          "stacks/Pulumi.dev.yaml"], capture_output=True, text=True, cwd=REPO)
     assert no.returncode == 3 and "not onboarded in the dev stack" in no.stderr and "Traceback" not in no.stderr
+
+
+def test_an_image_from_outside_the_platforms_registries_is_refused_before_anything_is_created():
+    """The team pod policy admits only the platform's registries; `check` and `submit` say so first, with the fix."""
+    from trainforge.stackconfig import load_stack_file
+    from trainforge.trainer.admission import admit
+    from trainforge.trainer.spec import load_spec
+    cfg = load_stack_file(REPO / "stacks" / "Pulumi.dev.yaml")
+    spec = load_spec(REPO / "examples" / "quickstart.yaml").model_copy(update={"team": cfg.teams[0].name})
+    ours = spec.model_copy(update={"image": f"{cfg.account_id}.dkr.ecr.{cfg.region}.amazonaws.com/vision/custom:3"})
+    assert not [p for p in admit(ours, cfg).problems if p.startswith("image:")]
+    theirs = spec.model_copy(update={"image": "docker.io/someone/miner:latest"})
+    (problem,) = [p for p in admit(theirs, cfg).problems if p.startswith("image:")]
+    assert "kubernetes.image_registries" in problem and f"{cfg.account_id}.dkr.ecr" in problem
+    opened = cfg.model_copy(update={"kubernetes": cfg.kubernetes.model_copy(update={"image_registries": ["docker.io/someone/"]})})
+    assert not [p for p in admit(theirs, opened).problems if p.startswith("image:")]
+
+
+@pytest.mark.parametrize("prefix", ["nvcr.io", "nvcr.io/nvidia", "*", "docker.io/../x/"])
+def test_an_image_registry_that_could_admit_more_than_it_names_is_refused(prefix):
+    from trainforge.stackconfig.kubernetes import KubernetesConfig
+    with pytest.raises(ValueError, match="ending in '/'"):
+        KubernetesConfig.model_validate({"image_registries": [prefix]})

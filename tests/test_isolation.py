@@ -35,7 +35,9 @@ def program(stack):
 
 
 def rendered(cfg, team: str, path=REPO / "examples" / "quickstart.yaml", kind: str = "trainjob") -> dict:
-    spec = load_spec(path).model_copy(update={"team": team})
+    """As the CLI renders it: the stack's image filled in where the spec names none."""
+    from trainforge.trainer.spec import with_image
+    spec = with_image(load_spec(path).model_copy(update={"team": team}), cfg)
     return render(spec, decide(spec, cfg), kind)
 
 
@@ -144,6 +146,12 @@ TAMPERING = {
         limits={**pod["spec"]["containers"][0]["resources"]["limits"], contract.RESOURCE_EPHEMERAL_STORAGE: "0"}),
     "no scratch disk limit": lambda pod: pod["spec"]["containers"][0]["resources"]["limits"].pop(contract.RESOURCE_EPHEMERAL_STORAGE),
     "no limits": lambda pod: pod["spec"]["containers"][0]["resources"].pop("limits"),
+    # Images only from the platform's registries (issue 37, minor).
+    "an image from anywhere": lambda pod: pod["spec"]["containers"][0].update(image="docker.io/someone/miner:latest"),
+    "a registry that only begins like the stack's": lambda pod: pod["spec"]["containers"][0].update(
+        image=pod["spec"]["containers"][0]["image"].split("/")[0] + ".evil.example/x:1"),
+    "an init container from anywhere": lambda pod: pod["spec"].update(initContainers=[{
+        **pod["spec"]["containers"][0], "name": "x", "image": "ghcr.io/someone/x:1"}]),
     "no resources at all": lambda pod: pod["spec"]["containers"][0].pop("resources"),
     "an init container without limits": lambda pod: pod["spec"].update(initContainers=[{"name": "x", "image": "busybox"}]),
     # Placement: a team's pod lands only on tenant nodes (issue 26, item 5).
@@ -332,8 +340,9 @@ def test_no_admitted_team_pod_can_be_scheduled_onto_a_system_node(program, path,
 def cpu_only(cfg):
     """The quickstart asking for no GPU: 4 CPUs and 8 GiB per worker."""
     from trainforge.trainer.spec import Resources
+    from trainforge.trainer.spec import with_image
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
-    return spec.model_copy(update={"team": cfg.teams[0].name, "resources": Resources(cpu="4", memory="8Gi")})
+    return with_image(spec.model_copy(update={"team": cfg.teams[0].name, "resources": Resources(cpu="4", memory="8Gi")}), cfg)
 
 
 @pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
@@ -373,8 +382,9 @@ def test_a_sweep_trial_pod_reads_its_database_url_from_a_mounted_file_and_is_adm
     import json
     prog, cfg = program
     team = cfg.teams[0].name
-    spec = load_spec(REPO / "examples" / "quickstart.yaml").model_copy(update={
-        "team": team, "sweep": {"storage": contract.SWEEP_STORAGE_FROM_FILE, "study": "s", "trial_id": 3, "metric": "accuracy"}})
+    from trainforge.trainer.spec import with_image
+    spec = with_image(load_spec(REPO / "examples" / "quickstart.yaml").model_copy(update={
+        "team": team, "sweep": {"storage": contract.SWEEP_STORAGE_FROM_FILE, "study": "s", "trial_id": 3, "metric": "accuracy"}}), cfg)
     for pod in prog.pods(in_namespace(render(spec, decide(spec, cfg), kind), contract.namespace_name(team))):
         assert prog.denials(pod, PODS) == [] and restricted_violations(pod["spec"]) == []
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}

@@ -90,6 +90,8 @@ REGRESSIONS = {
                                                          "team-admission-policies-complete"),
     "the pods policy's resource rule dropped": (VAP, "validatingadmissionpolicy-trainforge-team-pods", _drop_validation("c.resources.limits"),
                                                 "team-admission-policies-complete"),
+    "the pods policy's image rule dropped": (VAP, "validatingadmissionpolicy-trainforge-team-pods", _drop_validation("c.image"),
+                                             "team-admission-policies-complete"),
     "the pods binding set to Warn": (VAPB, "validatingadmissionpolicybinding-trainforge-team-pods",
                                      lambda p: p["spec"].update(validationActions=["Warn"]), "team-admission-policies-complete"),
     "the jobs policy's queue rule dropped": (VAP, "validatingadmissionpolicy-trainforge-team-jobs", _drop_validation("params.data.queue"),

@@ -103,6 +103,15 @@ def _kueue_verdict(spec: JobSpec, platform: PlatformConfig, where: Placement, li
     return None
 
 
+def _image_allowed(spec: JobSpec, platform: PlatformConfig, problems: list[str]) -> None:
+    """The team pod policy admits images from the platform's registries only; said here, before anything is created,
+    where the stack names its account (else its ECR registry is known only to the cluster, which still refuses)."""
+    prefixes = platform.image_prefixes()
+    if spec.image and platform.account_id and not any(spec.image.startswith(p) for p in prefixes):
+        problems.append(f"image: {spec.image!r} is not from a registry this platform runs ({', '.join(prefixes)}). Fix: push it "
+                        "to the account's ECR, or ask the platform team to add its registry to kubernetes.image_registries")
+
+
 def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: float = 0.0, budget_usd: float | None = None,
           live_queue: dict | None = None) -> Admission:
     """`budget_usd`: the cluster's figure for the team's monthly budget, `live_queue` its ClusterQueue; both win over the
@@ -111,6 +120,7 @@ def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: floa
     where = placing.decide(spec, platform)
     instance = where.instance
     team = _team(spec, platform, problems)
+    _image_allowed(spec, platform, problems)
     chosen = None
     if team is not None:
         if not where.flavours:

@@ -17,7 +17,7 @@ from typing import Any
 from trainforge.infra import engine
 from trainforge.infra.engine import Evaluation, RecordingMocks
 from trainforge.platform.components.program import STACKS_DIR, main as pulumi_main
-from trainforge.stackconfig import ConfigError, is_team_stack_file, read_team_stack_file
+from trainforge.stackconfig import CONFIG_KEY, ConfigError, is_team_stack_file, read_stack_file, read_team_stack_file
 
 
 def program() -> None:
@@ -45,7 +45,8 @@ def evaluate_stack_file(path: str | Path, mocks: RecordingMocks | None = None, p
             return engine.evaluate_stack_file(program, path, mocks)
         team_stack = read_team_stack_file(path)
         platform = platform or engine.evaluate_stack_file(program, team_stack.platform_path)
-        mocks = mocks or RecordingMocks(platform.outputs["region"])
+        account = (read_stack_file(team_stack.platform_path).config.get(CONFIG_KEY) or {}).get("account_id")
+        mocks = mocks or RecordingMocks(platform.outputs["region"], account=account)
         mocks.referenced[team_stack.environment] = platform
         return engine.evaluate(program, team_stack.config, team_stack.stack, mocks)
     finally:

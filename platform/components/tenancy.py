@@ -12,6 +12,7 @@ from typing import Sequence
 import pulumi
 import pulumi_random as random
 
+from trainforge import contract
 from trainforge.platform.components.objects import apply
 from trainforge.platform.manifests import sweeps, tenancy
 from trainforge.platform.manifests import tracking as tracking_manifests
@@ -37,7 +38,12 @@ class Tenancy(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: PlatformConfig, team: TeamConfig, *, role_arn: pulumi.Input[str], prices_as_of: str,
                  after: Sequence[pulumi.Resource], database: SweepDatabase, tracking: TrackingUser, opts: pulumi.ResourceOptions):
         super().__init__(self.TYPE, name, None, opts)
-        namespace, *rest = tenancy.team_objects(cfg, team, role_arn=role_arn, prices_as_of=prices_as_of, runtime_image=tracking.image)
+        deployed = pulumi.Output.from_input(tracking.image)
+        def deployed_prefix(k: int) -> pulumi.Output[str]:
+            return deployed.apply(lambda image: contract.image_repository_prefixes(image)[k])
+        image_prefixes = [*cfg.image_prefixes(), deployed_prefix(0), deployed_prefix(1)]
+        namespace, *rest = tenancy.team_objects(cfg, team, role_arn=role_arn, prices_as_of=prices_as_of, runtime_image=tracking.image,
+                                                image_prefixes=image_prefixes)
         ns = apply(namespace, parent=self)
         self.objects = [ns] + [apply(o, parent=self, depends_on=[ns, *after]) for o in rest]
         password = random.RandomPassword(f"{name}-sweeps", length=32, special=False, opts=pulumi.ResourceOptions(parent=self))

@@ -79,6 +79,12 @@ def _identity(field: str, param: str) -> str:
                                f"c.securityContext.{field} == int(params.data.{param})"))
 
 
+def allowed_images() -> str:
+    """CEL: every container's image starts with one of the team settings' `image-prefix-<n>` values."""
+    prefix = contract.SETTING_IMAGE_PREFIX
+    return _every_container(f"params.data.exists(k, k.startsWith('{prefix}') && c.image.startsWith(params.data[k]))")
+
+
 def tenant_placement() -> str:
     """CEL: the pod can be scheduled only onto nodes of a tenant flavour, whatever else it says."""
     key, tenant = contract.LABEL_FLAVOUR, _quoted([f.value for f in contract.TENANT_FLAVOURS])
@@ -130,6 +136,11 @@ def pod_validations() -> list[dict[str, str]]:
                     "none of them as zero: zero counts as nothing against the team's quota, and a zero limit is none. Fix: "
                     "submit with `trainforge submit` (resources.cpu, .memory and .ephemeral_storage are the requests and "
                     "the limits)"},
+        {"expression": allowed_images(),
+         "message": "a team's pod runs only images from the platform's registries: the stack's ECR registry, the deployed "
+                    "runtime image's repository and kubernetes.image_registries (the "
+                    f"`{contract.SETTING_IMAGE_PREFIX}<n>` values of ConfigMap {contract.TEAM_SETTINGS_CONFIG_MAP}). Fix: push "
+                    "the image to the account's ECR, or ask the platform team to add its registry"},
         {"expression": tenant_placement(),
          "message": f"a team's pod runs only on tenant nodes ({', '.join(f.value for f in contract.TENANT_FLAVOURS)}), never on the "
                     f"system nodes that run the platform, and names no node. Fix: submit with `trainforge submit` (Kueue sets "

@@ -11,7 +11,7 @@ every rendered pod against the standard (tests/support/pod_security.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from trainforge import contract, kueue
 from trainforge.platform.manifests import guardrails, storage
@@ -182,7 +182,7 @@ def service_account(cfg: PlatformConfig, team: TeamConfig, role_arn: Any) -> dic
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
 
 
-def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str, runtime_image: Any) -> dict[str, Any]:
+def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str, runtime_image: Any, image_prefixes: Sequence[Any] = ()) -> dict[str, Any]:
     """What the CLI needs of the team without the stack file (the budget controller adds spent / as-of). The runtime
     image is the one the platform deployed, by digest: what a job that names no image runs (its content tag changes
     with every build, so no client could name it from its own version)."""
@@ -192,7 +192,9 @@ def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str, runtime_i
                      "region": cfg.region, "prices_as_of": prices_as_of, guardrails.PARAM_QUEUE: contract.queue_name(team.name),
                      # The team's POSIX identity: its pods run as it and its FSx directory belongs to it (admission
                      # policy params, platform/manifests/guardrails.py).
-                     guardrails.PARAM_UID: str(contract.team_posix_id(team.name)), guardrails.PARAM_GID: str(contract.team_posix_id(team.name))}}
+                     guardrails.PARAM_UID: str(contract.team_posix_id(team.name)), guardrails.PARAM_GID: str(contract.team_posix_id(team.name)),
+                     # Where its pods may pull images from, one prefix per key (the pod admission policy's rule).
+                     **{f"{contract.SETTING_IMAGE_PREFIX}{i}": prefix for i, prefix in enumerate(image_prefixes)}}}
 
 
 def claims(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
@@ -240,8 +242,11 @@ def api_server_addresses(cfg: PlatformConfig) -> list[str]:
     return [*services, str(cfg.network.vpc_cidr)]
 
 
-def team_objects(cfg: PlatformConfig, team: TeamConfig, *, role_arn: Any, prices_as_of: str, runtime_image: Any) -> list[dict[str, Any]]:
-    """Every object of one team, namespace first."""
+def team_objects(cfg: PlatformConfig, team: TeamConfig, *, role_arn: Any, prices_as_of: str, runtime_image: Any,
+                 image_prefixes: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """Every object of one team, namespace first. `image_prefixes`: where its pods may pull images from (the deployed
+    image's repository, known at deploy, is among them)."""
     return [namespace(team, cfg.environment), resource_quota(cfg, team), limit_range(cfg, team), cluster_queue(cfg, team),
             local_queue(cfg, team), member_role(cfg, team), *role_bindings(cfg, team), *queue_reader(cfg, team), *network_policies(cfg, team),
-            service_account(cfg, team, role_arn), *sweep_controller(cfg, team), settings(cfg, team, prices_as_of, runtime_image), *claims(cfg, team)]
+            service_account(cfg, team, role_arn), *sweep_controller(cfg, team), settings(cfg, team, prices_as_of, runtime_image, image_prefixes),
+            *claims(cfg, team)]

@@ -323,6 +323,20 @@ def runtime_image(account_id: str, region: str, environment: str, version: str) 
     return f"{account_id}.dkr.ecr.{region}.amazonaws.com/{runtime_image_repository(environment)}:{runtime_image_tag(version)}"
 
 
+# Where a team's pods may pull images from: the team settings hold one prefix per key `image-prefix-<n>`, and the
+# pod admission policy admits a container whose image starts with one of them (platform/manifests/guardrails.py).
+SETTING_IMAGE_PREFIX = "image-prefix-"
+
+
+def image_repository_prefixes(image: str) -> list[str]:
+    """The prefixes that admit any tag or digest of `image`'s repository, and nothing beside it (`repo:`, `repo@`;
+    `repo` alone would admit `repo-evil`)."""
+    name = image.split("@", 1)[0]
+    host, _, path = name.rpartition("/")
+    repository = f"{host}/{path.split(':', 1)[0]}" if host else name.split(":", 1)[0]
+    return [f"{repository}:", f"{repository}@"]
+
+
 def priority_class_name(priority: str) -> str:
     return f"trainforge-{priority}"
 

@@ -88,10 +88,24 @@ class KubernetesConfig(_Model):
         None, pattern=r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$",
         description="an image pushed elsewhere (by CI) for the platform's controllers; unset: `pulumi up` builds the "
                     "Dockerfile and pushes it to the stack's repository (needs docker with buildx where pulumi runs)")
+    image_registries: list[str] = Field(
+        [], max_length=20, description="where team jobs may pull images from besides the stack's own (its ECR registry "
+                                       "and the deployed runtime image's repository): registry prefixes ending in '/', "
+                                       "e.g. 'nvcr.io/nvidia/'")
     kueue: KueueConfig = KueueConfig()
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
     mlflow: MlflowConfig = MlflowConfig()
+
+    @field_validator("image_registries")
+    @classmethod
+    def _registry_prefixes(cls, prefixes: list[str]) -> list[str]:
+        bad = [p for p in prefixes if not re.fullmatch(r"[a-z0-9.-]+\.[a-z]{2,}(:[0-9]+)?/([a-z0-9_-][a-z0-9._-]*/)*", p)]
+        if bad:
+            raise ValueError(f"{bad}: each is a registry host (a dot in it), optionally a path, ending in '/' (so "
+                             "'nvcr.io' cannot admit 'nvcr.io.evil.com'). Fix: e.g. 'nvcr.io/nvidia/' or "
+                             "'123456789012.dkr.ecr.us-east-1.amazonaws.com/'")
+        return prefixes
 
     @field_validator("charts")
     @classmethod

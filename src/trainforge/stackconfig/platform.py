@@ -101,6 +101,15 @@ class PlatformConfig(_Model):
                 out[group.flavour] = out.get(group.flavour, 0) + group.max_gpus
         return out
 
+    def image_prefixes(self, deployed_image: str | None = None) -> list[str]:
+        """Where team jobs may pull images from: the account's ECR registry (when the stack names its account), the
+        configured runtime image's and the deployed one's repositories, and `kubernetes.image_registries`."""
+        out = [f"{self.account_id}.dkr.ecr.{self.region}.amazonaws.com/"] if self.account_id else []
+        for image in (self.kubernetes.runtime_image, deployed_image):
+            out += contract.image_repository_prefixes(image) if image else []
+        out += self.kubernetes.image_registries
+        return list(dict.fromkeys(out))
+
     def fsx_quota_gib(self, team: TeamConfig) -> int | None:
         """The team's FSx group quota: its own, else the platform's default (None: no quota)."""
         return team.fsx_quota_gib if team.fsx_quota_gib is not None else self.fsx.team_quota_gib
