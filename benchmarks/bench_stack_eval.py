@@ -49,11 +49,13 @@ def fitting_quota(i: int) -> dict[str, int]:
 
 
 def with_teams(config: dict, count: int) -> dict:
-    """prod with `count` teams, each with a one-GPU quota while the node groups have GPUs left (fitting_quota)."""
+    """prod with `count` teams, each with a one-GPU quota while the node groups have GPUs left (fitting_quota) and an
+    equal share of the FSx file system (the stack refuses quotas that add up to more)."""
     config = copy.deepcopy(config)
+    share = max(1, config[CONFIG_KEY]["fsx"]["storage_capacity_gib"] // max(1, count))
     config[CONFIG_KEY]["teams"] = [
         {"name": f"team-{i:03d}", "cost_centre": f"cc-{i:04d}", "monthly_budget_usd": 1000 + i,
-         "gpu_quota": fitting_quota(i),
+         "gpu_quota": fitting_quota(i), "fsx_quota_gib": share,
          "members": [f"arn:aws:iam::444455556666:role/sso-user{i}"]}  # members are IAM roles (stack config refuses e-mails)
         for i in range(count)
     ]
