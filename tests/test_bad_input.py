@@ -372,12 +372,32 @@ def test_a_disk_that_fills_up_mid_job_fails_it_with_the_reason_and_never_leaves_
     assert listed.returncode == 0 and "failed" in listed.stdout and "running" not in listed.stdout
 
 
+def test_a_disk_with_room_for_the_record_but_not_its_reserve_refuses_the_submit_and_leaves_nothing_pending(tmp_path, small_disk):
+    """The spec and the record fit, the job's reserve does not: the submit is refused and what it wrote is gone (it
+    used to leave the record `pending` for ever, no supervisor to run it, the name taken)."""
+    import shutil
+    room = 64 * 1024
+    subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=4k",
+                    f"count={(shutil.disk_usage(small_disk).free - room) // 4096}"], capture_output=True, check=True)
+    spec = spec_file(tmp_path, QUICKSTART)
+    message = assert_refused(cli(small_disk / "home", "submit", "--detach", str(spec)), "TRAINFORGE_HOME")
+    assert "No space left on device" in message and "larger disk" in message
+    assert not (small_disk / "home" / "jobs" / QUICKSTART["name"]).exists()
+    listed = cli(small_disk / "home", "list")
+    assert listed.returncode == 0 and QUICKSTART["name"] not in listed.stdout, listed.stdout
+
+
 def test_a_disk_too_full_to_hold_the_jobs_record_refuses_the_submit(tmp_path, small_disk):
     filler = small_disk / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until the disk is full
     spec = spec_file(tmp_path, QUICKSTART)
     message = assert_refused(cli(small_disk / "home", "submit", "--detach", str(spec)), "TRAINFORGE_HOME")
     assert "No space left on device" in message and "larger disk" in message
+    # Nothing half-written: no record left `pending` for ever (issue 37), the job's name free for the next submit.
+    state = small_disk / "home" / "jobs" / QUICKSTART["name"] / "state.json"
+    assert not state.exists() or json.loads(state.read_text())["state"] != "pending", state.read_text()
+    listed = cli(small_disk / "home", "list")
+    assert listed.returncode == 0 and "pending" not in listed.stdout, listed.stdout
 
 
 

@@ -174,7 +174,9 @@ def disk_full(directory: Path) -> str | None:
 def prepare(spec: JobSpec, where: Placement) -> JobState:
     """Create or reopen the job's record. A finished job of the same name is resumed from its checkpoints."""
     directory = job_dir(spec.name)
-    if (directory / paths.JOB_STATE_FILE).exists():
+    new_job = not directory.exists()
+    before = (directory / paths.JOB_STATE_FILE).read_bytes() if (directory / paths.JOB_STATE_FILE).exists() else None
+    if before is not None:
         previous = JobState.load(spec.name)
         if previous.effective_state in ACTIVE:
             raise JobAlreadyActive(previous)
@@ -193,9 +195,22 @@ def prepare(spec: JobSpec, where: Placement) -> JobState:
         hold_reserve(spec.name)
     except OSError as exc:
         release_reserve(spec.name)
+        _undo_prepare(directory, new_job, before)
         fix = "free space there, or set TRAINFORGE_HOME to a larger disk" if exc.errno == errno.ENOSPC else "set TRAINFORGE_HOME to a writable directory"
         raise TrainforgeError("", [f"cannot write the job's record in {directory}: {exc.strerror}. Fix: {fix} (now {paths.home()})"]) from None
     return state
+
+
+def _undo_prepare(directory: Path, new_job: bool, before: bytes | None) -> None:
+    """A submit that could not write everything leaves nothing half-written: a new job's directory goes, a resubmitted
+    job's record is as it was (never `pending` with no supervisor to run it)."""
+    if new_job:
+        shutil.rmtree(directory, ignore_errors=True)
+    elif before is not None:
+        try:
+            (directory / paths.JOB_STATE_FILE).write_bytes(before)  # the same size as what it replaces
+        except OSError:
+            pass
 
 
 def keep_previous_spec(spec: JobSpec, directory: Path) -> None:
