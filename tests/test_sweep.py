@@ -952,3 +952,20 @@ def test_reconcile_after_a_restart_reads_the_study_once_not_once_per_trial(tmp_p
         controller.reconcile()
         counts[trials] = len(reads)
     assert counts[400] == counts[50] <= 3, counts
+
+
+def test_a_team_over_its_monthly_budget_cannot_sweep_as_it_cannot_submit(tmp_path):
+    """`check` refuses the base job of a team that has spent its month's budget; its sweep used to launch trials as if
+    the team had spent nothing (every path now admits through trainer/submission.py)."""
+    from trainforge.stackconfig import load_stack_file
+    stack = REPO / "stacks" / "Pulumi.dev.yaml"
+    budget = next(t for t in load_stack_file(stack).teams if t.name == BASE["team"]).monthly_budget_usd
+    home = tmp_path / "home"
+    checked = cli(home, "check", str(REPO / "examples" / "sweep-base.yaml"), "--stack", str(stack), "--spent", str(budget))
+    assert checked.returncode == 3, checked.stdout + checked.stderr
+    refused = cli(home, "sweep", str(write_sweep(tmp_path, name="overspent")), "--stack", str(stack), "--spent", str(budget))
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "budget" in refused.stdout and "Traceback" not in refused.stdout + refused.stderr
+    assert not (home / "jobs" / "overspent-t000").exists(), "no trial started"
+    within = cli(home, "check", str(REPO / "examples" / "sweep-base.yaml"), "--stack", str(stack), "--spent", "0")
+    assert within.returncode == 0, within.stdout

@@ -65,3 +65,12 @@ def backend(name: BackendName, *, team: Optional[str] = None, kind: Kind = Kind.
         return KubernetesBackend(team, kind.value, context, cost_centre)
     from trainforge.trainer.backends.local import LocalBackend
     return LocalBackend()
+
+
+def valid_spend(value: Optional[float]) -> Optional[float]:
+    """A spend is a finite amount of USD, zero or more: nan or -1e9 would make every budget look unspent."""
+    import math
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise typer.BadParameter(f"{value} is not an amount spent. Fix: USD this month, 0 or more (e.g. --spent 1250.50), "
+                                 "or leave it out to use the recorded figure")
+    return value

@@ -11,16 +11,7 @@ import typer
 
 from trainforge import paths
 from trainforge.trainer.cli.common import (BACKEND_OPTION, BackendName, CONTEXT_OPTION, DEFAULT_STACK, KIND_OPTION, Kind,
-                                            Output, TEAM_OPTION, backend, cost_centre, load_platform, load_spec, output_option)
-
-def _valid_spend(value: Optional[float]) -> Optional[float]:
-    """A spend is a finite amount of USD, zero or more: nan or -1e9 would make every budget look unspent."""
-    import math
-    if value is not None and (not math.isfinite(value) or value < 0):
-        raise typer.BadParameter(f"{value} is not an amount spent. Fix: USD this month, 0 or more (e.g. --spent 1250.50), "
-                                 "or leave it out to use the recorded figure")
-    return value
-
+                                            Output, TEAM_OPTION, backend, cost_centre, load_platform, load_spec, output_option, valid_spend)
 
 def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
            kind: Kind = KIND_OPTION,
@@ -59,20 +50,18 @@ def assumed_without_a_stack(original, spec, placement) -> str:
 
 def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
           stack: Path = typer.Option(DEFAULT_STACK, help="the environment's stack file (team quotas, budgets, region)"),
-          spent: Optional[float] = typer.Option(None, callback=_valid_spend, help="what the team has spent this month, USD (default: local jobs' cost, "
+          spent: Optional[float] = typer.Option(None, callback=valid_spend, help="what the team has spent this month, USD (default: local jobs' cost, "
                                                 "or with --backend kubernetes the cluster's figure)"),
           backend_name: BackendName = typer.Option(BackendName.local, "--backend", help="kubernetes: the team's spend and budget "
                                                    "as the cluster's budget controller last recorded them"),
           context: Optional[str] = CONTEXT_OPTION,
           output: Output = output_option()) -> None:
     """Quota, cost limit and budget: would the cluster admit this job? Exit 0 yes, 3 no."""
-    from trainforge.trainer.admission import admit
     from trainforge.trainer.cli import views
+    from trainforge.trainer.submission import admit_now
     spec, platform = load_spec(spec_file), load_platform(stack)
     target = backend(backend_name, team=spec.team, context=context) if backend_name is BackendName.kubernetes else None
-    live = target.live_queue(spec.team) if target is not None else None
-    used, budget = _spend(spec, spent, target, live)
-    decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget, live_queue=live)
+    decision = admit_now(spec, platform, target, spent=spent)
     if output is Output.json:
         typer.echo(json.dumps(views.admission_json(decision), indent=2))
     else:
@@ -83,34 +72,19 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
         raise typer.Exit(3)
 
 
-def _spend(spec, spent: Optional[float], cluster=None, queue=None) -> tuple[float, Optional[float]]:
-    """The team's spend this month and, from a cluster, its budget there: as given, else what the cluster's budget
-    controller recorded (so the CLI and the cluster agree), else what the team's local jobs cost."""
-    budget = None
-    if cluster is not None:
-        recorded = cluster.budget(spec.team, queue=queue)
-        budget = recorded.budget_usd
-        if spent is None:
-            spent = recorded.spent_usd
-    if spent is not None:
-        return spent, budget
-    from trainforge.trainer import ledger
-    from trainforge.trainer.backends.local_records import all_jobs
-    return ledger.spent_this_month(spec.team, all_jobs()), budget
-
-
 def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
            detach: bool = typer.Option(False, "--detach", "-d", help="local: return at once; watch with status/logs"),
            backend_name: BackendName = BACKEND_OPTION,
            kind: Kind = KIND_OPTION,
            context: Optional[str] = CONTEXT_OPTION,
            stack: Optional[Path] = typer.Option(None, help="stack file: quota, cost limit and budget are checked first (required for kubernetes)"),
-           spent: Optional[float] = typer.Option(None, callback=_valid_spend, help="team spend this month in USD (default: the cluster's figure on "
+           spent: Optional[float] = typer.Option(None, callback=valid_spend, help="team spend this month in USD (default: the cluster's figure on "
                                                  "kubernetes, local jobs' cost this month otherwise)")) -> None:
     """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.admission import NotAdmitted, admit, unchecked
+    from trainforge.trainer.admission import NotAdmitted, unchecked
     from trainforge.trainer.spec import with_image
+    from trainforge.trainer.submission import admit_now
     spec = load_spec(spec_file)
     if backend_name is BackendName.kubernetes and stack is None:
         raise TrainforgeError("", ["the kubernetes backend checks quota and budget against the environment's stack before creating "
@@ -121,10 +95,7 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     if platform is None:
         decision = unchecked(spec)
     else:
-        on_cluster = backend_name is BackendName.kubernetes
-        live = target.live_queue(spec.team) if on_cluster else None
-        used, budget = _spend(spec, spent, target if on_cluster else None, live)
-        decision = admit(spec, platform, spent_this_month_usd=used, budget_usd=budget, live_queue=live)
+        decision = admit_now(spec, platform, target, spent=spent)
     if not decision.admitted:
         raise NotAdmitted(spec.name, decision.problems, "created" if backend_name is BackendName.kubernetes else "started")
     if backend_name is BackendName.kubernetes or detach:

@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S
-from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, KIND_OPTION, Kind, Output, output_option
+from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, KIND_OPTION, Kind, Output, output_option, valid_spend
 from trainforge.trainer.cli.sweep_cluster import (cancel_in_cluster, cluster_study, extend_in_cluster, in_cluster, sweep_record,
                                                   resume_in_cluster, start_in_cluster)
 
@@ -53,18 +53,21 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
         kind: Kind = KIND_OPTION,
         context: Optional[str] = CONTEXT_OPTION,
         poll: float = typer.Option(1.0, min=0.1, help="seconds between looks at the running trials"),
-        resume: bool = typer.Option(False, "--resume", help="continue a cancelled sweep on purpose")) -> None:
+        resume: bool = typer.Option(False, "--resume", help="continue a cancelled sweep on purpose"),
+        spent: Optional[float] = typer.Option(None, callback=valid_spend, help="local: the team's spend this month in USD, as "
+                                              "`check --spent` (default: local jobs' cost this month)")) -> None:
     """Run a sweep, or continue it (same name, same spec): finished trials are kept, running ones adopted."""
-    _run(sweep_file, backend_name, stack, storage, kind, context, poll, resume)
+    _run(sweep_file, backend_name, stack, storage, kind, context, poll, resume, spent)
 
 
 def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], storage: Optional[str], kind: Kind,
-         context: Optional[str], poll: float, resume: bool) -> None:
+         context: Optional[str], poll: float, resume: bool, spent: Optional[float] = None) -> None:
     from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.admission import admit, unchecked
+    from trainforge.trainer.admission import unchecked
     from trainforge.trainer.cli.common import backend, cost_centre, load_platform
     from trainforge.trainer.spec import with_image
+    from trainforge.trainer.submission import admit_now
     from trainforge.trainer.sweeps.spec import load_sweep
 
     sweep = load_sweep(sweep_file)  # every problem of the spec, before anything is created
@@ -97,7 +100,7 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
         spec = with_image(spec, platform, deployed)
         if platform is None:
             return unchecked(spec)
-        return admit(spec, platform)
+        return admit_now(spec, platform, target, spent=spent)
 
     from trainforge.trainer.cli import sweep_views
     from trainforge.trainer.sweeps.controller import SweepController
@@ -253,8 +256,9 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
 
 def _submit_promoted(spec, cluster, stack: Optional[Path]) -> str:
     """Submit the promoted job where the sweep ran, admitted like `submit`."""
-    from trainforge.trainer.admission import admit, unchecked
+    from trainforge.trainer.admission import unchecked
     from trainforge.trainer.spec import parse_spec, with_image
+    from trainforge.trainer.submission import admit_now
     spec = parse_spec(spec.model_dump(mode="json", exclude_none=True), "the promoted job")  # validated whole, like a file
     if cluster is None:
         from trainforge.trainer.backends.local import LocalBackend
@@ -264,7 +268,7 @@ def _submit_promoted(spec, cluster, stack: Optional[Path]) -> str:
     target, job = cluster
     platform = load_platform(stack) if stack is not None else platform_of(payload_of(job))
     spec = with_image(spec, platform, target.deployed_image(target.team))
-    return target.submit(spec, admit(spec, platform, live_queue=target.live_queue(target.team))).summary
+    return target.submit(spec, admit_now(spec, platform, target)).summary
 
 
 @app.command()

@@ -22,7 +22,8 @@ def sweep_record(name: str) -> dict:
 def start_in_cluster(sweep, stack: Path, kind: Kind, context: Optional[str], resume: bool) -> None:
     """Submit the sweep's controller as a TrainJob of the team's, admitted like `submit`; return once it exists."""
     from trainforge import contract, paths
-    from trainforge.trainer.admission import NotAdmitted, admit
+    from trainforge.trainer.admission import NotAdmitted
+    from trainforge.trainer.submission import admit_now
     from trainforge.trainer.cli.common import backend, cost_centre, load_platform
     from trainforge.trainer.spec import with_image
     from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, controller_spec, stack_payload
@@ -37,11 +38,11 @@ def start_in_cluster(sweep, stack: Path, kind: Kind, context: Optional[str], res
         wait_gone(target, team, job)
     live, deployed = target.live_queue(team), target.deployed_image(team)
     # Every trial has the base's shape: admitted now as a trial would be, so a sweep that could run nothing never starts.
-    trial = admit(with_image(sweep.base, platform, deployed), platform, live_queue=live)
+    trial = admit_now(with_image(sweep.base, platform, deployed), platform, target, live_queue=live)
     if not trial.admitted:
         raise NotAdmitted(sweep.base.name, trial.problems)
     spec = with_image(controller_spec(sweep, stack=stack_payload(stack), trial_kind=kind.value, resume=resume), platform, deployed)
-    report = target.submit(spec, admit(spec, platform, live_queue=live))
+    report = target.submit(spec, admit_now(spec, platform, target, live_queue=live))
     directory = paths.sweep_dir(sweep.name)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sweep.json").write_text(json.dumps({"backend": "kubernetes", "kind": kind.value, "team": team, "context": context,
@@ -135,7 +136,7 @@ def cancel_in_cluster(name: str, target, job: dict) -> None:
 def resume_in_cluster(name: str, target, job: dict) -> None:
     """A new controller TrainJob from the old one's sweep and stack (no file of this machine needed), resuming."""
     from trainforge import contract
-    from trainforge.trainer.admission import admit
+    from trainforge.trainer.submission import admit_now
     from trainforge.trainer.backends.kubernetes import job_state
     from trainforge.trainer.spec import with_image
     from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, controller_spec, payload_of, platform_of, sweep_of
@@ -144,7 +145,7 @@ def resume_in_cluster(name: str, target, job: dict) -> None:
     sweep, platform = sweep_of(payload), platform_of(payload)
     spec = with_image(controller_spec(sweep, stack=payload["stack"], trial_kind=payload.get("trial_kind", "trainjob"), resume=True), platform,
                       target.deployed_image(target.team))
-    decision = admit(spec, platform, live_queue=target.live_queue(target.team))
+    decision = admit_now(spec, platform, target)
     was = job_state("trainjob", job)
     target.cluster.cancel(CONTROLLER_KIND, target.team, job["metadata"]["name"])
     wait_gone(target, target.team, job["metadata"]["name"])

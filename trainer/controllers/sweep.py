@@ -98,7 +98,7 @@ def run_in_cluster(storage: str, poll_s: float, give_up_after_s: float = GIVE_UP
     the study refuses the sweep (not retried), EXIT_SERVICES_DOWN (>= 128: the job restarts the pod, which continues
     from the study and the jobs) when the API server, the database or MLflow stays down past `give_up_after_s`, or
     does not answer at start."""
-    from trainforge.trainer.admission import admit
+    from trainforge.trainer.submission import admit_now
     from trainforge.trainer.backends.kubernetes import KubernetesBackend
     from trainforge.trainer.runtime.pruning import storage_url
     from trainforge.trainer.spec import with_image
@@ -114,7 +114,7 @@ def run_in_cluster(storage: str, poll_s: float, give_up_after_s: float = GIVE_UP
         sweep = sweep_of(payload)
         deployed = backend.deployed_image(team)
         controller = SweepController(
-            sweep, backend, lambda spec: admit(with_image(spec, platform, deployed), platform, live_queue=backend.live_queue(team)),
+            sweep, backend, lambda spec: admit_now(with_image(spec, platform, deployed), platform, backend),
             storage_url(storage), tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), poll_s=poll_s,
             on_change=status.publish, trial_storage=contract.SWEEP_STORAGE_FROM_FILE, resume=bool(payload.get("resume")),
             on_look=status.look, give_up_after_s=give_up_after_s)
