@@ -77,6 +77,23 @@ class Cluster:
         return [j for j in self.served.api.of_kind("trainjobs", VISION)
                 if j["metadata"]["name"].startswith(f"{sweep}-t")]
 
+    @staticmethod
+    def trial_id(job: dict) -> int:
+        """The study's id of the trial a trial job runs, as its args name it."""
+        return int(next(a.split("=", 1)[1] for a in job["spec"]["trainer"]["args"] if a.startswith("sweep.trial_id=")))
+
+    def play_until_it_ends(self, sweep: str, controller: subprocess.Popen, what: str) -> None:
+        """The test as the Trainer: it finishes every trial it sees until the controller ends (killed if it does not)."""
+        def played() -> bool:
+            self.finish_trials(sweep)
+            return controller.poll() is not None
+        try:
+            wait_until(played, 180, what=what)
+        finally:
+            if controller.poll() is None:
+                controller.kill()
+            controller.wait(30)
+
     def finish_trials(self, sweep: str, value=lambda number: 0.9 - 0.01 * number) -> int:
         """The trial pods' rank 0 and the Trainer: every trial job not yet ended reports its value and completes."""
         study = optuna.load_study(study_name=sweep, storage=self.url)
@@ -84,8 +101,7 @@ class Cluster:
         for job in self.trials(sweep):
             if job.get("status"):
                 continue
-            trial_id = int(next(a.split("=", 1)[1] for a in job["spec"]["trainer"]["args"] if a.startswith("sweep.trial_id=")))
-            trial = optuna.trial.Trial(study, trial_id)
+            trial = optuna.trial.Trial(study, self.trial_id(job))
             trial.report(0.5, 20)
             study.tell(trial, value(trial.number))
             mark(job, "Complete")
@@ -286,15 +302,10 @@ def test_the_controller_rides_out_api_errors(cluster):
         wait_until(lambda: _logged(log, "services answer again after 3 failed look(s)"), 90,
                    what="the controller to retry through three API errors")
         assert controller.poll() is None, log.read_text()[-3000:]
-
-        def played_until_the_controller_ends() -> bool:
-            cluster.finish_trials("weathered")
-            return controller.poll() is not None
-        wait_until(played_until_the_controller_ends, 180, what="the controller to finish the sweep")
+        cluster.play_until_it_ends("weathered", controller, "the controller to finish the sweep")
     finally:
         if controller.poll() is None:
             controller.kill()
-        controller.wait(30)
     output = log.read_text()
     assert controller.returncode == 0 and "all planned trials done" in output, output[-3000:]
     assert len(cluster.trials("weathered")) == 2
@@ -322,15 +333,7 @@ def test_an_outage_past_the_controllers_patience_ends_it_with_a_code_the_job_res
     assert "has not answered for" in log.read_text()
     cluster.served.api.faults.clear()
     restarted = cluster.start_controller("outlasted", log=cluster.tmp / "restarted.log")
-    try:
-        def played_until_the_controller_ends() -> bool:
-            cluster.finish_trials("outlasted")
-            return restarted.poll() is not None
-        wait_until(played_until_the_controller_ends, 180, what="the restarted controller to finish the sweep")
-    finally:
-        if restarted.poll() is None:
-            restarted.kill()
-        restarted.wait(30)
+    cluster.play_until_it_ends("outlasted", restarted, "the restarted controller to finish the sweep")
     assert restarted.returncode == 0, (cluster.tmp / "restarted.log").read_text()[-3000:]
     assert len(cluster.trials("outlasted")) == 2
     assert counted(load_existing("outlasted", cluster.url)) == 2
@@ -356,7 +359,7 @@ def test_a_preempted_trial_waits_and_completes_as_itself_from_its_own_job(cluste
     try:
         wait_until(lambda: len(cluster.trials("preempted")) == 1, 120)
         (job,) = cluster.trials("preempted")
-        trial_id = int(next(a.split("=", 1)[1] for a in job["spec"]["trainer"]["args"] if a.startswith("sweep.trial_id=")))
+        trial_id = cluster.trial_id(job)
         optuna.storages.RDBStorage(cluster.url).record_heartbeat(trial_id)  # its worker ran, then its pod went
         mark(job, "Suspended")
         job["spec"]["suspend"] = True

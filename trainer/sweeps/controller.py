@@ -104,9 +104,11 @@ class SweepController:
         starting = True
         while True:
             try:
-                if starting or self.outage.ongoing:
-                    self._start() if starting else self.reconcile()
+                if starting:
+                    self._start()
                     starting = False
+                elif self.outage.ongoing:
+                    self.reconcile()
                 why = self._look()
                 self.outage.over()
             except Exception as exc:
