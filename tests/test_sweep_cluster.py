@@ -99,14 +99,16 @@ class Cluster:
         study = optuna.load_study(study_name=sweep, storage=self.url)
         done = 0
         for job in self.trials(sweep):
-            if job.get("status"):
-                continue
-            trial = optuna.trial.Trial(study, self.trial_id(job))
-            trial.report(0.5, 20)
-            study.tell(trial, value(trial.number))
-            mark(job, "Complete")
-            done += 1
+            if not job.get("status"):
+                self.finish_trial(study, job, value)
+                done += 1
         return done
+
+    def finish_trial(self, study: optuna.Study, job: dict, value=lambda number: 0.9 - 0.01 * number) -> None:
+        trial = optuna.trial.Trial(study, self.trial_id(job))
+        trial.report(0.5, 20)
+        study.tell(trial, value(trial.number))
+        mark(job, "Complete")
 
 
 def mark(job: dict, condition: str) -> None:
@@ -311,6 +313,30 @@ def test_the_controller_rides_out_api_errors(cluster):
     assert len(cluster.trials("weathered")) == 2
     study = load_existing("weathered", cluster.url)
     assert counted(study) == 2 and all(study.user_attrs.get(f"trial.{t.number}.settled") for t in study.get_trials())
+
+
+def test_a_trial_that_ends_before_its_launch_is_recorded_is_settled_once(cluster):
+    """The Trainer runs a trial and the trial tells the study its value before the controller has written down that it
+    created the job (a trial that fails at once; a controller slowed between the two): the controller goes on (it used
+    to die on optuna's UpdateFinishedTrialError, seen on CI), settles that trial once and launches the next."""
+    spec = sweep_file(cluster.tmp, "hasty", max_trials=2, max_parallel=1)
+    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+
+    def run_at_once(obj: dict) -> None:  # in the API server, before the controller hears its create answered
+        if obj["kind"] == "TrainJob" and obj["metadata"]["name"].startswith("hasty-t"):
+            cluster.finish_trial(optuna.load_study(study_name="hasty", storage=cluster.url), obj)
+    cluster.served.api.on_create = run_at_once
+    controller = cluster.start_controller("hasty")
+    try:
+        output, _ = controller.communicate(timeout=180)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 0 and "all planned trials done" in output, output[-3000:]
+    assert "told the study before its launch was recorded" in output
+    study = load_existing("hasty", cluster.url)
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 2
+    assert all(study.user_attrs.get(f"trial.{t.number}.settled") for t in study.get_trials())
 
 
 def test_an_outage_past_the_controllers_patience_ends_it_with_a_code_the_job_restarts(cluster):

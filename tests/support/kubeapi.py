@@ -232,6 +232,9 @@ class KubeApi:
     requests: list[dict[str, Any]] = field(default_factory=list)
     unserved: set[str] = field(default_factory=set)  # plurals this cluster lacks (an operator not installed)
     faults: dict[str, list[int]] = field(default_factory=dict)  # token -> the statuses its next requests get (an outage)
+    # Called with each object just created, before the creator hears 201: a test plays what a controller does at once
+    # (a trial that runs and reports before its creator records that it created it).
+    on_create: Any = None
     # The service proxy (/api/v1/namespaces/<ns>/services/<name:port>/proxy/<path>): (ns, "name:port") ->
     # handler(path, query) -> (status, JSON body or text). Tests play Prometheus and MLflow behind it.
     proxies: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -405,6 +408,8 @@ class Handler(BaseHTTPRequestHandler):
                 if not namespaced:
                     meta.pop("namespace")
                 api.objects[key] = body
+                if api.on_create is not None:
+                    api.on_create(body)
                 return self._send(201, body)
             if found is None:
                 return self._send(404, status(404, "NotFound", f'{plural} "{name}" not found', {"name": name, "kind": plural}))

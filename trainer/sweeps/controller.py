@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from trainforge.errors import TrainforgeError
@@ -246,12 +247,21 @@ class SweepController:
             self._mark_settled(trial.number)
             return False
         kill_point("created")
-        trial.set_user_attr("launch", "submitted")
+        self._record_submitted(trial)
         kill_point("recorded")
         log.info("trial %d: launched %s with %s", trial.number, name, json.dumps(trial.params))
         self.running[trial.number] = (access.trial_id(trial), name)
         self._changed()
         return True
+
+    @staticmethod
+    def _record_submitted(trial: optuna.Trial) -> None:
+        """Its job exists. The trial may already have run and told the study how it ended (a trial that fails at once,
+        a controller slowed between the create and this line): a finished trial was submitted, nothing to record."""
+        try:
+            trial.set_user_attr("launch", "submitted")
+        except UpdateFinishedTrialError:
+            log.info("trial %d: its job ended and told the study before its launch was recorded", trial.number)
 
     @staticmethod
     def _give_back(study: optuna.Study, number: int, params: dict[str, Any]) -> None:
