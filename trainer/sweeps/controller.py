@@ -293,10 +293,11 @@ class SweepController:
             reported = trial.user_attrs.get(OBJECTIVE_VALUE_ATTR)
             if is_multi_objective(self.study) and reported is not None and job_state == "succeeded":
                 # The worker reported its metric; what it cost is known only now, so the controller tells both.
-                self.study.tell(number, [float(reported), self._second_value(cost, seconds, trial)])
+                self.study.tell(number, [float(reported), self._second_value(cost, seconds, trial)], skip_if_finished=True)
             else:
-                # The worker tells the study how its trial ended; a job that ended without telling it failed.
-                self.study.tell(number, state=TrialState.FAIL)
+                # The worker tells the study how its trial ended; a job that ended without telling it failed. A worker
+                # still running (stop_all cancels it) may tell it first: its word stands.
+                self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
                 log.warning("trial %d: job %s ended %s without reporting an outcome: failed", number, job, job_state)
         self.study.set_user_attr(f"trial.{number}.cost_usd", round(cost, 6))
         if seconds is not None:
