@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -29,6 +30,7 @@ from support.waiting import wait_until
 
 
 from trainforge import contract
+from trainforge.trainer.spec import load_spec
 from trainforge.trainer.sweeps.study import counted, load_existing
 
 SWEEP = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-lr.yaml").read_text())
@@ -111,9 +113,15 @@ class Cluster:
         mark(job, "Complete")
 
 
-def mark(job: dict, condition: str) -> None:
+def mark(job: dict, condition: str, at: float | None = None, **status) -> None:
+    """The Trainer's word on a job: its condition true since `at` (now by default), and any other status fields."""
     job["status"] = {"conditions": [{"type": condition, "status": "True", "reason": condition, "message": "",
-                                     "lastTransitionTime": "2026-11-25T00:00:00Z"}]}
+                                     "lastTransitionTime": stamp(time.time() if at is None else at)}], **status}
+
+
+def stamp(at: float) -> str:
+    """A Kubernetes time (RFC 3339, whole seconds, UTC)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
 @pytest.fixture
@@ -408,3 +416,60 @@ def test_a_preempted_trial_waits_and_completes_as_itself_from_its_own_job(cluste
     study = load_existing("preempted", cluster.url)
     assert [(t.number, t.state) for t in study.get_trials()] == [(0, TrialState.COMPLETE)]
     assert len(cluster.trials("preempted")) == 1
+
+
+def test_a_trials_cost_and_run_time_count_only_while_its_job_runs(cluster):
+    """Kueue admits a trial's job two seconds after it was created, preempts it two seconds later, readmits it two seconds
+    after that, and it completes two seconds on: its run time is four seconds by its job's own condition times (it used
+    to be its trial's whole life, queue and suspension included, so a busy cluster ended sweeps early on their USD budget
+    and the cost objective measured congestion), its cost is its estimate scaled by those four seconds, and its queue
+    time (creation to first admission) is kept apart and shown by `status`."""
+    spec = sweep_file(cluster.tmp, "metered", max_trials=1, max_parallel=1)
+    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    log = cluster.tmp / "controller.log"
+    controller = cluster.start_controller("metered", log=log)
+    key = "trial.0.running_since"
+    try:
+        wait_until(lambda: len(cluster.trials("metered")) == 1, 120)
+        (job,) = cluster.trials("metered")
+        study = optuna.load_study(study_name="metered", storage=cluster.url)
+        started = study.trials[0].datetime_start.timestamp()
+        admitted, suspended, readmitted, completed = (int(started) + k for k in (2, 4, 6, 8))
+
+        def admit(moment: int) -> None:  # Kueue admits it: its Suspended condition turns False, its pods start
+            job["spec"]["suspend"] = False
+            job["status"] = {"conditions": [{"type": "Suspended", "status": "False", "reason": "Resumed", "message": "",
+                                             "lastTransitionTime": stamp(moment)}], "jobsStatus": [{"name": "node", "active": 1}]}
+
+        def preempt(moment: int) -> None:
+            job["spec"]["suspend"] = True
+            mark(job, "Suspended", moment)
+
+        def at(moment: int, change, what: str, recorded) -> None:  # at that moment the Trainer changes it; the controller sees it
+            wait_until(lambda: time.time() >= moment, 30, interval=0.05)
+            change(moment)
+            wait_until(lambda: recorded(study.user_attrs), 60, what=f"the controller to see the job {what}")
+        at(admitted, admit, "admitted", lambda attrs: attrs.get(key) == admitted)
+        at(suspended, preempt, "preempted", lambda attrs: attrs.get("trial.0.ran_s") == 2.0 and attrs.get(key) is None)
+        at(readmitted, admit, "readmitted", lambda attrs: attrs.get(key) == readmitted)
+        wait_until(lambda: time.time() >= completed, 30, interval=0.05)
+        trial = optuna.trial.Trial(study, cluster.trial_id(job))
+        study.tell(trial, 0.9)
+        mark(job, "Complete", completed)
+        controller.wait(120)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait(30)
+    assert controller.returncode == 0, log.read_text()[-3000:]
+    attrs = load_existing("metered", cluster.url).user_attrs
+    (trial,) = load_existing("metered", cluster.url).get_trials()
+    max_runtime_s = load_spec(REPO / "examples" / "sweep-base.yaml").limits.max_runtime_hours * 3600
+    assert attrs["trial.0.run_s"] == 4.0
+    assert attrs["trial.0.queued_s"] == pytest.approx(admitted - started, abs=1e-3)
+    assert attrs["trial.0.cost_usd"] == pytest.approx(trial.user_attrs["estimate_usd"] * 4.0 / max_runtime_s, abs=2e-6)
+    assert trial.user_attrs["estimate_usd"] > 0, "a priced trial: a cost of zero would prove nothing"
+    shown = cluster.cli("sweep", "status", "metered", "--backend", "kubernetes", "--team", "vision")
+    assert shown.returncode == 0, shown.stderr
+    header = next(line for line in shown.stdout.splitlines() if "queued s" in line)
+    assert "run s" in header

@@ -59,7 +59,9 @@ def sweep_table(name: str, study, found) -> None:
         second = None  # the cost column shows it already
     table = Table(title=title + (f": {study.user_attrs['finished_because']}" if study.user_attrs.get("finished_because") else ""),
                   title_justify="left")
-    for column in ("trial", "state", "value", *([second] if second else []), "params", "last step", "cost $", "duration s", "job"):
+    queued = any(r.queued_s is not None for r in found)  # a cluster sweep's trials: their queue time apart from their run
+    for column in ("trial", "state", "value", *([second] if second else []), "params", "last step", "cost $", "run s",
+                   *(["queued s"] if queued else []), "job"):
         table.add_column(column)
     front = {t.number for t in best_trials(study)}
     for r in found:
@@ -69,7 +71,8 @@ def sweep_table(name: str, study, found) -> None:
         table.add_row(str(r.number), state, f"{mark}{r.value:.5g}" if r.value is not None else "-",
                       *([f"{mark}{r.second:.5g}" if r.second is not None else "-"] if second else []), params,
                       str(r.last_step) if r.last_step is not None else "-", f"{r.cost_usd:.4f}" if r.cost_usd is not None else "-",
-                      f"{r.duration_s:.1f}" if r.duration_s is not None else "-", r.job or "-")
+                      f"{r.duration_s:.1f}" if r.duration_s is not None else "-",
+                      *([f"{r.queued_s:.1f}" if r.queued_s is not None else "-"] if queued else []), r.job or "-")
     import sys
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 

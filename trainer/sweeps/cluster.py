@@ -111,6 +111,7 @@ def study_from(document: dict[str, Any]):
     import optuna
     from optuna.trial import TrialState, create_trial
 
+    from trainforge.trainer.sweeps.run_clock import queued_key
     from trainforge.trainer.sweeps.study import quiet_optuna
     from trainforge.trainer.sweeps.spec import SweepSpec
     quiet_optuna()
@@ -137,6 +138,10 @@ def study_from(document: dict[str, Any]):
         number = study.trials[-1].number
         if row.get("cost_usd") is not None:
             study.set_user_attr(f"trial.{number}.cost_usd", row["cost_usd"])
+        if row.get("duration_s") is not None:
+            study.set_user_attr(f"trial.{number}.run_s", row["duration_s"])
+        if row.get("queued_s") is not None:
+            study.set_user_attr(queued_key(number), row["queued_s"])
         if row.get("stopped"):
             study.set_user_attr(f"trial.{number}.stopped", row["stopped"])
     for key in ("finished_because", "mlflow_run_id"):

@@ -12,6 +12,7 @@ study's pruner. The controller only launches, watches, prices and reconciles.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import time
@@ -23,10 +24,11 @@ from optuna.trial import TrialState
 
 from trainforge.errors import TrainforgeError
 from trainforge.trainer.admission import Admission, NotAdmitted
-from trainforge.trainer.backends import JobPhase, NoSuchJob
+from trainforge.trainer.backends import JobPhase, JobReport, NoSuchJob
 from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps import optuna_access as access
+from trainforge.trainer.sweeps import run_clock
 from trainforge.trainer.sweeps.limits import EXTENDED, in_effect
 from trainforge.trainer.sweeps.spec import Sweep
 from trainforge.trainer.sweeps.trials import trial_job
@@ -61,6 +63,9 @@ class SweepController:
         self.sweep = in_effect(sweep, self.study)
         self._extension = self.study.user_attrs.get(EXTENDED)
         self.running: dict[int, tuple[int, str]] = {}  # trial number -> (trial id, job name)
+        # The run clocks' study attributes (run_clock), mirrored: this controller alone writes them, and reading the
+        # study's attributes each look is a query over all of them (thousands of rows in a large sweep).
+        self.clocks: dict[str, Any] = {}
         self.stopped_because = ""
         self._per_trial: float | None = None
         self.tracking = SweepTracking(tracking_uri, sweep, self.study) if tracking_uri else None
@@ -160,22 +165,25 @@ class SweepController:
         the queue with the same parameters, uncounted. The study's attributes are read once: on a database storage each
         read is a query over all of them, and once per trial made a restart quadratic (58 s at 1,000 trials)."""
         attrs = self.study.user_attrs
+        self.clocks = run_clock.clocks_of(attrs)
         for trial in self.study.get_trials(deepcopy=False):
             if attrs.get(f"trial.{trial.number}.settled") or trial.state is TrialState.WAITING:
                 continue
             job = trial.user_attrs.get("job")
             if job is None and trial.state is not TrialState.RUNNING:
                 continue  # a record from before jobs were named first: nothing to settle
-            state = self._job_state(job) if job else "missing"
+            report = self._job_report(job) if job else None
+            state = report.state if report else "missing"
             if state == "missing" and trial.state is TrialState.RUNNING and trial.user_attrs.get("launch") != "submitted":
                 log.warning("trial %d: asked for, but its job was never created: its parameters go back to the queue", trial.number)
                 self._give_back(self.study, trial.number, trial.params)
                 self._mark_settled(trial.number)
             elif state in TERMINAL or state == "missing":
-                self._settle(trial.number, access.trial_id(trial), job, state, settled=False)
+                self._settle(trial.number, access.trial_id(trial), job, state, settled=False, report=report)
             else:
                 log.info("trial %d: adopted its job %s (%s)", trial.number, job, state)
                 self.running[trial.number] = (access.trial_id(trial), str(job))  # alive: it has a job
+                self._time(trial.number, trial, report)
         self._retry_failures(attrs)
 
     def requeue_stopped(self) -> None:
@@ -191,15 +199,18 @@ class SweepController:
     def poll(self) -> None:
         for number, (trial_id, job) in list(self.running.items()):
             trial = access.stored_trial(self.study, trial_id)
-            state = self._job_state(job)
+            report = self._job_report(job)
+            state = report.state if report else "missing"
             if trial.state is TrialState.FAIL and state not in TERMINAL and state != "missing":
                 # Failed while its job runs on (a diverged trial, or failed by someone else): end the job.
                 self._cancel(job)
-                state = "cancelled"
+                state, report = "cancelled", None
             if state in TERMINAL or state == "missing":
-                self._settle(number, trial_id, job, state)
+                self._settle(number, trial_id, job, state, report=report)
                 del self.running[number]
                 self._changed()
+            else:
+                self._time(number, trial, report)
         self._retry_failures()
 
     def launch_what_fits(self) -> None:
@@ -275,20 +286,39 @@ class SweepController:
 
     # ---- settling a trial --------------------------------------------------------------------------------------
 
-    def _job_state(self, job: str) -> str:
+    def _job_report(self, job: str) -> JobReport | None:
         try:
-            return self.backend.status(job).state
+            return self.backend.status(job)
         except NoSuchJob:
-            return "missing"
+            return None
 
-    def _settle(self, number: int, trial_id: int, job: str | None, job_state: str, settled: bool | None = None) -> None:
+    def _time(self, number: int, trial: optuna.trial.FrozenTrial, report: JobReport | None) -> run_clock.Seen:
+        """The trial's run clock after a look at its job (run_clock): written when it starts or stops running."""
+        started = trial.datetime_start.timestamp() if trial.datetime_start else None
+        look = run_clock.seen(report, time.time())
+        changed = run_clock.observe(self.clocks, number, look, started)
+        if changed:
+            log.info("trial %d: %s since %s (its job %s)", number, "running" if look.running else "not running",
+                     datetime.datetime.fromtimestamp(look.at, datetime.timezone.utc).isoformat(timespec="seconds"),
+                     report.state if report else "gone")
+        for key, value in changed.items():
+            self.study.set_user_attr(key, value)
+        self.clocks.update(changed)
+        return look
+
+    def _settle(self, number: int, trial_id: int, job: str | None, job_state: str, settled: bool | None = None,
+                report: JobReport | None = None) -> None:
         """Once per trial, whoever sees its job end: state, cost, MLflow. `settled`: whether it is, where the caller
-        has just read it (else it is read here)."""
+        has just read it (else it is read here); `report`: the look at its job that saw it end (else one is taken)."""
         if settled if settled is not None else self.study.user_attrs.get(f"trial.{number}.settled"):
             return
         trial = access.stored_trial(self.study, trial_id)
         kill_point("settling")
-        cost, seconds = self._cost(job, trial)
+        if report is None and job is not None and job_state not in ("missing", "cancelled"):
+            report = self._job_report(job)
+        last = self._time(number, trial, report)
+        cost, seconds = (trial_cost(report, trial, self.sweep.base.limits.max_runtime_hours, run_clock.ran_s(self.clocks, number, last))
+                         if job is not None else (0.0, None))
         if trial.state is TrialState.RUNNING:
             reported = trial.user_attrs.get(OBJECTIVE_VALUE_ATTR)
             if is_multi_objective(self.study) and reported is not None and job_state == "succeeded":
@@ -315,9 +345,6 @@ class SweepController:
         if seconds is not None:
             return round(seconds, 3)
         return round((time.time() - trial.datetime_start.timestamp()), 3) if trial.datetime_start else 0.0
-
-    def _cost(self, job: str | None, trial: optuna.trial.FrozenTrial) -> tuple[float, float | None]:
-        return trial_cost(self.backend, job, trial, self.sweep.base.limits.max_runtime_hours)
 
     def _retry_failures(self, attrs: dict[str, Any] | None = None) -> None:
         """Each failed trial is retried once, with the same parameters (a retry that fails stays failed). `attrs`: the

@@ -4,12 +4,10 @@ in the end (the backend's own figure where it keeps one, else the estimate scale
 from __future__ import annotations
 
 import datetime
-from typing import Any
-
 import optuna
 
 from trainforge.trainer.admission import Admission
-from trainforge.trainer.backends import LocalRun, NoSuchJob
+from trainforge.trainer.backends import JobReport, LocalRun
 from trainforge.trainer.spec import JobSpec
 
 
@@ -29,19 +27,16 @@ def trial_estimate(spec: JobSpec, decision: Admission) -> float:
         return 0.0
 
 
-def trial_cost(backend: Any, job: str | None, trial: optuna.trial.FrozenTrial, max_runtime_hours: float) -> tuple[float, float | None]:
+def trial_cost(report: JobReport | None, trial: optuna.trial.FrozenTrial, max_runtime_hours: float,
+               ran_s: float | None) -> tuple[float, float | None]:
     """What the trial's job cost, and how many seconds it ran where known: the backend's own figure where it keeps one
-    (local: node-hours x price), else the estimate scaled by how long the trial ran."""
-    if job is None:
-        return 0.0, None
-    report = None
-    try:
-        report = backend.status(job)
-    except NoSuchJob:
-        pass
+    (local: node-hours x price), else the estimate scaled by its running time (`ran_s`, run_clock: queue and
+    suspension excluded), else by its trial's start to end (a job nothing dated)."""
     if report is not None and isinstance(report.details, LocalRun) and report.details.cost.get("cost_usd") is not None:
         return float(report.details.cost["cost_usd"]), report.details.run_seconds
     estimate = float(trial.user_attrs.get("estimate_usd", 0.0))
-    ended = trial.datetime_complete or (datetime.datetime.now() if trial.datetime_start else None)  # a trial the controller tells
-    ran = (ended - trial.datetime_start).total_seconds() if ended and trial.datetime_start else None
+    ran = ran_s
+    if ran is None:
+        ended = trial.datetime_complete or (datetime.datetime.now() if trial.datetime_start else None)  # a trial the controller tells
+        ran = (ended - trial.datetime_start).total_seconds() if ended and trial.datetime_start else None
     return (estimate * min(1.0, ran / (max_runtime_hours * 3600)) if ran is not None else estimate), ran

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
 from trainforge.trainer.runtime.pruning import PrunerSettings, engine_kwargs, make_pruner
 from trainforge.trainer.sweeps import optuna_access as access
+from trainforge.trainer.sweeps.run_clock import queued_key
 from trainforge.trainer.sweeps.spec import Sweep
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -230,26 +231,29 @@ class TrialRow:
     value: float | None
     params: dict[str, Any]
     cost_usd: float | None
-    duration_s: float | None
+    duration_s: float | None  # running time where its job's clock timed it (run_clock), else its trial's start to end
     job: str | None
     retry_of: int | None
     last_step: int | None
     stopped: str | None = None  # why it was stopped on purpose (cancel, wall time): not a failure of its own
     second: float | None = None  # the second objective's value (the trial's cost or run time), where the sweep has one
+    queued_s: float | None = None  # from its job's creation to its first running moment, where timed
 
 
 def rows(study: optuna.Study) -> list[TrialRow]:
     attrs = study.user_attrs
     out = []
     for t in study.get_trials(deepcopy=False):
-        duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+        duration = attrs.get(f"trial.{t.number}.run_s")
+        if duration is None and t.datetime_complete and t.datetime_start:
+            duration = (t.datetime_complete - t.datetime_start).total_seconds()
         stopped = attrs.get(f"trial.{t.number}.stopped")
         state = "cancelled" if stopped and t.state is TrialState.FAIL else t.state.name.lower()
         values = t.values if t.state is TrialState.COMPLETE and t.values else [None, None]
         out.append(TrialRow(t.number, state, values[0], dict(t.params),
                             attrs.get(f"trial.{t.number}.cost_usd"), duration, t.user_attrs.get("job"), t.user_attrs.get("retry_of"),
                             max(t.intermediate_values) if t.intermediate_values else None, stopped,
-                            values[1] if len(values) > 1 else None))
+                            values[1] if len(values) > 1 else None, attrs.get(queued_key(t.number))))
     return out
 
 
