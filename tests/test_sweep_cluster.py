@@ -62,9 +62,10 @@ class Cluster:
     def job(self, name: str) -> dict | None:
         return self.served.api.find(*TRAINJOBS, VISION, name)
 
-    def start_controller(self, sweep: str, log: Path | None = None, give_up_after: float | None = None) -> subprocess.Popen:
+    def start_controller(self, sweep: str, log: Path | None = None, give_up_after: float | None = None,
+                         extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         """What the controller's pod runs, with what its pod gets: the TrainJob's environment, its token. `log`: its
-        output goes there (read while it runs), else to a pipe."""
+        output goes there (read while it runs), else to a pipe; `extra_env`: a fault to inject."""
         job = self.job(contract.sweep_controller_job(sweep))
         env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"] if "value" in e}
         assert job["spec"]["trainer"]["command"][-5:] == ["python", "-m", "trainforge.trainer.cli", "sweep", "controller"]
@@ -73,7 +74,8 @@ class Cluster:
                                  "--poll", "0.2", *patience], cwd=REPO, text=True,
                                 stdout=log.open("w") if log is not None else subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env={**os.environ, **{k: env[k] for k in (contract.HYPERPARAMETERS_ENV, "TRAINFORGE_JOB_ID", "TRAINFORGE_TEAM")},
-                                     "KUBECONFIG": str(self.controller), "TRAINFORGE_HOME": str(self.tmp / "pod-home")})
+                                     "KUBECONFIG": str(self.controller), "TRAINFORGE_HOME": str(self.tmp / "pod-home"),
+                                     **(extra_env or {})})
 
     def trials(self, sweep: str) -> list[dict]:
         return [j for j in self.served.api.of_kind("trainjobs", VISION)
@@ -473,3 +475,44 @@ def test_a_trials_cost_and_run_time_count_only_while_its_job_runs(cluster):
     assert shown.returncode == 0, shown.stderr
     header = next(line for line in shown.stdout.splitlines() if "queued s" in line)
     assert "run s" in header
+
+
+def test_two_members_extending_at_once_are_both_taken_up_exactly_once_across_a_controller_kill(cluster):
+    """Member B's `extend` lands between member A's read of the controller's TrainJob and A's write: A's patch names the
+    resourceVersion it read, the API server answers 409, and A adds its request to what is there now (it used to
+    overwrite B's, losing it). The controller, SIGKILLed right after taking up the first request and started again with
+    both still asked, applies each exactly once: 1 planned + 2 + 3 trials."""
+    from trainforge.trainer.sweeps.faults import KILL_AT_ENV
+    from trainforge.trainer.sweeps.limits import EXTENDED
+    spec = sweep_file(cluster.tmp, "crowded", max_trials=1, max_parallel=1)
+    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    controller_job = contract.sweep_controller_job("crowded")
+    others: list[subprocess.CompletedProcess] = []
+    armed = [True]
+
+    def member_b_first(method: str, namespace: str, name: str) -> None:  # B's whole extend runs inside A's first write
+        if method != "PATCH" or name != controller_job or not armed:
+            return
+        armed.clear()
+        others.append(cluster.cli("sweep", "extend", "crowded", "--trials", "+3", "--backend", "kubernetes", "--team", "vision",
+                                      home="member-b"))
+    cluster.served.api.on_write = member_b_first
+    extended = cluster.cli("sweep", "extend", "crowded", "--trials", "+2")
+    cluster.served.api.on_write = None
+    assert extended.returncode == 0, extended.stderr
+    assert others and others[0].returncode == 0, others[0].stderr if others else "member B never ran"
+    conflicts = [r for r in cluster.served.api.requests if r["method"] == "PATCH" and controller_job in r["path"]]
+    assert len(conflicts) == 3, "A's first patch, B's, A's again after the 409"
+    asked = json.loads(cluster.job(controller_job)["metadata"]["annotations"][contract.SWEEP_EXTEND_ANNOTATION])
+    assert sorted(r["trials"] for r in asked) == [2, 3], "both members' requests, each once"
+
+    log = cluster.tmp / "controller.log"
+    killed = cluster.start_controller("crowded", log=log, extra_env={KILL_AT_ENV: "extended:1"})
+    assert killed.wait(120) == -signal.SIGKILL, log.read_text()[-3000:]
+    assert load_existing("crowded", cluster.url).user_attrs[EXTENDED]["max_trials"] in (3, 4), "one request taken up, then killed"
+    controller = cluster.start_controller("crowded", log=log)
+    cluster.play_until_it_ends("crowded", controller, "the restarted controller to finish the extended sweep")
+    assert controller.returncode == 0, log.read_text()[-3000:]
+    study = load_existing("crowded", cluster.url)
+    assert study.user_attrs[EXTENDED]["max_trials"] == 6 and counted(study) == 6
+    assert sorted(study.user_attrs[EXTENDED]["taken"]) == sorted(r["id"] for r in asked)

@@ -235,6 +235,10 @@ class KubeApi:
     # Called with each object just created, before the creator hears 201: a test plays what a controller does at once
     # (a trial that runs and reports before its creator records that it created it).
     on_create: Any = None
+    # Called with (method, namespace, name) before a write is served, outside the store's lock: a test plays another
+    # client's write landing between this client's read and its write.
+    on_write: Any = None
+    revision: int = 0  # the store's resourceVersion: each write through the API (and each put) takes the next
     # The service proxy (/api/v1/namespaces/<ns>/services/<name:port>/proxy/<path>): (ns, "name:port") ->
     # handler(path, query) -> (status, JSON body or text). Tests play Prometheus and MLflow behind it.
     proxies: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -265,10 +269,16 @@ class KubeApi:
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         with self.lock:
+            meta.setdefault("resourceVersion", self.next_revision())
             self.objects[(group, version, plural, meta.get("namespace"), meta["name"])] = obj
             if obj["kind"] == "Namespace":
                 self.namespaces.add(meta["name"])
         return obj
+
+    def next_revision(self) -> str:
+        """Opaque to clients, as the API server's: only equality means anything (optimistic concurrency)."""
+        self.revision += 1
+        return str(self.revision)
 
     def find(self, group: str, version: str, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         return self.objects.get((group, version, plural, namespace, name))
@@ -386,6 +396,8 @@ class Handler(BaseHTTPRequestHandler):
         if namespaced and namespace is not None and namespace not in api.namespaces:
             return self._send(404, status(404, "NotFound", f'namespaces "{namespace}" not found', {"name": namespace, "kind": "namespaces"}))
         key = (group, version, plural, namespace, name)
+        if method != "GET" and api.on_write is not None:
+            api.on_write(method, namespace, name)
         with api.lock:
             found = api.objects.get(key)
             if method == "GET" and name is None:
@@ -404,7 +416,8 @@ class Handler(BaseHTTPRequestHandler):
                 denied = api.admission_denials("CREATE", body, group, version, plural)
                 if denied:
                     return self._send(denied[0].status, status(denied[0].status, denied[0].reason, str(denied[0]), {"name": meta["name"], "kind": plural}))
-                meta.update(uid=str(uuid.uuid4()), creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                meta.update(uid=str(uuid.uuid4()), creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                            resourceVersion=api.next_revision())
                 if not namespaced:
                     meta.pop("namespace")
                 api.objects[key] = body
@@ -424,10 +437,17 @@ class Handler(BaseHTTPRequestHandler):
                                                   "accepted media types include: application/json-patch+json"))
                 if content_type not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                     return self._send(415, status(415, "UnsupportedMediaType", f"the stand-in takes merge patches, not {content_type}"))
+                expected = ((body or {}).get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
+                if expected is not None and expected != found["metadata"].get("resourceVersion"):
+                    # A patch naming the version it was computed from is refused once another write has landed.
+                    return self._send(409, status(409, "Conflict", f'Operation cannot be fulfilled on {plural}.{group} "{name}": the '
+                                                  "object has been modified; please apply your changes to the latest version and try again",
+                                                  {"name": name, "kind": plural}))
                 patched = merge_patch(found, body)
                 denied = api.admission_denials("UPDATE", patched, group, version, plural)
                 if denied:
                     return self._send(denied[0].status, status(denied[0].status, denied[0].reason, str(denied[0]), {"name": name, "kind": plural}))
+                patched["metadata"] = {**patched["metadata"], "resourceVersion": api.next_revision()}
                 api.objects[key] = patched
                 return self._send(200, api.objects[key])
             if method == "DELETE":

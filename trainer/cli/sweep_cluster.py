@@ -160,12 +160,10 @@ def resume_in_cluster(name: str, target, job: dict) -> None:
 def extend_in_cluster(name: str, target, job: dict, *, trials: int, usd: float, wall_time_s: float) -> None:
     """Asked through the controller's TrainJob (the member has no database access); a finished controller is resumed
     to take it up."""
-    from trainforge import contract
     from trainforge.trainer.backends.kubernetes import job_state
-    from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, extend_request
-    asked = extend_request(job, trials=trials, usd=usd, wall_time_s=wall_time_s)
-    target.cluster.patch(CONTROLLER_KIND, target.team, job["metadata"]["name"], {"metadata": {"annotations": {contract.SWEEP_EXTEND_ANNOTATION: asked}}})
-    if job_state("trainjob", job) in ("succeeded", "failed"):
+    from trainforge.trainer.sweeps.cluster import ask_extension
+    written = ask_extension(target.cluster, target.team, job, trials=trials, usd=usd, wall_time_s=wall_time_s)
+    if job_state("trainjob", written) in ("succeeded", "failed"):
         typer.echo(f"sweep {name}: its controller has ended; `trainforge sweep resume {name}` continues it with the extension")
     else:
         typer.echo(f"sweep {name}: asked its controller to extend it (+{trials} trials, +${usd:,.2f}, +{wall_time_s:.0f} s of wall time); "

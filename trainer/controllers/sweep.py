@@ -13,6 +13,7 @@ from typing import Any
 from trainforge import contract
 from trainforge.errors import TrainforgeError
 from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, encode, platform_of, sweep_of
+from trainforge.trainer.sweeps.faults import kill_point
 from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S, ServicesDown, is_transient
 
 STATUS_SAVE_S = 5.0
@@ -75,7 +76,7 @@ class StatusObject:
 
     def look(self, controller) -> None:
         """Each look of the loop: a member's requests, then the status (when due)."""
-        from trainforge.trainer.sweeps.limits import extend
+        from trainforge.trainer.sweeps.limits import take_up
         job = self.cluster.get(CONTROLLER_KIND, self.team, self.job) or {}
         asked = (job.get("metadata") or {}).get("annotations") or {}
         study = controller.study
@@ -84,11 +85,9 @@ class StatusObject:
             study.set_user_attr("cancel_taken", asked[contract.SWEEP_CANCEL_ANNOTATION])  # a resumed sweep is not cancelled again
             study.set_user_attr("cancelled", True)
         for wanted in json.loads(asked.get(contract.SWEEP_EXTEND_ANNOTATION) or "[]"):
-            taken = study.user_attrs.get("extensions_taken", [])
-            if wanted["id"] not in taken:
-                extend(study, trials=int(wanted.get("trials", 0)), usd=float(wanted.get("usd", 0.0)),
-                       wall_time_s=float(wanted.get("wall_time_s", 0.0)))
-                study.set_user_attr("extensions_taken", [*taken, wanted["id"]])
+            if take_up(study, wanted["id"], trials=int(wanted.get("trials", 0)), usd=float(wanted.get("usd", 0.0)),
+                       wall_time_s=float(wanted.get("wall_time_s", 0.0))):
+                kill_point("extended")
         self.publish(controller)
 
 

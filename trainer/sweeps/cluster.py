@@ -150,7 +150,35 @@ def study_from(document: dict[str, Any]):
     return study
 
 
-def extend_request(job: dict[str, Any], *, trials: int, usd: float, wall_time_s: float) -> str:
-    """The controller TrainJob's extension requests with one more (each taken up once, by its id)."""
+CONFLICT_ATTEMPTS = 8  # members writing the same controller's requests at once: each retry follows another's landed write
+
+
+def extend_request(job: dict[str, Any], request: dict[str, Any]) -> str:
+    """The controller TrainJob's extension requests with this one added (each taken up once, by its id; a request
+    already there, from an earlier attempt of the same ask, is not added twice)."""
     earlier = json.loads(((job.get("metadata") or {}).get("annotations") or {}).get(contract.SWEEP_EXTEND_ANNOTATION) or "[]")
-    return json.dumps([*earlier, {"id": uuid.uuid4().hex, "trials": trials, "usd": usd, "wall_time_s": wall_time_s, "at": time.time()}])
+    return json.dumps([*earlier, *([] if any(e.get("id") == request["id"] for e in earlier) else [request])])
+
+
+def ask_extension(cluster: Any, team: str, job: dict[str, Any], *, trials: int, usd: float, wall_time_s: float) -> dict[str, Any]:
+    """Add an extension request to the controller's TrainJob, exactly once whoever else writes it meanwhile: the patch
+    names the resourceVersion it was computed from, so the API server refuses it (409) when another member's request
+    (or the controller's status) landed in between; the object is read again and the same request (same id) added
+    to what is there now. `job`: the object as last read. The object as written."""
+    request = {"id": uuid.uuid4().hex, "trials": trials, "usd": usd, "wall_time_s": wall_time_s, "at": time.time()}
+    name = job["metadata"]["name"]
+    for _ in range(CONFLICT_ATTEMPTS):
+        patch = {"metadata": {"resourceVersion": job["metadata"].get("resourceVersion"),
+                              "annotations": {contract.SWEEP_EXTEND_ANNOTATION: extend_request(job, request)}}}
+        try:
+            written = cluster.patch(CONTROLLER_KIND, team, name, patch)
+        except TrainforgeError as exc:
+            if getattr(exc, "status", None) != 409:
+                raise
+            job = cluster.get(CONTROLLER_KIND, team, name) or job
+            continue
+        if written is None:
+            raise TrainforgeError("", [f"the sweep's controller TrainJob {name} is gone. Fix: `trainforge sweep resume` starts it again"])
+        return written
+    raise TrainforgeError("", [f"{name} changed under each of {CONFLICT_ATTEMPTS} attempts to add the extension (others writing it at "
+                               "once); nothing was added. Fix: run the same `trainforge sweep extend` again"])

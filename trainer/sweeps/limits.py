@@ -55,13 +55,33 @@ def recorded_limits(study: optuna.Study) -> Limits:
     return base.raised_by(study.user_attrs.get(EXTENDED) or {})
 
 
-def extend(study: optuna.Study, *, trials: int = 0, usd: float = 0.0, wall_time_s: float = 0.0) -> tuple[Limits, Limits]:
-    """Raise the sweep's limits by these amounts (a limit the sweep never had stays unlimited); (before, after)."""
+def taken_requests(study: optuna.Study) -> set[str]:
+    """The ids of the members' extension requests already applied (a study from before they were kept with the
+    limits holds them apart)."""
+    attrs = study.user_attrs
+    return set((attrs.get(EXTENDED) or {}).get("taken") or []) | set(attrs.get("extensions_taken") or [])
+
+
+def take_up(study: optuna.Study, request: str, *, trials: int = 0, usd: float = 0.0, wall_time_s: float = 0.0) -> bool:
+    """A member's extension request (a cluster sweep's controller takes them up from its TrainJob), applied once:
+    False if it already was. Its id is written in the same attribute as the raised limits, so a controller killed
+    after that write has taken it up and one killed before has not: never half, never twice."""
+    if request in taken_requests(study):
+        return False
+    extend(study, trials=trials, usd=usd, wall_time_s=wall_time_s, request=request)
+    return True
+
+
+def extend(study: optuna.Study, *, trials: int = 0, usd: float = 0.0, wall_time_s: float = 0.0,
+           request: str | None = None) -> tuple[Limits, Limits]:
+    """Raise the sweep's limits by these amounts (a limit the sweep never had stays unlimited); (before, after).
+    `request`: the id of the member's request this applies (take_up), recorded with the limits."""
+    taken = list((study.user_attrs.get(EXTENDED) or {}).get("taken") or [])
     before = recorded_limits(study)
     after = Limits(before.max_trials + trials, None if before.usd is None else before.usd + usd,
                    None if before.wall_time_s is None else before.wall_time_s + wall_time_s)
     study.set_user_attr(EXTENDED, {"max_trials": after.max_trials, "usd": after.usd, "wall_time_s": after.wall_time_s,
-                                   "at": time.time()})
+                                   "at": time.time(), "taken": [*taken, *([request] if request else [])]})
     return before, after
 
 
