@@ -861,6 +861,36 @@ def test_a_sweep_warm_starts_from_the_best_trials_of_earlier_ones(tmp_path):
         .get_trials(states=(TrialState.WAITING,)) == waiting, "opened again: not enqueued twice"
 
 
+def test_a_warm_start_from_a_sweep_that_scored_otherwise_is_refused_naming_what_differs(tmp_path):
+    """Issue 40, item 7: an earlier sweep of another objective, or whose trials trained on another base (a step budget,
+    a batch size, a task argument this sweep does not search), would seed this one with values that do not compare: it
+    is refused with the difference named and nothing created. One that differs only in what this sweep searches, or in
+    how often it was measured, seeds it."""
+    from trainforge.trainer.sweeps.study import open_study, SweepError
+    from trainforge.trainer.sweeps.spec import load_sweep
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def sweep(name: str, base_changes: dict | None = None, **changes):
+        base = {**BASE, **(base_changes or {})}
+        (tmp_path / f"{name}-base.yaml").write_text(yaml.safe_dump(base))
+        return load_sweep(write_sweep(tmp_path, name=name, base=str(tmp_path / f"{name}-base.yaml"), **changes))
+    hyper = BASE["hyperparameters"]
+    open_study(sweep("on-loss", objective={"metric": "loss", "direction": "minimize"}), url)
+    open_study(sweep("shorter", {"hyperparameters": {**hyper, "max_steps": 60}}), url)
+    open_study(sweep("wider", {"entry": {**BASE["entry"], "args": {"width": 64, "depth": 3}}}), url)
+    open_study(sweep("comparable", {"hyperparameters": {**hyper, "lr": 0.05, "eval_every": 40}}), url)
+    for earlier, says in (("on-loss", "warm_start: sweep 'on-loss' optimised loss (minimize), this sweep accuracy (maximize)"),
+                          ("shorter", "hyperparameters.max_steps 60 vs 120"),
+                          ("wider", "entry.args.depth 3 vs 2")):
+        with pytest.raises(SweepError) as refused:
+            open_study(sweep(f"after-{earlier}", warm_start=[earlier]), url)
+        assert says in str(refused.value) and "Fix: " in str(refused.value), str(refused.value)
+        assert f"after-{earlier}" not in optuna.get_all_study_names(url), "nothing created"
+    open_study(sweep("after-comparable", warm_start=["comparable"]), url)  # lr is searched; eval_every only measures
+    refused = cli(tmp_path / "home", "sweep", str(write_sweep(tmp_path, name="cli-after", warm_start=["shorter"])), "--storage", url)
+    assert refused.returncode == 2 and "hyperparameters.max_steps 60 vs 120" in refused.stderr, refused.stderr
+
+
 @pytest.mark.slow
 def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_path, mlflow_tracking):
     """Issue 25, 'promotion': `sweep best --promote --steps N` submits the best trial's job trained on to N steps

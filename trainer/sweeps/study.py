@@ -192,6 +192,9 @@ def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage
             raise SweepError(f"warm_start: no sweep named {name!r} in {storage_url}. Fix: one of {sorted(names)}, "
                              "or drop it (a warm start reads earlier sweeps in this sweep's own storage)")
         earlier = optuna.load_study(study_name=name, storage=storage)
+        problems = incomparable(name, earlier, sweep)
+        if problems:
+            raise SweepError("; ".join(problems))
         complete = [t for t in earlier.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE]
         maximize = earlier.directions[0] == optuna.study.StudyDirection.MAXIMIZE
         complete.sort(key=lambda t: t.values[0], reverse=maximize)
@@ -202,6 +205,43 @@ def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage
     return seeds
 
 
+
+
+# How often a trial is measured and logged, not what it measures: an earlier sweep that differs only here compares.
+NOT_COMPARED_HYPERPARAMETERS = frozenset({"log_every", "eval_every"})
+
+
+def incomparable(name: str, earlier: optuna.Study, sweep: Sweep) -> list[str]:
+    """Why an earlier sweep's values cannot seed this one: another objective (metric or direction), or its trials
+    trained on another base (task, task arguments, workers, or a hyperparameter this sweep does not search), where the
+    same parameters would score otherwise. Empty where they compare (or the earlier study predates the record)."""
+    recorded = json.loads(earlier.user_attrs.get("search") or "{}")
+    if not recorded:
+        return []
+    problems = []
+    metric = (recorded.get("objective") or {}).get("metric")
+    direction = earlier.directions[0].name.lower()
+    if (metric, direction) != (sweep.spec.objective.metric, sweep.direction):
+        problems.append(f"warm_start: sweep {name!r} optimised {metric} ({direction}), this sweep {sweep.spec.objective.metric} "
+                        f"({sweep.direction}): its best trials are not this sweep's. Fix: warm-start from a sweep of the same objective")
+    then, now = recorded.get("base") or {}, sweep.base.model_dump(mode="json")
+    searched = set(sweep.spec.space)
+    differ = []
+
+    def compare(section: str, before: dict[str, Any], after: dict[str, Any], skip: Any = lambda key: False) -> None:
+        for key in sorted(set(before) | set(after)):
+            if not skip(key) and before.get(key) != after.get(key):
+                differ.append(f"{section}.{key} {before.get(key)} vs {after.get(key)}")
+    entry_then, entry_now = then.get("entry") or {}, now.get("entry") or {}
+    compare("entry", entry_then, entry_now, lambda key: key == "args")
+    compare("entry.args", entry_then.get("args") or {}, entry_now.get("args") or {}, lambda key: f"task_args.{key}" in searched)
+    compare("workers", then.get("workers") or {}, now.get("workers") or {})
+    compare("hyperparameters", then.get("hyperparameters") or {}, now.get("hyperparameters") or {},
+            lambda key: key in searched or key in NOT_COMPARED_HYPERPARAMETERS)
+    if differ:
+        problems.append(f"warm_start: sweep {name!r} trained its trials on another base ({'; '.join(differ)}): the same parameters "
+                        "would score otherwise here. Fix: warm-start from a sweep of this base, or search the field that differs")
+    return problems
 
 
 def _same_search_as_recorded_spec(recorded_spec: str, sweep: Sweep) -> bool:
