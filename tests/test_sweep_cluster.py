@@ -516,3 +516,56 @@ def test_two_members_extending_at_once_are_both_taken_up_exactly_once_across_a_c
     study = load_existing("crowded", cluster.url)
     assert study.user_attrs[EXTENDED]["max_trials"] == 6 and counted(study) == 6
     assert sorted(study.user_attrs[EXTENDED]["taken"]) == sorted(r["id"] for r in asked)
+
+
+def test_a_ten_thousand_trial_sweeps_status_fits_the_api_and_best_reads_the_right_trial(cluster, monkeypatch):
+    """Issue 40, item 4: the controller's status object at 10,000 trials (the most a spec allows) is accepted by the API
+    server (all annotations under 256 KiB) and holds every trial counted by state and the best ones whole: `best
+    --write` writes the best trial's own hyperparameters. It used to drop the parameters of all but the newest trials
+    to fit, so `best --write` wrote the base job's and `--promote` resumed the best weights under them."""
+    import random
+
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.trial import create_trial
+
+    from trainforge.trainer.controllers.sweep import StatusObject, document_of
+    from trainforge.trainer.kube import Cluster as KubeCluster
+    from trainforge.trainer.sweeps.cluster import payload_of, sweep_of
+    spec = sweep_file(cluster.tmp, "vast", max_trials=10_000, max_parallel=4)
+    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    controller_job = contract.sweep_controller_job("vast")
+    sweep = sweep_of(payload_of(cluster.job(controller_job)))
+    space = {"lr": FloatDistribution(1e-4, 0.3, log=True), "warmup_steps": IntDistribution(0, 40, step=10),
+             "task_args.width": CategoricalDistribution([32, 64, 128])}
+    study = optuna.create_study(study_name="vast", direction="maximize")  # the controller's study after 10,000 trials
+    rng = random.Random(0)
+    states = [TrialState.COMPLETE] * 6 + [TrialState.PRUNED] * 3 + [TrialState.FAIL]
+    trials = []
+    for number in range(10_000):
+        state = TrialState.RUNNING if number >= 9_996 else TrialState.COMPLETE if number == 4_321 else rng.choice(states)
+        params = {"lr": 10 ** rng.uniform(-4, -0.6), "warmup_steps": rng.choice([0, 10, 20, 30, 40]), "task_args.width": rng.choice([32, 64, 128])}
+        value = 0.999 if number == 4_321 else rng.uniform(0.5, 0.98)
+        trials.append(create_trial(state=state, value=value if state is TrialState.COMPLETE else None, params=params, distributions=space,
+                                   intermediate_values={step: value - 0.1 * (1 - step / 120) for step in range(20, 121, 20)},
+                                   user_attrs={"job": f"vast-t{number:05d}"}))
+    study.add_trials(trials)
+    monkeypatch.setenv("KUBECONFIG", str(cluster.controller))
+    StatusObject(KubeCluster(), "vision", controller_job).publish(
+        type("Looked", (), {"study": study, "sweep": sweep, "running": {n: None for n in range(9_996, 10_000)},
+                            "spent_usd": lambda self: 1234.5})(), force=True)  # the API server took it: under its limit
+
+    shown = cluster.cli("sweep", "status", "vast", "--backend", "kubernetes", "--team", "vision", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["trials_total"] == 10_000 and sum(status["counts"].values()) == 10_000
+    assert status["counts"]["running"] == 4 and all(t["params"] for t in status["trials"]), "every trial shown, whole"
+    best = cluster.cli("sweep", "best", "vast", "--backend", "kubernetes", "--team", "vision", "-o", "json",
+                       "--write", str(cluster.tmp / "best.yaml"))
+    assert best.returncode == 0, best.stderr
+    found = json.loads(best.stdout)
+    assert found["trial"] == 4_321 and found["params"] == study.trials[4_321].params
+    written = yaml.safe_load((cluster.tmp / "best.yaml").read_text())
+    assert written["hyperparameters"]["lr"] == study.trials[4_321].params["lr"]
+    assert written["entry"]["args"]["width"] == study.trials[4_321].params["task_args.width"]
+    table = cluster.cli("sweep", "status", "vast", "--backend", "kubernetes", "--team", "vision")
+    assert "of 10000 trials" in table.stdout and "the best 20" in table.stdout, table.stdout[-2000:]

@@ -64,6 +64,13 @@ SERVED: dict[tuple[str, str, str], tuple[str, bool]] = {
 RBAC_KINDS = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 
 
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # the API server's limit on all of an object's annotations, keys and values together
+
+
+def annotations_size(obj: dict[str, Any]) -> int:
+    return sum(len(k.encode()) + len(str(v).encode()) for k, v in ((obj.get("metadata") or {}).get("annotations") or {}).items())
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386."""
     if not isinstance(patch, dict):
@@ -444,6 +451,9 @@ class Handler(BaseHTTPRequestHandler):
                                                   "object has been modified; please apply your changes to the latest version and try again",
                                                   {"name": name, "kind": plural}))
                 patched = merge_patch(found, body)
+                if annotations_size(patched) > ANNOTATIONS_MAX_BYTES:
+                    return self._send(422, status(422, "Invalid", f'{plural}.{group} "{name}" is invalid: metadata.annotations: Too long: '
+                                                  f"must have at most {ANNOTATIONS_MAX_BYTES} bytes", {"name": name, "kind": plural}))
                 denied = api.admission_denials("UPDATE", patched, group, version, plural)
                 if denied:
                     return self._send(denied[0].status, status(denied[0].status, denied[0].reason, str(denied[0]), {"name": name, "kind": plural}))

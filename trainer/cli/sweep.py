@@ -150,7 +150,9 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
     if cluster is not None:
         from trainforge.trainer.backends.kubernetes import job_state
         study, document = cluster_study(name, cluster[1])
-        extra = {"controller": job_state("trainjob", cluster[1]), "spent_usd": document["spent_usd"], "planned": document["planned"]}
+        extra = {"controller": job_state("trainjob", cluster[1]), "spent_usd": document["spent_usd"], "planned": document["planned"],
+                 "trials_total": document.get("trials_total", len(document.get("trials", []))), "counts": document.get("counts"),
+                 "holds": study.user_attrs.get("status_holds")}
     else:
         study = load_existing(name, _storage(name, storage))
     found = rows(study)
@@ -162,6 +164,8 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
     sweep_views.sweep_table(name, study, found)
     if extra:
         typer.echo(f"controller: {extra['controller']}; {extra['planned']} trials planned; ${extra['spent_usd']:,.4f} spent")
+        if extra["holds"]:
+            typer.echo(f"shown: {extra['holds']}. Every trial: `trainforge sweep status {name} --storage URL` with the team's study database")
 
 
 @app.command()
@@ -176,6 +180,8 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
     cluster = in_cluster(name, backend_name, team, context)
     study = cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
     done = write_report(study, directory)
+    if study.user_attrs.get("status_holds"):
+        typer.echo(f"the plots show {study.user_attrs['status_holds']} (the controller's status object; every trial: --storage URL)")
     for file in done["written"]:
         typer.echo(f"wrote {directory / file}")
     for why in done["skipped"]:
@@ -197,7 +203,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
 
     from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, load_existing, second_objective_name
+    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, load_existing, number_of, second_objective_name
     from trainforge.trainer.sweeps.spec import load_sweep
     from trainforge.trainer.sweeps.trials import trial_job
     cluster = in_cluster(name, backend_name, team, context)
@@ -207,10 +213,10 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
         raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=1)
     trial = front[0]  # the best, or on a Pareto front the best primary value
     if pick is not None:
-        chosen = [t for t in front if t.number == pick]
+        chosen = [t for t in front if number_of(t) == pick]
         if not chosen:
             raise TrainforgeError("", [f"--trial {pick}: not " + ("on the Pareto front" if is_multi_objective(study) else "the best trial")
-                                       + f" (it holds {[t.number for t in front]}). Fix: one of those"])
+                                       + f" (it holds {[number_of(t) for t in front]}). Fix: one of those"])
         trial = chosen[0]
     job = trial.user_attrs.get("job")
     record = sweep_record(name)
@@ -220,13 +226,13 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
         checkpoint = str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR)
     elif job is not None and team is not None:
         checkpoint = contract.fsx_job_paths(team, job)["checkpoint_dir"]
-    found = {"trial": trial.number, "value": trial.values[0], "params": trial.params, "job": job, "checkpoint": checkpoint,
+    found = {"trial": number_of(trial), "value": trial.values[0], "params": trial.params, "job": job, "checkpoint": checkpoint,
              "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
              "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
     if is_multi_objective(study):
         second = second_objective_name(study) or "second"
         found[second] = trial.values[1]
-        found["pareto_front"] = [{"trial": t.number, "value": t.values[0], second: t.values[1], "params": t.params,
+        found["pareto_front"] = [{"trial": number_of(t), "value": t.values[0], second: t.values[1], "params": t.params,
                                   "job": t.user_attrs.get("job")} for t in front]
     if promote and steps is None:
         raise TrainforgeError("", ["--promote: how long the full job trains. Fix: --steps N (beyond the trial's own max_steps)"])

@@ -51,7 +51,7 @@ class SweepProgress:
 
 
 def sweep_table(name: str, study, found) -> None:
-    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, primary_direction, second_objective_name
+    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, number_of, primary_direction, second_objective_name
     direction = primary_direction(study)
     second = second_objective_name(study) if is_multi_objective(study) else None
     title = f"sweep {name} ({direction}" + (f"; {second} minimised: the Pareto front in green" if second else "") + ")"
@@ -63,7 +63,7 @@ def sweep_table(name: str, study, found) -> None:
     for column in ("trial", "state", "value", *([second] if second else []), "params", "last step", "cost $", "run s",
                    *(["queued s"] if queued else []), "job"):
         table.add_column(column)
-    front = {t.number for t in best_trials(study)}
+    front = {number_of(t) for t in best_trials(study)}
     for r in found:
         mark = "[green]" if r.number in front else ""
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.params.items())
@@ -85,15 +85,15 @@ def sweep_summary(controller, why: str) -> None:
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(f"sweep {sweep.name}: {why}; ${controller.spent_usd():,.4f} spent"
                   + (f" of ${sweep.spec.budget.usd:,.2f}" if sweep.spec.budget.usd else ""))
-    from trainforge.trainer.sweeps.study import best_trials
+    from trainforge.trainer.sweeps.study import best_trials, number_of
     front = best_trials(study)
     if not front:
         console.print("no complete trial")
     elif sweep.spec.second_objective is None:
         best = front[0]
-        console.print(f"best: trial {best.number} ({best.user_attrs.get('job')}) {sweep.spec.objective.metric} = {best.values[0]:.5g} "
+        console.print(f"best: trial {number_of(best)} ({best.user_attrs.get('job')}) {sweep.spec.objective.metric} = {best.values[0]:.5g} "
                       f"with {best.params}. `trainforge sweep best {sweep.name} --write best.yaml` gives its job spec")
     else:
         console.print(f"Pareto front ({sweep.spec.objective.metric} vs {sweep.spec.second_objective.metric}): "
-                      + "; ".join(f"trial {t.number}: {t.values[0]:.5g} at {t.values[1]:.5g}" for t in front)
+                      + "; ".join(f"trial {number_of(t)}: {t.values[0]:.5g} at {t.values[1]:.5g}" for t in front)
                       + f". `trainforge sweep best {sweep.name} --trial N --write best.yaml` gives one's job spec")

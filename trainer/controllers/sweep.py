@@ -20,37 +20,78 @@ STATUS_SAVE_S = 5.0
 STATUS_MAX_CHARS = 200_000  # of the 256 KiB the API server allows for all of an object's annotations
 
 
+STATUS_EVERY_TRIAL = 500  # up to this many trials the status object holds every one
+STATUS_BEST = 20  # beyond: the best (single objective), or the Pareto front up to STATUS_FRONT
+STATUS_FRONT = 200
+STATUS_NEWEST = 200  # ... the running and waiting ones, and the newest
+
+
 def status_document(controller) -> dict[str, Any]:
-    """What `status`, `best` and `report` show, from the study: every trial (with its evaluations while they fit)."""
+    """What `status`, `best` and `report` show without the database: the sweep's figures and its trials, each with its
+    parameters and evaluations."""
+    return document_of(controller.study, controller.sweep, running=len(controller.running), spent_usd=controller.spent_usd())
+
+
+def document_of(study, sweep, *, running: int, spent_usd: float) -> dict[str, Any]:
+    """The status document of a study. Up to STATUS_EVERY_TRIAL trials it holds every one; beyond, a bounded summary
+    (the study database stays the record): every trial counted by state, and in full the best (or the Pareto front),
+    the running and waiting ones and the newest, so `best` and `promote` always read the chosen trial's own
+    parameters, at 10,000 trials as at 10."""
     from dataclasses import asdict
 
-    from trainforge.trainer.sweeps.study import counted, rows
-    study, sweep = controller.study, controller.sweep
-    curves = {t.number: t.intermediate_values for t in study.get_trials(deepcopy=False)}
-    trials = [{**asdict(r), "intermediate": {str(k): v for k, v in curves.get(r.number, {}).items()}} for r in rows(study)]
+    from optuna.trial import TrialState
+
+    from trainforge.trainer.sweeps.study import best_trials, counted, is_multi_objective, rows
+    every = study.get_trials(deepcopy=False)
+    found = rows(study)
+    counts: dict[str, int] = {}
+    for r in found:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    if is_multi_objective(study):
+        best = [t.number for t in best_trials(study)[:STATUS_FRONT]]
+    else:
+        sign = -1.0 if sweep.direction == "maximize" else 1.0
+        complete = sorted((t for t in every if t.state is TrialState.COMPLETE), key=lambda t: sign * t.values[0])
+        best = [t.number for t in complete[:STATUS_BEST]]
+    shown = None
+    if len(found) > STATUS_EVERY_TRIAL:
+        alive = [t.number for t in every if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        newest = [t.number for t in every[-STATUS_NEWEST:]]
+        keep = set(best) | set(alive) | set(newest)
+        found = [r for r in found if r.number in keep]
+        shown = {"best": len(best), "alive": len(alive), "newest": len(newest)}
+    curves = {t.number: t.intermediate_values for t in every}
+    trials = [{**asdict(r), "intermediate": {str(k): v for k, v in curves.get(r.number, {}).items()}} for r in found]
     second = sweep.spec.second_objective
     return {"sweep": sweep.name, "direction": sweep.direction, "metric": sweep.spec.objective.metric,
             "directions": [d.name.lower() for d in study.directions], "second_metric": second.metric if second else None,
             "space": {k: v.model_dump(mode="json") for k, v in sweep.spec.space.items()},
-            "planned": sweep.planned_trials, "counted": counted(study), "running": len(controller.running),
-            "spent_usd": round(controller.spent_usd(), 6), "budget_usd": sweep.spec.budget.usd,
+            "planned": sweep.planned_trials, "counted": counted(study), "running": running,
+            "spent_usd": round(spent_usd, 6), "budget_usd": sweep.spec.budget.usd,
             "wall_time": sweep.spec.budget.wall_time, "finished_because": study.user_attrs.get("finished_because"),
-            "mlflow_run_id": study.user_attrs.get("mlflow_run_id"), "updated_at": time.time(), "trials": trials}
+            "mlflow_run_id": study.user_attrs.get("mlflow_run_id"), "updated_at": time.time(),
+            "trials_total": len(every), "counts": counts, "best": best, "shown": shown, "trials": trials}
 
 
 def fitted(document: dict[str, Any]) -> str:
-    """Encoded within the annotation's room: the evaluation curves go first, then the parameters of all but the
-    newest trials (the table keeps every trial's state, value and cost)."""
+    """Encoded within the annotation's room. What gives way, in turn: the evaluation curves of all but the best
+    trials, then the oldest of the newest trials (never the best, nor the running ones). No trial shown loses its
+    parameters: `best` and `promote` run them."""
     text = encode(document)
     if len(text) <= STATUS_MAX_CHARS:
         return text
-    document = {**document, "trials": [{**t, "intermediate": {}} for t in document["trials"]], "truncated": "evaluation curves"}
+    best = set(document.get("best") or [])
+    trials = [t if t["number"] in best else {**t, "intermediate": {}} for t in document["trials"]]
+    document = {**document, "trials": trials, "truncated": "evaluation curves of all but the best trials"}
     text = encode(document)
-    keep = len(document["trials"])
-    while len(text) > STATUS_MAX_CHARS and keep > 0:
-        keep //= 2
-        trials = [t if i >= len(document["trials"]) - keep else {**t, "params": {}} for i, t in enumerate(document["trials"])]
-        text = encode({**document, "trials": trials, "truncated": f"parameters of all but the newest {keep} trials"})
+    while len(text) > STATUS_MAX_CHARS:
+        expendable = [t for t in trials if t["number"] not in best and t["state"] not in ("running", "waiting")]
+        if not expendable:
+            break
+        drop = {t["number"] for t in expendable[:max(1, len(expendable) // 2)]}  # the oldest half
+        trials = [t for t in trials if t["number"] not in drop]
+        document = {**document, "trials": trials, "truncated": "evaluation curves of all but the best trials; older trials"}
+        text = encode(document)
     return text
 
 

@@ -106,6 +106,17 @@ def status_of(job: dict[str, Any]) -> dict[str, Any] | None:
     return decode(text) if text else None
 
 
+def holds(document: dict[str, Any]) -> str | None:
+    """Which trials a bounded status document holds (controllers/sweep.document_of), for a person; None: every one."""
+    shown, total = document.get("shown"), document.get("trials_total")
+    if not shown:
+        return None
+    counts = ", ".join(f"{n} {state}" for state, n in sorted((document.get("counts") or {}).items()))
+    return (f"{len(document['trials'])} of {total} trials ({counts}): the best {shown['best']}, the {shown['alive']} running "
+            f"or waiting and the newest {shown['newest']}"
+            + (f"; {document['truncated']} left out to fit" if document.get("truncated") else ""))
+
+
 def study_from(document: dict[str, Any]):
     """An in-memory Optuna study holding what the status object says: the views and the report run on it unchanged."""
     import optuna
@@ -134,7 +145,8 @@ def study_from(document: dict[str, Any]):
         values = ([row["value"], row.get("second")] if len(directions) > 1 else [row["value"]]) if complete else None
         study.add_trial(create_trial(state=state, values=values, params=params,
                                      distributions={k: every[k] for k in params}, intermediate_values=curve,
-                                     user_attrs={k: v for k, v in (("job", row["job"]), ("retry_of", row["retry_of"])) if v is not None}))
+                                     user_attrs={k: v for k, v in (("job", row["job"]), ("retry_of", row["retry_of"]),
+                                                                   ("trial_number", row["number"])) if v is not None}))
         number = study.trials[-1].number
         if row.get("cost_usd") is not None:
             study.set_user_attr(f"trial.{number}.cost_usd", row["cost_usd"])
@@ -147,6 +159,7 @@ def study_from(document: dict[str, Any]):
     for key in ("finished_because", "mlflow_run_id"):
         if document.get(key) is not None:
             study.set_user_attr(key, document[key])
+    study.set_user_attr("status_holds", holds(document))
     return study
 
 

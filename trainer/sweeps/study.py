@@ -290,11 +290,17 @@ def rows(study: optuna.Study) -> list[TrialRow]:
         stopped = attrs.get(f"trial.{t.number}.stopped")
         state = "cancelled" if stopped and t.state is TrialState.FAIL else t.state.name.lower()
         values = t.values if t.state is TrialState.COMPLETE and t.values else [None, None]
-        out.append(TrialRow(t.number, state, values[0], dict(t.params),
+        out.append(TrialRow(number_of(t), state, values[0], dict(t.params),
                             attrs.get(f"trial.{t.number}.cost_usd"), duration, t.user_attrs.get("job"), t.user_attrs.get("retry_of"),
                             max(t.intermediate_values) if t.intermediate_values else None, stopped,
                             values[1] if len(values) > 1 else None, attrs.get(queued_key(t.number))))
     return out
+
+
+def number_of(trial: optuna.trial.FrozenTrial) -> int:
+    """The trial's number in its sweep. A study rebuilt from a bounded status object (sweeps/cluster.study_from) holds a
+    selection of the trials, each keeping its own number."""
+    return int(trial.user_attrs.get("trial_number", trial.number))
 
 
 def counted(study: optuna.Study) -> int:
