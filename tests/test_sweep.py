@@ -927,6 +927,28 @@ def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_p
     assert history and min(m.step for m in history) > 60, "it went on from the trial's step 60, not from scratch" + log[-500:]
 
 
+def test_a_promoted_job_climbs_back_to_its_schedule_from_where_the_trial_ended():
+    """Issue 40, item 7: the promoted job resumes at the trial's last step under a longer schedule, whose factor there
+    is several times where the trial's had decayed to (it used to jump there at once, straight after convergence).
+    It now climbs, step by step over its warmup, from the trial's last factor to its own schedule, then follows it."""
+    from trainforge.trainer.runtime.build import lr_lambda
+    from trainforge.trainer.runtime.config import RunConfig
+    from trainforge.trainer.sweeps.promotion import rewarm_for
+    hyper = {"max_steps": 60, "warmup_steps": 10, "lr": 0.01}
+    trial = lr_lambda(RunConfig(**hyper))
+    rewarm = rewarm_for(hyper, 60, 600)
+    assert rewarm == {"from_step": 60, "from_factor": pytest.approx(trial(60)), "steps": 10}
+    plain = lr_lambda(RunConfig(**{**hyper, "max_steps": 600}))
+    promoted = lr_lambda(RunConfig(**{**hyper, "max_steps": 600, "rewarm": rewarm}))
+    ended = trial(59)  # the trial's last step's factor
+    assert plain(60) / ended > 5, "the longer schedule's factor at the trial's step: a jump without the climb"
+    climb = [promoted(step) for step in range(60, 70)]
+    assert climb == sorted(climb) and climb[0] < ended + (plain(60) - ended) / 5, climb
+    assert [promoted(step) for step in range(70, 600, 53)] == [plain(step) for step in range(70, 600, 53)], "then its own schedule"
+    with pytest.raises(ValueError, match="rewarm.steps"):
+        RunConfig(**{**hyper, "rewarm": {**rewarm, "steps": 0}})
+
+
 def test_starting_from_a_job_without_checkpoints_is_a_user_error_naming_the_fix(tmp_path):
     from trainforge.trainer.runtime.checkpoint_files import start_from
     from trainforge.trainer.runtime.config import UserError

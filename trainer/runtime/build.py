@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 import resource
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -37,12 +36,14 @@ def default_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer
 
 
 def lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
-    """Linear warmup, then cosine decay to `min_lr_ratio` of the peak."""
+    """Linear warmup, then cosine decay to `min_lr_ratio` of the peak; a promoted job (cfg.rewarm) climbs back to it
+    from where its trial's schedule ended instead of jumping there."""
+    from trainforge.trainer.runtime.schedule import cosine_factor, rewarmed
+
     def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        own = cosine_factor(step, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+        r = cfg.rewarm
+        return own if r is None else rewarmed(own, step, r.from_step, r.from_factor, r.steps)
     return factor
 
 

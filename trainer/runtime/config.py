@@ -117,6 +117,16 @@ def nccl_environment(cfg: NcclConfig, output_dir: str) -> dict[str, str]:
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if cfg.flight_recorder_entries else "0", "TORCH_FR_DUMP_TEMP_FILE": dump}
 
 
+class RewarmConfig(_Model):
+    """A promoted sweep trial (`trainforge sweep best --promote`) resumes at its trial's last step under a longer
+    schedule, whose factor there is far above where the trial's decayed to (about 10x): from `from_step` the learning
+    rate climbs linearly over `steps` from the trial's last factor to this run's own. The default scheduler's; a task's
+    own scheduler is its own."""
+    from_step: int = Field(..., ge=1)
+    from_factor: float = Field(..., ge=0, le=1)
+    steps: int = Field(..., ge=1)
+
+
 class RunConfig(_Model):
     job_id: str = Field("adhoc", pattern=RUN_ID, max_length=63)
     team: str = Field("default", pattern=RUN_ID, max_length=63)
@@ -141,6 +151,7 @@ class RunConfig(_Model):
     weight_decay: float = Field(0.01, ge=0)
     warmup_steps: int = Field(20, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    rewarm: RewarmConfig | None = None
     max_grad_norm: float | None = Field(1.0, gt=0)
     eval_every: int = Field(50, ge=1)
     eval_batches: int | None = Field(None, ge=1, description="cap on eval batches per rank; None = whole eval set")
