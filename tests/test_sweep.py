@@ -369,7 +369,7 @@ def test_a_restarted_controller_never_asks_the_parameters_it_asked_before(tmp_pa
     sweep = parse_sweep({**SWEEP, "base": str(REPO / "examples" / "sweep-base.yaml"), "sampler": sampler}, "s.yaml")
     url = f"sqlite:///{tmp_path / 'study.db'}"
     asked = []
-    for start in range(4):  # four controller starts, one trial each (TPE is still in its start-up trials)
+    for _start in range(4):  # four controller starts, one trial each (TPE is still in its start-up trials)
         study = open_study(sweep, url)
         trial = study.ask(distributions(sweep))
         asked.append(tuple(sorted(trial.params.items())))
@@ -815,6 +815,33 @@ def test_a_sweep_searches_accuracy_against_cost_and_shows_the_pareto_front(tmp_p
     assert report.returncode == 0 and (home / "sweeps" / "clf-cost" / "report" / "pareto_front.png").exists(), report.stdout + report.stderr
     status = json.loads(cli(home, "sweep", "status", "clf-cost", "-o", "json").stdout)
     assert status["directions"] == ["maximize", "minimize"] and all(r["second"] is not None for r in status["trials"])
+
+
+def test_best_names_what_it_picks_by_and_offers_the_pareto_fronts_knee(tmp_path):
+    """Issue 40, item 7: on a Pareto front `best` says it picked the best primary value, and `--knee` picks the best
+    trade-off: the front's trial farthest from the line between its ends (here a trial that gives up 0.05 of accuracy
+    to cost a third of the most accurate one). `--knee` on one objective, or with --trial, is refused."""
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from trainforge.trainer.sweeps.study import open_study
+    from trainforge.trainer.sweeps.spec import load_sweep
+    cost = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-cost.yaml").read_text())
+    path = tmp_path / "cost.yaml"
+    path.write_text(yaml.safe_dump({**cost, "base": str(REPO / "examples" / "sweep-base.yaml")}))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = open_study(load_sweep(path), url)
+    space = {"lr": FloatDistribution(1e-3, 0.3, log=True)}
+    for accuracy, usd, lr in ((0.90, 10.0, 0.1), (0.85, 3.0, 0.05), (0.80, 2.5, 0.02), (0.60, 2.0, 0.01), (0.70, 9.0, 0.2)):
+        study.add_trial(create_trial(values=[accuracy, usd], params={"lr": lr}, distributions=space))
+    home = tmp_path / "home"
+    primary = json.loads(cli(home, "sweep", "best", "clf-cost", "--storage", url, "-o", "json").stdout)
+    assert primary["trial"] == 0 and primary["picked_by"] == "the best accuracy on the Pareto front"
+    assert sorted(t["trial"] for t in primary["pareto_front"]) == [0, 1, 2, 3], "trial 4 is beaten on both"
+    knee = json.loads(cli(home, "sweep", "best", "clf-cost", "--storage", url, "--knee", "-o", "json").stdout)
+    assert knee["trial"] == 1 and knee["params"] == {"lr": 0.05} and "knee" in knee["picked_by"]
+    both = cli(home, "sweep", "best", "clf-cost", "--storage", url, "--knee", "--trial", "2")
+    assert both.returncode == 2 and "--knee and --trial each choose the trial" in both.stderr
 
 
 def test_the_budget_holds_a_trial_to_its_dearest_possible_placement(tmp_path):

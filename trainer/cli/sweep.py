@@ -194,6 +194,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
          backend_name: Optional[BackendName] = BACKEND_OPTION, team: Optional[str] = SWEEP_TEAM_OPTION,
          context: Optional[str] = CONTEXT_OPTION,
          pick: Optional[int] = typer.Option(None, "--trial", help="with a second objective: which trial of the Pareto front"),
+         knee: bool = typer.Option(False, "--knee", help="with a second objective: the Pareto front's knee (the best trade-off)"),
          promote: bool = typer.Option(False, "--promote", help="continue the trial from its checkpoint as a full job (with --steps)"),
          steps: Optional[int] = typer.Option(None, "--steps", min=1, help="--promote: the full job's max_steps"),
          stack: Optional[Path] = typer.Option(None, help="--promote on the cluster: the stack it is admitted against "
@@ -203,7 +204,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
 
     from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, load_existing, number_of, second_objective_name
+    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, knee_of, load_existing, number_of, second_objective_name
     from trainforge.trainer.sweeps.spec import load_sweep
     from trainforge.trainer.sweeps.trials import trial_job
     cluster = in_cluster(name, backend_name, team, context)
@@ -212,12 +213,20 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     if not front:
         raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=1)
     trial = front[0]  # the best, or on a Pareto front the best primary value
+    primary = json.loads(study.user_attrs.get("spec") or "{}").get("objective", {}).get("metric", "the objective")
+    picked_by = f"the best {primary}" + (" on the Pareto front" if is_multi_objective(study) else "")
+    if knee and pick is not None:
+        raise TrainforgeError("", ["--knee and --trial each choose the trial. Fix: one of them"])
+    if knee:
+        if not is_multi_objective(study):
+            raise TrainforgeError("", [f"--knee: sweep {name!r} has one objective, so no Pareto front. Fix: drop --knee"])
+        trial, picked_by = knee_of(front, list(study.directions)), "the Pareto front's knee (--knee)"
     if pick is not None:
         chosen = [t for t in front if number_of(t) == pick]
         if not chosen:
             raise TrainforgeError("", [f"--trial {pick}: not " + ("on the Pareto front" if is_multi_objective(study) else "the best trial")
                                        + f" (it holds {[number_of(t) for t in front]}). Fix: one of those"])
-        trial = chosen[0]
+        trial, picked_by = chosen[0], f"--trial {pick}"
     job = trial.user_attrs.get("job")
     record = sweep_record(name)
     team = cluster[0].team if cluster is not None else record.get("team")
@@ -226,7 +235,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
         checkpoint = str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR)
     elif job is not None and team is not None:
         checkpoint = contract.fsx_job_paths(team, job)["checkpoint_dir"]
-    found = {"trial": number_of(trial), "value": trial.values[0], "params": trial.params, "job": job, "checkpoint": checkpoint,
+    found = {"trial": number_of(trial), "picked_by": picked_by, "value": trial.values[0], "params": trial.params, "job": job, "checkpoint": checkpoint,
              "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
              "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
     if is_multi_objective(study):

@@ -90,6 +90,26 @@ def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return sorted(study.best_trials, key=lambda t: (sign * t.values[0], t.values[1]))
 
 
+def knee_of(front: list[optuna.trial.FrozenTrial], directions: list[optuna.study.StudyDirection]) -> optuna.trial.FrozenTrial:
+    """The Pareto front's knee: with both objectives scaled to [0, 1] (better lower), the trial farthest from the
+    straight line between the front's two ends, where giving up a little of one objective buys the most of the
+    other. A front of one or two trials: its first (the best primary value)."""
+    if len(front) <= 2:
+        return front[0]
+
+    def scaled(i: int) -> list[float]:
+        sign = -1.0 if directions[i] == optuna.study.StudyDirection.MAXIMIZE else 1.0
+        values = [sign * t.values[i] for t in front]
+        low, high = min(values), max(values)
+        return [(v - low) / (high - low) if high > low else 0.0 for v in values]
+    points = list(zip(scaled(0), scaled(1)))
+    a = min(points, key=lambda p: (p[0], p[1]))  # the best primary value
+    b = min(points, key=lambda p: (p[1], p[0]))  # the best second value
+    length = ((b[0] - a[0]) ** 2 + (b[1] - a[1]) ** 2) ** 0.5 or 1.0
+    distance = [abs((b[0] - a[0]) * (a[1] - y) - (a[0] - x) * (b[1] - a[1])) / length for x, y in points]
+    return front[max(range(len(front)), key=lambda i: distance[i])]
+
+
 def pruner_config(sweep: Sweep) -> dict[str, Any]:
     """The spec's pruner resolved against the base job and recorded in the study, so the controller and every trial's
     rank 0 build the same pruner (runtime/pruning.PrunerSettings validates both sides)."""
