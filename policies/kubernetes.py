@@ -14,9 +14,9 @@ EXACT_VERSION = re.compile(r"^v?\d+\.\d+\.\d+$")
 HELM = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart")
 # Kinds that carry pod templates (anything whose spec holds `containers` is inspected, at any depth).
 WORKLOADS = ("kubernetes:core/v1:Pod", "kubernetes:apps/v1:Deployment", "kubernetes:apps/v1:DaemonSet", "kubernetes:apps/v1:StatefulSet",
-             "kubernetes:batch/v1:Job", "kubernetes:batch/v1:CronJob", "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime",
-             "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime", "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
-             "kubernetes:kubeflow.org/v1:PyTorchJob", "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet")
+             "kubernetes:batch/v1:Job", "kubernetes:batch/v1:CronJob", contract.pulumi_type(contract.TRAINER_API, "ClusterTrainingRuntime"),
+             contract.pulumi_type(contract.TRAINER_API, "TrainingRuntime"), contract.pulumi_type(contract.TRAINER_API, "TrainJob"),
+             contract.pulumi_type(contract.PYTORCHJOB_API, "PyTorchJob"), "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet")
 TEAM_LABEL = contract.LABEL_TEAM
 # What Pod Security `baseline` lets a container add (the file-ownership ones a setup Job needs among them); anything
 # else (SYS_ADMIN, NET_ADMIN, SYS_PTRACE...) reaches past the container.

@@ -67,7 +67,7 @@ def resource_flavours_match_node_groups(resources: list[StackResource], ctx: Con
     nodes = [({**(g.props.get("labels") or {})}, sorted((t.get("key"), t.get("value"), effects.get(t.get("effect"), t.get("effect")))
                                                         for t in g.props.get("taints") or []))
              for g in of_type(resources, "aws:eks/nodeGroup:NodeGroup")]
-    for flavour in of_type(resources, "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor"):
+    for flavour in of_type(resources, contract.pulumi_type(contract.KUEUE_API, "ResourceFlavor")):
         spec = flavour.props.get("spec") or {}
         wanted = spec.get("nodeLabels") or {}
         taints = sorted((t.get("key"), t.get("value"), t.get("effect")) for t in spec.get("nodeTaints") or [])
@@ -86,7 +86,7 @@ def teams_have_their_tenancy(resources: list[StackResource], ctx: Context) -> Vi
     def in_namespace(kind: str, namespace: str) -> list[StackResource]:
         return [r for r in of_type(resources, kind) if (r.props.get("metadata") or {}).get("namespace") == namespace]
 
-    cluster_queues = {(r.props.get("metadata") or {}).get("name") for r in of_type(resources, "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue")}
+    cluster_queues = {(r.props.get("metadata") or {}).get("name") for r in of_type(resources, contract.pulumi_type(contract.KUEUE_API, "ClusterQueue"))}
     for team in sorted(teams):
         namespace = contract.namespace_name(team)
         if namespace not in namespaces:
@@ -99,7 +99,7 @@ def teams_have_their_tenancy(resources: list[StackResource], ctx: Context) -> Vi
             yield f"namespace {namespace} has no LimitRange: a pod without requests is unbounded. Fix: LimitRange defaults", None
         if not any(_default_deny(p.props) for p in in_namespace("kubernetes:networking.k8s.io/v1:NetworkPolicy", namespace)):
             yield f"namespace {namespace} has no default-deny NetworkPolicy. Fix: deny all ingress and egress, then allow what jobs need", None
-        if not in_namespace("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue", namespace) or contract.cluster_queue_name(team) not in cluster_queues:
+        if not in_namespace(contract.pulumi_type(contract.KUEUE_API, "LocalQueue"), namespace) or contract.cluster_queue_name(team) not in cluster_queues:
             yield f"team {team!r} has no LocalQueue/ClusterQueue: its jobs would never be admitted. Fix: its Kueue queues", None
 
 
@@ -226,7 +226,7 @@ def team_quota_within_platform_capacity(resources: list[StackResource], ctx: Con
                      if isinstance(platform_outputs(r).get("gpu_capacity"), Mapping)), None)
     if capacity is None:
         return  # a platform stack: its own config check sums the cohort against its node groups
-    for queue in of_type(resources, "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"):
+    for queue in of_type(resources, contract.pulumi_type(contract.KUEUE_API, "ClusterQueue")):
         for group in (queue.props.get("spec") or {}).get("resourceGroups") or []:
             for flavour in group.get("flavors") or []:
                 gpus = next((r.get("nominalQuota") for r in flavour.get("resources") or [] if r.get("name") == contract.RESOURCE_GPU), None)

@@ -12,6 +12,7 @@ coincidence is allowed below, with why.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from support.repo import REPO
@@ -69,6 +70,28 @@ def test_every_distinctive_fact_is_spelled_in_its_home_only():
                 if value in known and (value, module) not in COINCIDENCES:
                     second.append(f"{module}:{line} spells {value!r}, which is {' / '.join(known[value])}")
     assert second == [], "import the constant instead:\n" + "\n".join(second)
+
+
+API_VERSION = re.compile(r"^[a-z0-9-]+(\.[a-z0-9-]+)+/v\d+((alpha|beta)\d+)?$")
+
+
+def test_an_api_version_is_spelled_once_even_inside_a_path_or_split_in_two():
+    """Issue 40, item 6: the scan above compares whole literals, so `f"/apis/kueue.x-k8s.io/v1beta2/..."` and
+    `("kueue.x-k8s.io", "v1beta2")` escaped it (the Kueue API version was in five modules). An API version's group
+    alone, or the version inside a longer string (an f-string's text included), is a second spelling too."""
+    versions = {v: homes for v, homes in facts().items() if API_VERSION.match(v)}
+    assert len(versions) >= 3, versions
+    second = []
+    for folder in PRODUCT:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path in HOMES:
+                continue
+            for value, line in literals(path):
+                for api, homes in versions.items():
+                    inside = re.search(rf"(?<![\w.-]){re.escape(api)}(?!\w)", value)  # not kubeflow.org/v1 in trainer.kubeflow.org/v1alpha1
+                    if value != api and (inside or value == api.rpartition("/")[0]):
+                        second.append(f"{path.relative_to(REPO)}:{line} spells {value!r}, which holds {' / '.join(homes)}")
+    assert second == [], "use the constant (contract.api_parts for its group and version):\n" + "\n".join(second)
 
 
 def test_every_allowed_coincidence_is_still_there():

@@ -23,7 +23,7 @@ def rfc3339(moment: datetime.datetime) -> str:
 
 
 KIND_NAMES: dict[str, str] = {"trainjob": "TrainJob", "pytorchjob": "PyTorchJob"}
-API = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"), "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs")}
+API = {"TrainJob": (*contract.api_parts(contract.TRAINER_API), "trainjobs"), "PyTorchJob": (*contract.api_parts(contract.PYTORCHJOB_API), "pytorchjobs")}
 # The label each controller puts on the pods of a job.
 POD_SELECTOR = {"TrainJob": "jobset.sigs.k8s.io/jobset-name", "PyTorchJob": "training.kubeflow.org/job-name"}
 
@@ -216,6 +216,6 @@ class Cluster:
         return None if value is None else base64.b64decode(value).decode()
 
 
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
+KUEUE = contract.api_parts(contract.KUEUE_API)
 
 

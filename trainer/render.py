@@ -260,11 +260,11 @@ def max_runtime_seconds(spec: JobSpec) -> int:
 def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = None) -> dict[str, Any]:
     placement = pod_placement(spec, where)
     return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "apiVersion": contract.TRAINER_API,
         "kind": "TrainJob",
         "metadata": metadata(spec, cost_centre),
         "spec": {
-            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": where.training_runtime},
+            "runtimeRef": {"apiGroup": contract.api_group(contract.TRAINER_API), "kind": "ClusterTrainingRuntime", "name": where.training_runtime},
             "activeDeadlineSeconds": max_runtime_seconds(spec),
             "trainer": {
                 "image": image(spec), "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
@@ -305,7 +305,7 @@ def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None =
     if spec.workers.nodes > 1:
         replicas["Worker"] = replica(spec.workers.nodes - 1)
     return {
-        "apiVersion": "kubeflow.org/v1",
+        "apiVersion": contract.PYTORCHJOB_API,
         "kind": "PyTorchJob",
         "metadata": metadata(spec, cost_centre),
         "spec": {

@@ -34,7 +34,7 @@ def cluster_role() -> dict[str, Any]:
     """ConfigMaps by name only (`trainforge-team` in any namespace); ClusterQueues listed (to find the teams) and
     patched (stopPolicy); Events created."""
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(namespaced=False),
-            "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["get", "list", "patch"]},
+            "rules": [{"apiGroups": [contract.api_group(contract.KUEUE_API)], "resources": ["clusterqueues"], "verbs": ["get", "list", "patch"]},
                       {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [contract.TEAM_SETTINGS_CONFIG_MAP],
                        "verbs": ["get", "patch"]},
                       {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]}

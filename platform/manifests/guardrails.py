@@ -163,8 +163,8 @@ def binding(name: str) -> dict[str, Any]:
 
 
 def objects(priority_classes: list[str]) -> list[dict[str, Any]]:
-    jobs = [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["trainjobs"]},
-            {"apiGroups": ["kubeflow.org"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["pytorchjobs"]}]
+    jobs = [{"apiGroups": [contract.api_group(contract.TRAINER_API)], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["trainjobs"]},
+            {"apiGroups": [contract.api_group(contract.PYTORCHJOB_API)], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["pytorchjobs"]}]
     pods = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
     return [policy(JOBS_POLICY, jobs, job_validations(priority_classes)), binding(JOBS_POLICY),
             policy(PODS_POLICY, pods, pod_validations()), binding(PODS_POLICY)]

@@ -72,7 +72,7 @@ def cluster_queue(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
 
 
 def local_queue(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
-    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": _meta(contract.queue_name(team.name), team, cfg.environment),
+    return {"apiVersion": contract.KUEUE_API, "kind": "LocalQueue", "metadata": _meta(contract.queue_name(team.name), team, cfg.environment),
             "spec": {"clusterQueue": contract.cluster_queue_name(team.name)}}
 
 
@@ -82,10 +82,10 @@ def member_role(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
     jobs = ["create", "get", "list", "watch", "delete", "patch"]
     read = ["get", "list", "watch"]
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(MEMBER_ROLE, team, cfg.environment),
-            "rules": [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": jobs},
-                      {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": jobs},
+            "rules": [{"apiGroups": [contract.api_group(contract.TRAINER_API)], "resources": ["trainjobs"], "verbs": jobs},
+                      {"apiGroups": [contract.api_group(contract.PYTORCHJOB_API)], "resources": ["pytorchjobs"], "verbs": jobs},
                       {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "configmaps"], "verbs": read},
-                      {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": read},
+                      {"apiGroups": [contract.api_group(contract.KUEUE_API)], "resources": ["localqueues", "workloads"], "verbs": read},
                       # The team's own study database URL, for `trainforge sweep --backend kubernetes`, and its MLflow
                       # credentials (the UI, the API); no other Secret.
                       {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
@@ -103,7 +103,7 @@ def queue_reader(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:
     name = queue_reader_name(team)
     meta = _meta(name, team, cfg.environment, namespaced=False)
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta,
-            "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["get"],
+            "rules": [{"apiGroups": [contract.api_group(contract.KUEUE_API)], "resources": ["clusterqueues"], "verbs": ["get"],
                        "resourceNames": [contract.cluster_queue_name(team.name)]}]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": dict(meta),
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
@@ -221,8 +221,8 @@ def sweep_controller(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, An
                "automountServiceAccountToken": False}
     jobs = ["create", "get", "list", "watch", "delete", "patch"]
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(SWEEP_CONTROLLER_ROLE, team, cfg.environment),
-            "rules": [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": jobs},
-                      {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": jobs},
+            "rules": [{"apiGroups": [contract.api_group(contract.TRAINER_API)], "resources": ["trainjobs"], "verbs": jobs},
+                      {"apiGroups": [contract.api_group(contract.PYTORCHJOB_API)], "resources": ["pytorchjobs"], "verbs": jobs},
                       {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": [contract.TEAM_SETTINGS_CONFIG_MAP]}]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(SWEEP_CONTROLLER_ROLE, team, cfg.environment),
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SWEEP_CONTROLLER_ROLE},

@@ -151,7 +151,7 @@ def _workloads(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
 def _queues(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
     for team in cfg.teams:
         name = contract.cluster_queue_name(team.name)
-        status, body = api.get(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{name}")
+        status, body = api.get(f"/apis/{contract.KUEUE_API}/clusterqueues/{name}")
         conditions = {c["type"]: c for c in ((body.get("status") or {}).get("conditions") or [])} if status == 200 else {}
         active = conditions.get("Active", {})
         held = (body.get("spec") or {}).get("stopPolicy", "None") != "None" if status == 200 else False

@@ -75,7 +75,7 @@ def cluster_training_runtime(default_image: str, max_restarts: int = 10, *, name
     if name not in contract.TRAINING_RUNTIME_GRACE_S:
         raise ValueError(f"no grace class for runtime {name!r}; known: {sorted(contract.TRAINING_RUNTIME_GRACE_S)}")
     return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "apiVersion": contract.TRAINER_API,
         "kind": "ClusterTrainingRuntime",
         "metadata": {"name": name,
                      "labels": {FRAMEWORK_LABEL: "torch", contract.LABEL_MANAGED_BY: contract.MANAGED_BY_LABEL_VALUE}},

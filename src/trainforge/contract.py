@@ -12,6 +12,28 @@ from enum import Enum
 PROJECT = "trainforge"
 LABEL_DOMAIN = "trainforge.io"
 
+# The API versions of the operators' kinds that the program writes and the CLI and controllers read: the versions the
+# pinned CRDs serve (versions.py, ../shared/schemas). A CRD upgrade that moves one changes it here, everywhere at once.
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"  # TrainJob, ClusterTrainingRuntime
+PYTORCHJOB_API = "kubeflow.org/v1"
+
+
+def api_parts(api_version: str) -> tuple[str, str]:
+    """(group, version) of an apiVersion, as the API's paths and the client's custom-object calls take them."""
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
+def api_group(api_version: str) -> str:
+    """An apiVersion's group, as RBAC rules and admission policies match it."""
+    return api_parts(api_version)[0]
+
+
+def pulumi_type(api_version: str, kind: str) -> str:
+    """The Pulumi Kubernetes provider's type token of a kind (what policies and the engine's records name)."""
+    return f"kubernetes:{api_version}:{kind}"
+
 
 class Flavour(str, Enum):
     """A kind of node. The AWS layer derives a node group's flavour from its config. `system` nodes run the platform

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from trainforge import contract
+
 # Package data (pyproject's package-data), so the validator works from a wheel as well as from a checkout.
 SCHEMA_DIR = resources.files("trainforge") / "schemas" / "crds"
 
@@ -47,17 +49,17 @@ def crd_validator(file_name: str, version: str):
 
 
 KINDS = {
-    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
-    ("kubeflow.org/v1", "PyTorchJob"): ("kubeflow.org_pytorchjobs.yaml", "v1"),
-    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): ("trainer.kubeflow.org_clustertrainingruntimes.yaml", "v1alpha1"),
+    (contract.TRAINER_API, "TrainJob"): ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
+    (contract.PYTORCHJOB_API, "PyTorchJob"): ("kubeflow.org_pytorchjobs.yaml", "v1"),
+    (contract.TRAINER_API, "ClusterTrainingRuntime"): ("trainer.kubeflow.org_clustertrainingruntimes.yaml", "v1alpha1"),
     ("monitoring.coreos.com/v1", "PodMonitor"): ("monitoring.coreos.com_podmonitors.yaml", "v1"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("monitoring.coreos.com_servicemonitors.yaml", "v1"),
     ("monitoring.coreos.com/v1", "PrometheusRule"): ("monitoring.coreos.com_prometheusrules.yaml", "v1"),
-    ("kueue.x-k8s.io/v1beta2", "ClusterQueue"): ("kueue.x-k8s.io_clusterqueues.yaml", "v1beta2"),
-    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("kueue.x-k8s.io_localqueues.yaml", "v1beta2"),
-    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): ("kueue.x-k8s.io_resourceflavors.yaml", "v1beta2"),
-    ("kueue.x-k8s.io/v1beta2", "Cohort"): ("kueue.x-k8s.io_cohorts.yaml", "v1beta2"),
-    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): ("kueue.x-k8s.io_workloadpriorityclasses.yaml", "v1beta2"),
+    (contract.KUEUE_API, "ClusterQueue"): ("kueue.x-k8s.io_clusterqueues.yaml", "v1beta2"),
+    (contract.KUEUE_API, "LocalQueue"): ("kueue.x-k8s.io_localqueues.yaml", "v1beta2"),
+    (contract.KUEUE_API, "ResourceFlavor"): ("kueue.x-k8s.io_resourceflavors.yaml", "v1beta2"),
+    (contract.KUEUE_API, "Cohort"): ("kueue.x-k8s.io_cohorts.yaml", "v1beta2"),
+    (contract.KUEUE_API, "WorkloadPriorityClass"): ("kueue.x-k8s.io_workloadpriorityclasses.yaml", "v1beta2"),
 }
 
 

@@ -30,7 +30,7 @@ from trainforge.nodes import PodShape, Taint, quantity, show
 if TYPE_CHECKING:
     from trainforge.stackconfig import PlatformConfig, TeamConfig
 
-API = "kueue.x-k8s.io/v1beta2"
+API = contract.KUEUE_API
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 COVERED = ["cpu", "memory", contract.RESOURCE_GPU, contract.RESOURCE_EFA]
 
