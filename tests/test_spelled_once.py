@@ -112,3 +112,40 @@ def test_the_error_messages_explain_the_name_pattern_the_models_use():
     """errors.py stays free of pydantic (the CLI's --help imports it), so it keys its explanation by the pattern's text."""
     from trainforge import errors, models
     assert models.DNS_LABEL in errors.PATTERN_MEANING
+
+
+EXIT_CALLS = {"Exit", "exit", "_exit", "SystemExit"}  # typer.Exit, sys.exit, os._exit, SystemExit
+
+
+def exit_literals(path: Path):
+    """(code, line) of every exit code given as a number: an `exit_code=` keyword, or the argument of an exit call
+    (either branch of a conditional included)."""
+    def numbers(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            yield node.value
+        elif isinstance(node, ast.IfExp):
+            yield from numbers(node.body)
+            yield from numbers(node.orelse)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        given = [k.value for k in node.keywords if k.arg == "exit_code"] + (node.args[:1] if name in EXIT_CALLS else [])
+        for value in given:
+            for code in numbers(value):
+                yield code, node.lineno
+
+
+def test_every_exit_code_is_a_named_constant():
+    """Issue 40, item 6: an exit code is a contract with the scripts, the job's restart rules and the tests (errors.py:
+    the CLI's; exits.py: the runtime's). Spelled as a number (`typer.Exit(3)`, `exit_code=1`) it cannot be found when
+    the contract changes."""
+    found = [f"{path.relative_to(REPO)}:{line} exits with the number {code}" for folder in PRODUCT
+             for path in sorted((REPO / folder).rglob("*.py")) for code, line in exit_literals(path)]
+    assert found == [], "name it (trainforge.errors.EXIT_*, trainforge.exits.EXIT_*):\n" + "\n".join(found)
+
+
+def test_the_exit_code_check_sees_a_number(tmp_path):
+    module = tmp_path / "exits.py"
+    module.write_text("import typer\nraise typer.Exit(0 if ok else 3)\nraise Problem('', [], exit_code=1)\n")
+    assert sorted(code for code, _ in exit_literals(module)) == [0, 1, 3]

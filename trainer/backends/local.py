@@ -23,7 +23,7 @@ import yaml
 
 from trainforge import paths
 from trainforge.exits import Outcome, outcome_of
-from trainforge.errors import TrainforgeError
+from trainforge.errors import EXIT_FAILED, TrainforgeError
 from trainforge.paths import job_dir
 from trainforge.trainer import ledger
 from trainforge.trainer.admission import Admission
@@ -249,7 +249,7 @@ class LocalBackend:
     def cancel(self, name: str) -> JobReport:
         state = load_state(name)
         if state.effective_state not in ACTIVE:
-            raise TrainforgeError("", [f"job {name!r} is {state.effective_state}; nothing to cancel"], exit_code=1)
+            raise TrainforgeError("", [f"job {name!r} is {state.effective_state}; nothing to cancel"], exit_code=EXIT_FAILED)
         state = cancel(name)
         return JobReport(name, state.team, JobPhase(state.state), f"{name}: {state.state}{' (' + state.reason + ')' if state.reason else ''}")
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from trainforge import paths
-from trainforge.errors import TrainforgeError
+from trainforge.errors import EXIT_FAILED, TrainforgeError
 from trainforge.paths import job_dir
 from trainforge.trainer.backends import NoSuchJob
 from trainforge.trainer.placement import Placement
@@ -60,7 +60,7 @@ class JobState:
         except (ValueError, TypeError) as exc:
             raise TrainforgeError("", [f"{path}: the job's record is damaged ({exc}). Fix: remove that file; the job's "
                                        f"checkpoints ({path.parent / paths.JOB_CHECKPOINT_DIR}) stay, and submitting its spec "
-                                       "again resumes from them"], exit_code=1) from None
+                                       "again resumes from them"], exit_code=EXIT_FAILED) from None
 
     def save(self) -> None:
         """Atomically (readers never see half a state). On a full disk the job's reserve is given up for it: the record

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from trainforge.errors import EXIT_FAILED
+
 app = typer.Typer(no_args_is_help=True, help="The monthly team budgets the cluster enforces (runs in the cluster).")
 
 
@@ -29,7 +31,7 @@ def run(once: bool = typer.Option(False, "--once", help="one pass, then exit: 0 
         try:
             decisions = controller.run_once()
         except CostUnavailable:
-            raise typer.Exit(1) from None
+            raise typer.Exit(EXIT_FAILED) from None
         for d in decisions:
             typer.echo(f"{d.team}: {d.action} ({d.reason})")
         return

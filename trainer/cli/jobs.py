@@ -10,6 +10,8 @@ from typing import Optional
 import typer
 
 from trainforge import paths
+from trainforge.errors import EXIT_FAILED, EXIT_NOT_ADMITTED
+from trainforge.exits import EXIT_OK
 from trainforge.trainer.cli.common import (BACKEND_OPTION, BackendName, CONTEXT_OPTION, DEFAULT_STACK, KIND_OPTION, Kind,
                                             Output, TEAM_OPTION, backend, cost_centre, load_platform, load_spec, output_option, valid_spend)
 
@@ -69,7 +71,7 @@ def check(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
         for problem in decision.problems:
             typer.echo(f"  - {problem}", err=True)
     if not decision.admitted:
-        raise typer.Exit(3)
+        raise typer.Exit(EXIT_NOT_ADMITTED)
 
 
 def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
@@ -107,7 +109,7 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     with views.JobProgress(spec) as bar:
         report = target.submit(spec, decision, on_progress=bar.update)
     views.run_summary(spec, report)
-    raise typer.Exit(0 if report.state == "succeeded" else 1)
+    raise typer.Exit(EXIT_OK if report.state == "succeeded" else EXIT_FAILED)
 
 
 def status(name: str, output: Output = output_option(),

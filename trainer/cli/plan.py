@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from trainforge.errors import EXIT_FAILED
 from trainforge.trainer.cli.common import Output, STACK_NAME_OPTION, output_option
 
 
@@ -39,7 +40,7 @@ def plan(stack: str = STACK_NAME_OPTION,
     else:
         views.plan_tables(current, diff, base)
     if current.mandatory_failures:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def register(app: typer.Typer) -> None:

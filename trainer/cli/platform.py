@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from trainforge import contract
+from trainforge.errors import EXIT_BAD_INPUT, EXIT_FAILED
 from trainforge.trainer.cli.common import CONTEXT_OPTION, Output, STACK_NAME_OPTION, output_option
 
 app = typer.Typer(no_args_is_help=True, help="Platform engineers: check a deployed stack; drain a team before removing it.")
@@ -34,7 +35,7 @@ def verify(stack: str = STACK_NAME_OPTION,
         api = Api(context)
     except Exception as exc:  # noqa: BLE001 - the client raises several types for a bad kubeconfig
         raise TrainforgeError("", f"no usable kubeconfig: {exc}. Fix: `aws eks update-kubeconfig --name {cfg.cluster_name} "
-                                  f"--region {cfg.region}` as one of the stack's admins", exit_code=2) from None
+                                  f"--region {cfg.region}` as one of the stack's admins", exit_code=EXIT_BAD_INPUT) from None
     console = Console(stderr=True)
     with console.status("verifying") as status:
         report = run(cfg, api, on_check=lambda step: status.update(f"checking {step}"))
@@ -44,7 +45,7 @@ def verify(stack: str = STACK_NAME_OPTION,
         from trainforge.trainer.cli import views
         views.verify_table(cfg.environment, report)
     if report.problems:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command("drain-team")
@@ -71,11 +72,11 @@ def drain_team(team: str = typer.Argument(..., help="the team to remove"),
     cfg = load_stack_file(stack_path(stack))
     if team not in {t.name for t in cfg.teams}:
         raise TrainforgeError("", f"team {team!r} is not in stack {cfg.environment} (teams: {sorted(t.name for t in cfg.teams)}). "
-                                  "Fix: drain the team before its entry or team stack file is removed", exit_code=2)
+                                  "Fix: drain the team before its entry or team stack file is removed", exit_code=EXIT_BAD_INPUT)
     try:
         wait_s = durations.seconds(timeout)
     except ValueError as exc:
-        raise TrainforgeError("", f"--timeout: {exc}", exit_code=2) from None
+        raise TrainforgeError("", f"--timeout: {exc}", exit_code=EXIT_BAD_INPUT) from None
     cluster = Cluster(context)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     cluster.drain_queue(team, f"drained {now} for the team's removal")
@@ -89,7 +90,7 @@ def drain_team(team: str = typer.Argument(..., help="the team to remove"),
             if time.monotonic() >= deadline:
                 raise TrainforgeError("", f"ClusterQueue {contract.cluster_queue_name(team)} still holds {held} admitted or reserving "
                                           f"workloads after {timeout}. Fix: `kubectl get workloads -n {contract.namespace_name(team)}` "
-                                          "shows them (a job that ignores its eviction); run this again to wait longer", exit_code=1)
+                                          "shows them (a job that ignores its eviction); run this again to wait longer", exit_code=EXIT_FAILED)
             status.update(f"draining ClusterQueue {contract.cluster_queue_name(team)}: {held} workloads still admitted or reserving")
             time.sleep(2)
     typer.echo(f"ClusterQueue {contract.cluster_queue_name(team)} is drained (held, nothing admitted): the team's removal can "

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
+from trainforge.errors import EXIT_FAILED, EXIT_NOT_ADMITTED
 from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S
 from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, KIND_OPTION, Kind, Output, output_option, valid_spend
 from trainforge.trainer.cli.sweep_cluster import (cancel_in_cluster, cluster_study, extend_in_cluster, in_cluster, sweep_record,
@@ -113,9 +114,9 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
     from trainforge.trainer.sweeps.controller import CANCELLED
     from trainforge.trainer.sweeps.study import counted
     if why == CANCELLED:
-        raise typer.Exit(1)  # stopped before its plan: not a finished sweep (continue it under another name)
+        raise typer.Exit(EXIT_FAILED)  # stopped before its plan: not a finished sweep (continue it under another name)
     if counted(controller.study) == 0 and controller.stopped_because:
-        raise typer.Exit(3)  # not one trial could start: the budget or the cluster refused them all
+        raise typer.Exit(EXIT_NOT_ADMITTED)  # not one trial could start: the budget or the cluster refused them all
 
 
 BACKEND_OPTION = typer.Option(None, "--backend", help="default: where this machine started it; kubernetes: a sweep in the cluster")
@@ -211,7 +212,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     study = cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
     front = best_trials(study)
     if not front:
-        raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=1)
+        raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=EXIT_FAILED)
     trial = front[0]  # the best, or on a Pareto front the best primary value
     primary = json.loads(study.user_attrs.get("spec") or "{}").get("objective", {}).get("metric", "the objective")
     picked_by = f"the best {primary}" + (" on the Pareto front" if is_multi_objective(study) else "")
@@ -302,10 +303,10 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name:
     study = load_existing(name, _storage(name, storage))
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     if study.user_attrs.get("cancelled"):
-        raise TrainforgeError("", [f"sweep {name!r} is already cancelled; nothing to cancel"], exit_code=1)
+        raise TrainforgeError("", [f"sweep {name!r} is already cancelled; nothing to cancel"], exit_code=EXIT_FAILED)
     if study.user_attrs.get("finished_because") and not running:
         raise TrainforgeError("", [f"sweep {name!r} already finished ({study.user_attrs['finished_because']}); nothing to cancel. "
-                                   f"`trainforge sweep status {name}` shows its trials"], exit_code=1)
+                                   f"`trainforge sweep status {name}` shows its trials"], exit_code=EXIT_FAILED)
     study.set_user_attr("cancelled", True)  # a running controller stops launching and exits
     record = sweep_record(name)
     target = backend(BackendName(record.get("backend", "local")), team=record.get("team"), kind=Kind(record.get("kind", "trainjob")))

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from trainforge.errors import EXIT_FAILED
 from trainforge.trainer.cli.common import BackendName, Kind
 
 
@@ -60,10 +61,10 @@ def refuse_second_controller(name: str, team: str, existing: dict, resume: bool)
     document = status_of(existing) or {}
     if state not in ("succeeded", "failed"):
         raise TrainforgeError("", [f"sweep {name!r} already has a controller in the cluster ({state}). Fix: `trainforge sweep "
-                                   f"status {name} --backend kubernetes --team {team}` follows it; `extend` raises its limits"], exit_code=1)
+                                   f"status {name} --backend kubernetes --team {team}` follows it; `extend` raises its limits"], exit_code=EXIT_FAILED)
     if document.get("finished_because") == "cancelled" and not resume:
         raise TrainforgeError("", [f"sweep {name!r} was cancelled by `trainforge sweep cancel`. Fix: `trainforge sweep resume {name}` "
-                                   "continues it on purpose, or give a new sweep another name"], exit_code=1)
+                                   "continues it on purpose, or give a new sweep another name"], exit_code=EXIT_FAILED)
 
 
 def wait_gone(target, team: str, job: str, timeout_s: float = 120.0) -> None:
@@ -74,7 +75,7 @@ def wait_gone(target, team: str, job: str, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while target.cluster.get(CONTROLLER_KIND, team, job) is not None:
         if time.monotonic() > deadline:
-            raise TrainforgeError("", [f"the finished controller {job} is still being deleted. Fix: try again in a minute"], exit_code=1)
+            raise TrainforgeError("", [f"the finished controller {job} is still being deleted. Fix: try again in a minute"], exit_code=EXIT_FAILED)
         time.sleep(1.0)
 
 
@@ -108,9 +109,9 @@ def cluster_study(name: str, job: dict):
     document = status_of(job)
     if document is None:
         raise TrainforgeError("", [f"sweep {name!r}: its controller has not reported yet (its TrainJob is "
-                                   f"{job_state('trainjob', job)}). Fix: wait for Kueue to admit it, then ask again"], exit_code=1)
+                                   f"{job_state('trainjob', job)}). Fix: wait for Kueue to admit it, then ask again"], exit_code=EXIT_FAILED)
     if document.get("error"):
-        raise TrainforgeError("", [f"sweep {name!r}: its controller could not start: {document['error']}"], exit_code=1)
+        raise TrainforgeError("", [f"sweep {name!r}: its controller could not start: {document['error']}"], exit_code=EXIT_FAILED)
     return study_from(document), document
 
 
@@ -125,7 +126,7 @@ def cancel_in_cluster(name: str, target, job: dict) -> None:
     document = status_of(job) or {}
     if document.get("finished_because") or job_state("trainjob", job) in ("succeeded", "failed"):
         raise TrainforgeError("", [f"sweep {name!r} already finished ({document.get('finished_because') or 'its controller ended'}); "
-                                   f"nothing to cancel. `trainforge sweep status {name}` shows its trials"], exit_code=1)
+                                   f"nothing to cancel. `trainforge sweep status {name}` shows its trials"], exit_code=EXIT_FAILED)
     asked = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     target.cluster.patch(CONTROLLER_KIND, target.team, job["metadata"]["name"],
                          {"metadata": {"annotations": {contract.SWEEP_CANCEL_ANNOTATION: asked}}})

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
+from trainforge.errors import EXIT_BAD_INPUT, EXIT_FAILED, TrainforgeError
 from trainforge.trainer.runtime.pruning import PrunerSettings, engine_kwargs, make_pruner
 from trainforge.trainer.sweeps import optuna_access as access
 from trainforge.trainer.sweeps.run_clock import queued_key
@@ -156,7 +156,7 @@ class SweepCancelled(TrainforgeError):
     def __init__(self, name: str):
         super().__init__("", [f"sweep {name!r} was cancelled by `trainforge sweep cancel`. Fix: `trainforge sweep resume {name}` continues it on purpose "
                               "(trials stopped by the cancel run again with their parameters), or give a new sweep another name"],
-                         exit_code=1)
+                         exit_code=EXIT_FAILED)
 
 
 def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optuna.Study:
