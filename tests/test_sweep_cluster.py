@@ -77,6 +77,17 @@ class Cluster:
                                      "KUBECONFIG": str(self.controller), "TRAINFORGE_HOME": str(self.tmp / "pod-home"),
                                      **(extra_env or {})})
 
+    def submit_sweep(self, name: str, **changes) -> None:
+        """A member starts the sweep: its controller's TrainJob is created (the test runs what its pod would)."""
+        spec = sweep_file(self.tmp, name, **changes)
+        assert self.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+
+    def start_sweep(self, name: str, give_up_after: float | None = None, **changes) -> tuple[subprocess.Popen, Path]:
+        """The sweep submitted and its controller started, its output in controller.log (read while it runs)."""
+        self.submit_sweep(name, **changes)
+        log = self.tmp / "controller.log"
+        return self.start_controller(name, log=log, give_up_after=give_up_after), log
+
     def trials(self, sweep: str) -> list[dict]:
         return [j for j in self.served.api.of_kind("trainjobs", VISION)
                 if j["metadata"]["name"].startswith(f"{sweep}-t")]
@@ -186,8 +197,7 @@ def test_the_controller_runs_the_sweep_survives_a_node_loss_and_a_member_follows
     """Three trials, one at a time; the controller killed (SIGKILL, as a lost node) after the first and started again
     (as the Job restarts its pod): exactly three trial jobs, each settled once, never two alive; the member's CLI, which
     has no database access, reads status, best and report from the controller's TrainJob."""
-    spec = sweep_file(cluster.tmp, "followed", max_trials=3, max_parallel=1)
-    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    cluster.submit_sweep("followed", max_trials=3, max_parallel=1)
     controller = cluster.start_controller("followed")
     try:
         wait_until(lambda: len(cluster.trials("followed")) == 1, 120)
@@ -304,10 +314,7 @@ def test_the_controller_rides_out_api_errors(cluster):
     user error the job never restarts), takes up where it was (its trial adopted, not launched twice), and finishes the
     sweep, each trial launched and settled once. The database's and MLflow's failures take the same path
     (tests/test_sweep.py: each classified as transient from a real failure)."""
-    spec = sweep_file(cluster.tmp, "weathered", max_trials=2, max_parallel=1)
-    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
-    log = cluster.tmp / "controller.log"
-    controller = cluster.start_controller("weathered", log=log)
+    controller, log = cluster.start_sweep("weathered", max_trials=2, max_parallel=1)
     try:
         wait_until(lambda: len(cluster.trials("weathered")) == 1, 120)
         cluster.served.api.faults[CONTROLLER_TOKEN] = [500, 429, 503]
@@ -329,8 +336,7 @@ def test_a_trial_that_ends_before_its_launch_is_recorded_is_settled_once(cluster
     """The Trainer runs a trial and the trial tells the study its value before the controller has written down that it
     created the job (a trial that fails at once; a controller slowed between the two): the controller goes on (it used
     to die on optuna's UpdateFinishedTrialError, seen on CI), settles that trial once and launches the next."""
-    spec = sweep_file(cluster.tmp, "hasty", max_trials=2, max_parallel=1)
-    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    cluster.submit_sweep("hasty", max_trials=2, max_parallel=1)
 
     def run_at_once(obj: dict) -> None:  # in the API server, before the controller hears its create answered
         if obj["kind"] == "TrainJob" and obj["metadata"]["name"].startswith("hasty-t"):
@@ -354,10 +360,7 @@ def test_an_outage_past_the_controllers_patience_ends_it_with_a_code_the_job_res
     job's restart rules retry; 1-127 would fail the job for good), and the restarted controller finishes the sweep."""
     from trainforge import exits
 
-    spec = sweep_file(cluster.tmp, "outlasted", max_trials=2, max_parallel=1)
-    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
-    log = cluster.tmp / "controller.log"
-    controller = cluster.start_controller("outlasted", log=log, give_up_after=3)
+    controller, log = cluster.start_sweep("outlasted", give_up_after=3, max_trials=2, max_parallel=1)
     try:
         wait_until(lambda: len(cluster.trials("outlasted")) == 1, 120)
         cluster.served.api.faults[CONTROLLER_TOKEN] = [503] * 100_000
@@ -388,10 +391,7 @@ def test_a_preempted_trial_waits_and_completes_as_itself_from_its_own_job(cluste
     not failed: the controller neither cancels its job nor retries it under a new name from step 0 (it used to, and a
     second preemption failed it for good); readmitted, the same job resumes from its own checkpoints and the trial
     completes as itself."""
-    spec = sweep_file(cluster.tmp, "preempted", max_trials=1, max_parallel=1)
-    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
-    log = cluster.tmp / "controller.log"
-    controller = cluster.start_controller("preempted", log=log)
+    controller, log = cluster.start_sweep("preempted", max_trials=1, max_parallel=1)
     try:
         wait_until(lambda: len(cluster.trials("preempted")) == 1, 120)
         (job,) = cluster.trials("preempted")
@@ -426,10 +426,7 @@ def test_a_trials_cost_and_run_time_count_only_while_its_job_runs(cluster):
     to be its trial's whole life, queue and suspension included, so a busy cluster ended sweeps early on their USD budget
     and the cost objective measured congestion), its cost is its estimate scaled by those four seconds, and its queue
     time (creation to first admission) is kept apart and shown by `status`."""
-    spec = sweep_file(cluster.tmp, "metered", max_trials=1, max_parallel=1)
-    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
-    log = cluster.tmp / "controller.log"
-    controller = cluster.start_controller("metered", log=log)
+    controller, log = cluster.start_sweep("metered", max_trials=1, max_parallel=1)
     key = "trial.0.running_since"
     try:
         wait_until(lambda: len(cluster.trials("metered")) == 1, 120)
@@ -484,8 +481,7 @@ def test_two_members_extending_at_once_are_both_taken_up_exactly_once_across_a_c
     both still asked, applies each exactly once: 1 planned + 2 + 3 trials."""
     from trainforge.trainer.sweeps.faults import KILL_AT_ENV
     from trainforge.trainer.sweeps.limits import EXTENDED
-    spec = sweep_file(cluster.tmp, "crowded", max_trials=1, max_parallel=1)
-    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    cluster.submit_sweep("crowded", max_trials=1, max_parallel=1)
     controller_job = contract.sweep_controller_job("crowded")
     others: list[subprocess.CompletedProcess] = []
     armed = [True]
@@ -528,11 +524,10 @@ def test_a_ten_thousand_trial_sweeps_status_fits_the_api_and_best_reads_the_righ
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
     from optuna.trial import create_trial
 
-    from trainforge.trainer.controllers.sweep import StatusObject, document_of
+    from trainforge.trainer.controllers.sweep import StatusObject
     from trainforge.trainer.kube import Cluster as KubeCluster
     from trainforge.trainer.sweeps.cluster import payload_of, sweep_of
-    spec = sweep_file(cluster.tmp, "vast", max_trials=10_000, max_parallel=4)
-    assert cluster.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
+    cluster.submit_sweep("vast", max_trials=10_000, max_parallel=4)
     controller_job = contract.sweep_controller_job("vast")
     sweep = sweep_of(payload_of(cluster.job(controller_job)))
     space = {"lr": FloatDistribution(1e-4, 0.3, log=True), "warmup_steps": IntDistribution(0, 40, step=10),

@@ -178,6 +178,7 @@ def ask_extension(cluster: Any, team: str, job: dict[str, Any], *, trials: int, 
     names the resourceVersion it was computed from, so the API server refuses it (409) when another member's request
     (or the controller's status) landed in between; the object is read again and the same request (same id) added
     to what is there now. `job`: the object as last read. The object as written."""
+    from trainforge.trainer.kube import ClusterError
     request = {"id": uuid.uuid4().hex, "trials": trials, "usd": usd, "wall_time_s": wall_time_s, "at": time.time()}
     name = job["metadata"]["name"]
     for _ in range(CONFLICT_ATTEMPTS):
@@ -185,8 +186,8 @@ def ask_extension(cluster: Any, team: str, job: dict[str, Any], *, trials: int, 
                               "annotations": {contract.SWEEP_EXTEND_ANNOTATION: extend_request(job, request)}}}
         try:
             written = cluster.patch(CONTROLLER_KIND, team, name, patch)
-        except TrainforgeError as exc:
-            if getattr(exc, "status", None) != 409:
+        except ClusterError as exc:
+            if exc.status != 409:
                 raise
             job = cluster.get(CONTROLLER_KIND, team, name) or job
             continue

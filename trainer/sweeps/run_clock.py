@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainforge.trainer.backends import ClusterObject, JobPhase, JobReport
-
-RUNNING = (JobPhase.RUNNING, JobPhase.RESTARTING)  # a restarting job's pods still hold their nodes
+if TYPE_CHECKING:  # the backends (and admission under them) only where a job is looked at: study.py reads the keys
+    from trainforge.trainer.backends import JobReport
 ADMITTED_CONDITIONS = ("Running",)  # PyTorchJob; a TrainJob's admission is its Suspended condition turning False
 END_CONDITIONS = ("Complete", "Succeeded", "Failed")
 
@@ -74,9 +73,11 @@ def _condition_time(status: dict[str, Any], types: tuple[str, ...], true: bool) 
 
 def seen(report: JobReport | None, now: float) -> Seen:
     """What a look at a job says of its clock. `report` None: the job is gone (deleted, never created): ended now."""
+    from trainforge.trainer.backends import ClusterObject, JobPhase
     if report is None:
         return Seen(running=False, ended=True, at=now)
-    running, ended = report.state in RUNNING, report.state.ended
+    running = report.state in (JobPhase.RUNNING, JobPhase.RESTARTING)  # a restarting job's pods still hold their nodes
+    ended = report.state.ended
     status = report.details.status if isinstance(report.details, ClusterObject) else {}
     admitted = _condition_time(status, ADMITTED_CONDITIONS, True) or _condition_time(status, ("Suspended",), False)
     if ended:

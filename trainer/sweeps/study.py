@@ -300,10 +300,11 @@ class TrialRow:
     queued_s: float | None = None  # from its job's creation to its first running moment, where timed
 
 
-def rows(study: optuna.Study) -> list[TrialRow]:
+def rows(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None) -> list[TrialRow]:
+    """A row per trial (`trials`: the study's, where the caller has just read them)."""
     attrs = study.user_attrs
     out = []
-    for t in study.get_trials(deepcopy=False):
+    for t in study.get_trials(deepcopy=False) if trials is None else trials:
         duration = attrs.get(f"trial.{t.number}.run_s")
         if duration is None and t.datetime_complete and t.datetime_start:
             duration = (t.datetime_complete - t.datetime_start).total_seconds()
@@ -323,9 +324,10 @@ def number_of(trial: optuna.trial.FrozenTrial) -> int:
     return int(trial.user_attrs.get("trial_number", trial.number))
 
 
-def counted(study: optuna.Study) -> int:
-    """Trials that count towards the plan: finished ones, less failures that were retried (their retry counts)."""
-    trials = study.get_trials(deepcopy=False)
+def counted(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None) -> int:
+    """Trials that count towards the plan: finished ones, less failures that were retried (their retry counts).
+    `trials`: the study's, where the caller has just read them."""
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
     retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
     return sum(1 for t in trials if t.state in FINISHED and not (t.state is TrialState.FAIL and t.number in retried))
 
