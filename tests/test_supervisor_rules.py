@@ -1,6 +1,7 @@
 """How an attempt's end is read: from the codes each worker recorded (torchrun always says 1), by the node
 launcher that is both the cluster pod's command and the local supervisor's."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -60,9 +61,14 @@ def python(code):
 
 
 @pytest.mark.slow
-def test_the_launcher_exits_with_a_users_own_code_not_torchruns_1():
+def test_the_launcher_exits_with_a_users_own_code_not_torchruns_1_and_leaves_no_files(tmp_path):
     crash = "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"
-    assert subprocess.run(launch(*python(crash)), capture_output=True, timeout=120).returncode == 3
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = subprocess.run(launch(*python(crash)), capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(scratch)})
+    assert done.returncode == 3
+    # Its exit records and torchrun's log directory (torchrun alone leaves a torchelastic_* per run) are gone.
+    assert list(scratch.iterdir()) == [], "a local run or a sweep's trials would fill /tmp"
 
 
 @pytest.mark.slow

@@ -151,9 +151,15 @@ def _free_port() -> int:
 
 
 def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | None = None) -> int:
-    """Run torchrun with `nproc_per_node` workers; return the node's exit code (see the module doc)."""
-    exit_dir = exit_dir or Path(tempfile.mkdtemp(prefix="trainforge-exit-"))
-    env = {**os.environ, EXIT_DIR_ENV: str(exit_dir)}
+    """Run torchrun with `nproc_per_node` workers; return the node's exit code (see the module doc). Without an
+    `exit_dir`, the records and torchrun's own log directory live in a temporary directory removed afterwards: a
+    laptop's or a sweep's hundreds of runs leave nothing in /tmp."""
+    if exit_dir is None:
+        with tempfile.TemporaryDirectory(prefix="trainforge-exit-") as scratch:
+            return run_node(torchrun_args, nproc_per_node, Path(scratch))
+    # torchrun makes a `torchelastic_*` directory in /tmp per run and never removes it, unless given one (a
+    # `--log-dir` among torchrun_args still wins over this environment default).
+    env = {"PET_LOG_DIR": str(exit_dir / "torchrun"), **os.environ, EXIT_DIR_ENV: str(exit_dir)}
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *torchrun_args]
     direct = worker_directly(torchrun_args, nproc_per_node)
     if direct is not None:  # the environment torchrun gives its one worker

@@ -3,13 +3,14 @@ policy pack (the pack's own rules, not a copy), price it (costs.py), and compare
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from trainforge.infra.engine import Evaluation, RegisteredResource
 from trainforge.platform.components.offline import evaluate_stack_file
@@ -177,9 +178,11 @@ def verdicts_over(per_resource: list[tuple[str, str, dict[str, Any], dict[str, A
     return found
 
 
-def stack_file_at_revision(path: Path, revision: str) -> Path:
+@contextlib.contextmanager
+def stack_file_at_revision(path: Path, revision: str) -> Iterator[Path]:
     """The same stack file as it was at a git revision, in a temporary directory (named as Pulumi names stack files), with
-    the stack files next to it at that revision: a team stack's platform, a platform's team stacks (the cohort then)."""
+    the stack files next to it at that revision: a team stack's platform, a platform's team stacks (the cohort then).
+    The directory is removed when the block ends."""
     from trainforge.errors import TrainforgeError
 
     def git(*argv: str) -> str:
@@ -192,13 +195,14 @@ def stack_file_at_revision(path: Path, revision: str) -> Path:
                     if f.startswith("Pulumi.") and f.endswith(".yaml")]
         if Path(relative).name not in siblings:
             git("show", f"{revision}:{relative}")  # fails with git's own reason
-        out = Path(tempfile.mkdtemp(prefix="trainforge-plan-"))
-        for name in siblings:
-            (out / name).write_text(git("show", f"{revision}:{Path(directory) / name}"))
+        files = {name: git("show", f"{revision}:{Path(directory) / name}") for name in siblings}
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = (getattr(exc, "stderr", "") or str(exc)).strip().splitlines()[-1:]
         raise TrainforgeError("", [f"--against-rev: cannot read {path} at {revision!r}: {' '.join(detail)}. Fix: a commit that has the file"]) from None
-    return out / path.name
+    with tempfile.TemporaryDirectory(prefix="trainforge-plan-") as scratch:
+        for name, text in files.items():
+            (Path(scratch) / name).write_text(text)
+        yield Path(scratch) / path.name
 
 
 @dataclass

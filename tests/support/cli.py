@@ -9,9 +9,11 @@ call cold (to rule the server out when something looks odd).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,6 +48,7 @@ def _changes_interpreter_start(environment: dict) -> bool:
 class _ForkServer:
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="trainforge-cli-")
+        atexit.register(shutil.rmtree, self.directory, True)  # the server itself exits when our end of its stdin closes
         self.socket = os.path.join(self.directory, "cli.sock")
         # stdin is a pipe only we hold: when this process ends, however it ends, the server sees EOF and exits.
         self.process = subprocess.Popen([sys.executable, str(SERVER), self.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -9,6 +9,7 @@ copy written in a test.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
@@ -25,6 +26,7 @@ CHARTS = Path(__file__).resolve().parents[1] / "data" / "charts"
 @functools.cache
 def _unpacked() -> Path:
     root = Path(tempfile.mkdtemp(prefix="trainforge-charts-"))
+    atexit.register(shutil.rmtree, root, True)  # 17 MB per test process: left behind, a day of runs fills a disk
     for archive in CHARTS.glob("*.tar.gz"):
         with tarfile.open(archive) as tar:
             tar.extractall(root, filter="data")

@@ -29,8 +29,11 @@ def plan(stack: str = STACK_NAME_OPTION,
     assumptions = Assumptions(gpu_utilisation=gpu_utilisation, nat_gb_per_month=nat_gb, s3_gb_per_bucket=s3_gb)
     path = stack_path(stack)
     current = make_plan(path, assumptions)
-    base_path = stack_path(against) if against else stack_file_at_revision(path, against_rev) if against_rev else None
-    base = make_plan(base_path, assumptions) if base_path else None
+    if against_rev and not against:
+        with stack_file_at_revision(path, against_rev) as base_path:
+            base = make_plan(base_path, assumptions)
+    else:
+        base = make_plan(stack_path(against), assumptions) if against else None
     diff = difference(base, current) if base else None
     if output is Output.json:
         document = current.to_json()

@@ -59,6 +59,9 @@ class CheckpointConfig(_Model):
     s3_close_timeout_s: float = Field(120.0, ge=0, description="at the end of a run, how long to wait for the last upload")
     start_from: Path | None = Field(None, description="another job's checkpoint directory: its newest committed checkpoint is "
                                                       "copied here when this job has none, and the run continues from it")
+    export_final: bool = Field(True, description="at the end, also write final_model.pt: the full unsharded weights, gathered "
+                                                 "into rank 0's host memory. Off for a model larger than one host's memory or "
+                                                 "disk; the sharded checkpoint is then the hand-off")
 
 
 class MetricsConfig(_Model):

@@ -272,7 +272,8 @@ class Trainer:
             land(in_flight)
             in_flight = None
             self.checkpoints.final_save(self.state.step, self._metric())
-            self.checkpoints.export_full_model(self.output / paths.FINAL_MODEL_FILE)
+            if cfg.checkpoint.export_final:
+                self.checkpoints.export_full_model(self.output / paths.FINAL_MODEL_FILE)
             return RunResult(exits.EXIT_OK, self.state.step, self.state.last_eval, resumed_from, stopped, *self._precision_record())
         finally:
             if in_flight is not None:
