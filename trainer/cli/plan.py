@@ -23,12 +23,13 @@ def plan(stack: str = STACK_NAME_OPTION,
     mandatory policy fails, 2 on a bad stack file."""
     # Imported here: pulumi, pulumi_aws and the whole program load only for this command (the CLI's one exception).
     from trainforge.platform.plan.costs import Assumptions
-    from trainforge.platform.plan.plan import difference, make_plan, stack_file_at_revision, stack_path
+    from trainforge.platform.plan.plan import Plan, difference, make_plan, stack_file_at_revision, stack_path
     from trainforge.trainer.cli import views
 
     assumptions = Assumptions(gpu_utilisation=gpu_utilisation, nat_gb_per_month=nat_gb, s3_gb_per_bucket=s3_gb)
     path = stack_path(stack)
     current = make_plan(path, assumptions)
+    base: Plan | None
     if against_rev and not against:
         with stack_file_at_revision(path, against_rev) as base_path:
             base = make_plan(base_path, assumptions)
