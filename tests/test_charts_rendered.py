@@ -216,3 +216,10 @@ def test_no_platform_component_but_the_operators_reads_every_namespaces_secrets(
     assert grafana, "Grafana's RBAC is rendered"
     assert not [o["metadata"]["name"] for o in grafana if o["kind"] == "ClusterRole" and reads_secrets(o)]
     assert any(o["kind"] == "Role" and reads_secrets(o) for o in grafana), "its sidecar still reads its own namespace"
+    # ... and looks there only: a sidecar told to search ALL namespaces with a Role is refused, and loads no dashboard.
+    (deployment,) = [o for o in objects["kube-prometheus-stack"] if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-grafana")]
+    sidecars = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"].startswith("grafana-sc-")]
+    assert sidecars
+    for sidecar in sidecars:
+        searched = {e["name"]: e.get("value") for e in sidecar.get("env", [])}.get("NAMESPACE")
+        assert searched in (None, deployment["metadata"].get("namespace", "monitoring")), (sidecar["name"], searched)

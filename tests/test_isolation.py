@@ -403,8 +403,11 @@ PLATFORM_NAMESPACES = (contract.NAMESPACE_MLFLOW, contract.NAMESPACE_MONITORING,
 
 
 def _selects(selector: dict, labels: dict) -> bool:
-    assert not selector.get("matchExpressions"), "extend the model before using matchExpressions"
-    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+    """A label selector: matchLabels and matchExpressions (In, NotIn, Exists, DoesNotExist), as the API server reads them."""
+    operators = {"In": lambda key, values: key in labels and labels[key] in values, "NotIn": lambda key, values: labels.get(key) not in values,
+                 "Exists": lambda key, _: key in labels, "DoesNotExist": lambda key, _: key not in labels}
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()) \
+        and all(operators[e["operator"]](e["key"], e.get("values") or []) for e in selector.get("matchExpressions") or [])
 
 
 def egress_allowed(policies: list[dict], source_namespace: str, dest: dict, source_labels: dict | None = None) -> bool:
@@ -526,17 +529,29 @@ def test_a_sweep_controller_reaches_the_api_server_and_nothing_else_a_team_pod_m
             assert not egress_allowed(policies, namespace, kubernetes_service), "an ordinary team pod does not"
 
 
-def ingress_allowed(policies: list[dict], namespace: str, labels: dict, port: int, source_namespace: str) -> bool:
-    """NetworkPolicy ingress into a pod of `namespace` with `labels` on `port`, from a pod of `source_namespace`."""
+def ingress_allowed(policies: list[dict], namespace: str, labels: dict, port: int, source_namespace: str | None,
+                    source_labels: dict | None = None, source_ip: str | None = None) -> bool:
+    """NetworkPolicy ingress into a pod of `namespace` with `labels` on `port`, from a pod of `source_namespace` with
+    `source_labels` (None: any pod's labels would do) or, with no namespace, from `source_ip` (the API server's
+    interfaces, a node)."""
+    import ipaddress
     selecting = [p for p in policies if "Ingress" in p["spec"]["policyTypes"] and _selects(p["spec"]["podSelector"], labels)]
     if not selecting:
         return True
 
     def peer_admits(peer: dict) -> bool:
-        assert "ipBlock" not in peer, "extend the model before admitting addresses"
+        if "ipBlock" in peer:
+            if source_ip is None:
+                return False  # a pod's address is in the VPC too, but the callers here ask by selector
+            block, address = peer["ipBlock"], ipaddress.ip_address(source_ip)
+            return address in ipaddress.ip_network(block["cidr"]) and not any(address in ipaddress.ip_network(e) for e in block.get("except", []))
+        if source_namespace is None:
+            return False
+        pods_ok = source_labels is None and not (peer.get("podSelector") or {}).get("matchLabels") \
+            or source_labels is not None and _selects(peer.get("podSelector") or {}, source_labels)
         if "namespaceSelector" in peer:
-            return _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": source_namespace})
-        return source_namespace == namespace
+            return _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": source_namespace}) and pods_ok
+        return source_namespace == namespace and pods_ok
     return any(("from" not in rule or any(peer_admits(peer) for peer in rule["from"]))
                and (not rule.get("ports") or any(p.get("port") == port for p in rule["ports"]))
                for policy in selecting for rule in policy["spec"].get("ingress", []))
@@ -600,3 +615,228 @@ def test_mlflows_jobs_and_server_start_after_the_namespaces_allowances(stack):
     assert len(waiting) > 2
     for resource in waiting:
         assert all(evaluation.depends_on(resource, policy) for policy in policies), resource.name
+
+
+# ---- the platform's other namespaces (platform/manifests/network.py) ------------------------------------------------
+
+GOVERNED = (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_OPENCOST,
+            contract.NAMESPACE_SYSTEM)
+# The Prometheus operator makes these pods at run time, so no chart renders them: labelled at least as the Services in
+# front of them select (network.PROMETHEUS_PODS, network.ALERTMANAGER_PODS are checked against those Services), with
+# the operator's ports (prometheus-operator v0.93: http-web, and its config reloader's reloader-web).
+OPERATOR_PODS = {"Prometheus": (9090, "http-web"), "Alertmanager": (9093, "http-web")}
+
+
+class Platform:
+    """The platform's pods, Services, monitors and webhooks, from the program's objects and the charts as rendered."""
+
+    def __init__(self, evaluation):
+        from support import helm
+        rendered, _ = helm.rendered_program(evaluation)
+        namespaces = {name: inputs.get("namespace") for name, inputs in helm.program_releases(evaluation).items()}
+        self.objects = [manifest(r) for r in kubernetes_objects(evaluation)]
+        for release, objects in rendered.items():
+            for obj in objects:
+                if not helm.is_hook(obj) or _workload_templates(obj):  # a hook Job's pod runs here too
+                    self.objects.append({**obj, "metadata": {**obj["metadata"], "namespace": obj["metadata"].get("namespace") or namespaces[release]}})
+        self.services = [o for o in self.objects if o["kind"] == "Service"]
+        self.pods = [{"what": f"{o['kind']} {o['metadata']['name']}", "namespace": o["metadata"]["namespace"],
+                      "labels": (t.get("metadata") or {}).get("labels") or {}, "hostNetwork": bool(t["spec"].get("hostNetwork")),
+                      "ports": {p.get("name"): p["containerPort"] for c in t["spec"].get("containers", []) for p in c.get("ports", [])}}
+                     for o in self.objects for t in _workload_templates(o)]
+        for kind, (port, name) in OPERATOR_PODS.items():
+            (service,) = [s for s in self.services if s["metadata"]["name"] == f"{contract.PROMETHEUS_RELEASE}-{kind.lower()}"]
+            self.pods.append({"what": kind, "namespace": contract.NAMESPACE_MONITORING, "labels": dict(service["spec"]["selector"]),
+                              "hostNetwork": False, "ports": {name: port, "reloader-web": 8080}})
+
+    def policies(self, namespace: str) -> list[dict]:
+        return [o for o in self.objects if o["kind"] == "NetworkPolicy" and o["metadata"]["namespace"] == namespace]
+
+    def pod(self, what: str) -> dict:
+        (found,) = [p for p in self.pods if p["what"] == what]
+        return found
+
+    def behind(self, service: dict, port: int | str) -> list[tuple[dict, int]]:
+        """The pods a Service's port leads to, each with the container port it reaches (a named targetPort resolved)."""
+        (entry,) = [p for p in service["spec"]["ports"] if port in (p.get("name"), p["port"])]
+        target = entry.get("targetPort", entry["port"])
+        out = []
+        for pod in self.pods:
+            if pod["namespace"] == service["metadata"]["namespace"] and service["spec"].get("selector") \
+                    and _selects({"matchLabels": service["spec"]["selector"]}, pod["labels"]):
+                number = target if isinstance(target, int) else pod["ports"].get(target)
+                assert number is not None, f"{pod['what']} has no port {target!r} for {service['metadata']['name']}"
+                out.append((pod, number))
+        return out
+
+    def service(self, namespace: str, name: str) -> dict:
+        (found,) = [s for s in self.services if s["metadata"]["namespace"] == namespace and s["metadata"]["name"] == name]
+        return found
+
+    def scrape_targets(self) -> list[tuple[str, dict | None, int]]:
+        """(monitor, pod or None where the pod is no platform pod of ours, port) for every endpoint Prometheus scrapes."""
+        out = []
+        for monitor in (o for o in self.objects if o["kind"] in ("ServiceMonitor", "PodMonitor")):
+            spec, name = monitor["spec"], f"{monitor['kind']} {monitor['metadata']['name']}"
+            chosen = spec.get("namespaceSelector") or {}
+            in_scope = lambda ns: chosen.get("any") or ns in (chosen.get("matchNames") or [monitor["metadata"]["namespace"]])  # noqa: E731
+            if monitor["kind"] == "ServiceMonitor":
+                services = [s for s in self.services if in_scope(s["metadata"]["namespace"])
+                            and _selects(spec["selector"], s["metadata"].get("labels") or {})]
+                for endpoint in spec["endpoints"]:
+                    for service in services:
+                        pods = self.behind(service, endpoint["port"]) if service["metadata"]["namespace"] in GOVERNED else []
+                        out += [(name, pod, number) for pod, number in pods] or [(name, None, 0)]
+            else:
+                for endpoint in spec["podMetricsEndpoints"]:
+                    pods = [p for p in self.pods if in_scope(p["namespace"]) and _selects(spec["selector"], p["labels"])]
+                    out += [(name, pod, pod["ports"][endpoint["port"]]) for pod in pods] or [(name, None, 0)]
+        return out
+
+
+@pytest.fixture
+def platform(stack):
+    evaluation, cfg = stack
+    return Platform(evaluation), cfg
+
+
+def test_every_platform_namespace_denies_by_default(platform):
+    cluster, _ = platform
+    for namespace in (*GOVERNED, contract.NAMESPACE_MLFLOW):
+        assert any(p["spec"]["podSelector"] == {} and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"} and not p["spec"].get("ingress")
+                   and not p["spec"].get("egress") for p in cluster.policies(namespace)), namespace
+
+
+def test_every_call_the_api_server_makes_into_the_platform_is_admitted(platform):
+    """Webhooks (Kueue's, the Trainer's, JobSet's, the Prometheus operator's; most fail closed), Kueue's visibility
+    APIService and the service proxy `platform verify` uses reach their pods from the API server's interfaces, which
+    EKS places in the VPC."""
+    from trainforge.platform.plan import verify
+    cluster, cfg = platform
+    control_plane = str(next(cfg.network.vpc_cidr.hosts()) + 20)
+    calls = []
+    for configuration in (o for o in cluster.objects if o["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")):
+        for webhook in configuration["webhooks"]:
+            target = webhook["clientConfig"]["service"]
+            calls.append((f"webhook {webhook['name']}", target["namespace"], target["name"], target.get("port", 443)))
+    for api in (o for o in cluster.objects if o["kind"] == "APIService" and o["spec"].get("service")):
+        calls.append((f"APIService {api['metadata']['name']}", api["spec"]["service"]["namespace"], api["spec"]["service"]["name"],
+                      api["spec"]["service"].get("port", 443)))
+    proxied_namespace, proxied = verify.PROMETHEUS_SERVICE
+    calls.append(("platform verify's service proxy", proxied_namespace, *proxied.split(":")[0:1], int(proxied.split(":")[1])))
+    assert {namespace for _, namespace, _, _ in calls} >= {contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING}
+    refused = []
+    for what, namespace, name, port in calls:
+        pods = cluster.behind(cluster.service(namespace, name), port)
+        assert pods or name == contract.PROMETHEUS_SERVICE_NAME, f"{what}: no pod behind {namespace}/{name}:{port}"
+        refused += [f"{what} -> {pod['what']}:{number}" for pod, number in pods
+                    if not ingress_allowed(cluster.policies(namespace), namespace, pod["labels"], number, None, source_ip=control_plane)]
+    assert refused == []
+
+
+def test_prometheus_scrapes_every_target_its_monitors_name(platform):
+    """Every ServiceMonitor's and PodMonitor's endpoint, resolved to its pods and their ports: Prometheus may send
+    (its own egress) and the pod may receive (its namespace's ingress). Targets outside the platform's namespaces
+    (CoreDNS, the kubelets, the API server, the teams' ranks) are reached by address inside the cluster."""
+    cluster, cfg = platform
+    prometheus = cluster.pod("Prometheus")
+    own = cluster.policies(contract.NAMESPACE_MONITORING)
+    address = str(next(cfg.network.vpc_cidr.hosts()) + 30)
+    targets = cluster.scrape_targets()
+    assert {namespace for _, pod, _ in targets if pod for namespace in [pod["namespace"]]} >= {
+        contract.NAMESPACE_MONITORING, contract.NAMESPACE_KUEUE, contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM}
+    missed = []
+    for monitor, pod, port in targets:
+        if pod is None or pod["hostNetwork"]:
+            continue
+        if not egress_allowed(own, contract.NAMESPACE_MONITORING, {"namespace": pod["namespace"], "labels": pod["labels"], "ip": address, "port": port},
+                              prometheus["labels"]):
+            missed.append(f"{monitor}: Prometheus may not send to {pod['what']}:{port}")
+        if not ingress_allowed(cluster.policies(pod["namespace"]), pod["namespace"], pod["labels"], port, contract.NAMESPACE_MONITORING, prometheus["labels"]):
+            missed.append(f"{monitor}: {pod['what']} refuses Prometheus on {port}")
+    for port, what in ((10250, "a kubelet"), (9100, "a node exporter"), (443, "the API server"), (9153, "CoreDNS"), (contract.METRICS_PORT, "a rank")):
+        if not egress_allowed(own, contract.NAMESPACE_MONITORING, {"namespace": "", "ip": address, "port": port}, prometheus["labels"]):
+            missed.append(f"Prometheus may not reach {what} on {port}")
+    assert missed == []
+    assert not egress_allowed(own, contract.NAMESPACE_MONITORING, {"namespace": "", "ip": "52.216.8.1", "port": 443}, prometheus["labels"]), \
+        "Prometheus fetches nothing outside the cluster"
+
+
+def reaches(cluster: Platform, source: dict, target: dict, port: int, ip: str = "10.0.9.9") -> bool:
+    """Both ends agree: the source's namespace lets it send, the target's lets it receive."""
+    return egress_allowed(cluster.policies(source["namespace"]), source["namespace"], {**target, "ip": ip, "port": port}, source["labels"]) \
+        and ingress_allowed(cluster.policies(target["namespace"]), target["namespace"], target["labels"], port, source["namespace"], source["labels"])
+
+
+def test_platform_pods_reach_what_they_use_and_only_two_reach_outside(platform):
+    """Every platform pod resolves names and reaches the API server. Grafana reads Prometheus and Alertmanager,
+    OpenCost reads Prometheus, the budget controller reads OpenCost. Only Alertmanager (its receivers) and OpenCost
+    (AWS's price list) reach HTTPS outside the cluster; Grafana's data-source proxy and Prometheus do not."""
+    from trainforge.platform.manifests import network
+    cluster, cfg = platform
+    dns = {"namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}, "ip": "10.0.0.10", "port": 53}
+    outside = {"namespace": "", "ip": "52.216.8.1", "port": 443}
+    pods = [p for p in cluster.pods if p["namespace"] in GOVERNED and not p["hostNetwork"]]
+    assert len({p["namespace"] for p in pods}) == len(GOVERNED)
+    for pod in pods:
+        policies = cluster.policies(pod["namespace"])
+        assert egress_allowed(policies, pod["namespace"], dns, pod["labels"]), pod["what"]
+        assert all(egress_allowed(policies, pod["namespace"], {"namespace": "", "ip": cidr.split("/")[0], "port": 443}, pod["labels"])
+                   for cidr in tenancy_api_addresses(cfg)), pod["what"]
+        goes_out = egress_allowed(policies, pod["namespace"], outside, pod["labels"])
+        assert goes_out == (pod["what"] in ("Alertmanager", "Deployment opencost")), pod["what"]
+    grafana, prometheus, alertmanager = cluster.pod("Deployment kube-prometheus-stack-grafana"), cluster.pod("Prometheus"), cluster.pod("Alertmanager")
+    opencost, budget = cluster.pod("Deployment opencost"), cluster.pod(f"Deployment {contract.BUDGET_CONTROLLER}")
+    assert reaches(cluster, grafana, prometheus, network.PROMETHEUS_PORT) and reaches(cluster, grafana, alertmanager, network.ALERTMANAGER_PORT)
+    assert reaches(cluster, opencost, prometheus, network.PROMETHEUS_PORT)
+    assert reaches(cluster, budget, opencost, contract.OPENCOST_API_PORT)
+    assert not reaches(cluster, grafana, opencost, contract.OPENCOST_API_PORT) and not reaches(cluster, opencost, grafana, 3000)
+
+
+def tenancy_api_addresses(cfg) -> list[str]:
+    from trainforge.platform.manifests import tenancy
+    return tenancy.api_server_addresses(cfg)
+
+
+def test_egress_to_a_service_names_its_pods_by_the_services_own_selector(platform):
+    """The VPC CNI's agent sees a Service's ClusterIP and admits it only when the Service's selector satisfies the
+    rule's podSelector: a peer naming a key the Service does not select on would silently drop Grafana's and
+    OpenCost's queries to Prometheus, and the budget controller's to OpenCost."""
+    cluster, _ = platform
+    peers = [(policy["metadata"]["namespace"], peer) for namespace in GOVERNED for policy in cluster.policies(namespace)
+             for rule in policy["spec"].get("egress", []) for peer in rule.get("to", []) if (peer.get("podSelector") or {}).get("matchLabels")]
+    assert len(peers) >= 4
+    for namespace, peer in peers:
+        target_namespace = next(iter(peer["namespaceSelector"]["matchLabels"].values())) if "namespaceSelector" in peer else namespace
+        wanted = peer["podSelector"]["matchLabels"]
+        fronting = [s for s in cluster.services if s["metadata"]["namespace"] == target_namespace
+                    and wanted.items() <= (s["spec"].get("selector") or {}).items()]
+        assert fronting or target_namespace == contract.NAMESPACE_KUBE_SYSTEM, f"no Service in {target_namespace} selects exactly by {wanted}"
+
+
+def test_what_nobody_needs_is_closed(platform):
+    """OpenCost's UI and MCP server, Grafana, the operators' metrics and the Trainer's status port: no team pod and no
+    platform pod but Prometheus (scraping) may open them; the UIs are for `kubectl port-forward`."""
+    cluster, cfg = platform
+    team = {"namespace": contract.namespace_name(cfg.teams[0].name), "labels": {}}
+    opencost, grafana = cluster.pod("Deployment opencost"), cluster.pod("Deployment kube-prometheus-stack-grafana")
+    trainer = cluster.pod("Deployment kubeflow-trainer-controller-manager")
+    budget = cluster.pod(f"Deployment {contract.BUDGET_CONTROLLER}")
+    for target, port in ((opencost, 8081), (opencost, 9090), (grafana, 3000), (trainer, 10443), (trainer, 8443)):
+        policies = cluster.policies(target["namespace"])
+        for source in (team, budget, {"namespace": contract.NAMESPACE_MLFLOW, "labels": {}}):
+            assert not ingress_allowed(policies, target["namespace"], target["labels"], port, source["namespace"], source["labels"]), \
+                (target["what"], port, source["namespace"])
+        assert not ingress_allowed(policies, target["namespace"], target["labels"], port, None, source_ip=str(next(cfg.network.vpc_cidr.hosts()) + 40))
+
+
+def test_each_release_starts_after_its_namespaces_allowances(stack):
+    """Default-deny alone would stop the charts' pods (the admission hook Jobs first) at their first connection."""
+    from support.evaluated import RELEASE
+    evaluation, _ = stack
+    for namespace in (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_OPENCOST):
+        policies = [r for r in kubernetes_objects(evaluation) if r.type.endswith(":NetworkPolicy") and manifest(r)["metadata"]["namespace"] == namespace]
+        releases_here = [r for r in evaluation.of_type(RELEASE) if r.inputs.get("namespace") == namespace]
+        assert policies and releases_here, namespace
+        for release in releases_here:
+            assert all(evaluation.depends_on(release, policy) for policy in policies), (namespace, release.name)

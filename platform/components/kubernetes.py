@@ -22,7 +22,7 @@ from trainforge.infra.iam import Role
 from trainforge.infra.layer import AwsLayer
 from trainforge.platform.components.objects import apply, helm_release
 from trainforge.platform.manifests import charts as chart_table
-from trainforge.platform.manifests import budget, guardrails, kueue, monitoring, storage, tenancy, tracking, values
+from trainforge.platform.manifests import budget, guardrails, kueue, monitoring, network, storage, tenancy, tracking, values
 from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
@@ -40,7 +40,8 @@ class Scheduling(pulumi.ComponentResource):
                  monitoring_release: pulumi.Resource, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Scheduling", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_KUEUE), parent=self)
-        self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns, *after])
+        self.network_policies = [apply(p, parent=self, depends_on=[ns]) for p in network.kueue_system(cfg)]
+        self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns, *self.network_policies, *after])
         objects = [*core_kueue.resource_flavors(cfg), kueue.cohort(), *kueue.workload_priority_classes()]
         self.objects = [apply(o, parent=self, depends_on=[self.release]) for o in objects]
         self.objects.append(apply(monitoring.kueue_service_monitor(), parent=self, depends_on=[self.release, monitoring_release]))
@@ -54,7 +55,9 @@ class TrainingOperators(pulumi.ComponentResource):
                  after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:TrainingOperators", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_TRAINER), parent=self)
-        self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), parent=self, depends_on=[ns, *after])
+        self.network_policies = [apply(p, parent=self, depends_on=[ns]) for p in network.training_operators(cfg)]
+        self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), parent=self,
+                                    depends_on=[ns, *self.network_policies, *after])
         self.runtimes = [apply(r, parent=self, depends_on=[self.release]) for r in cluster_training_runtimes(default_image)]
         if cfg.kubernetes.training_operator:
             # No upstream chart: the kustomize overlay at the pinned tag (fetched by `pulumi up`, rendered by the provider).
@@ -85,7 +88,10 @@ class Monitoring(pulumi.ComponentResource):
         StorageClass it is claimed from."""
         super().__init__("trainforge:platform:Monitoring", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_MONITORING), parent=self)
-        self.release = helm_release(charts[contract.PROMETHEUS_RELEASE], values.kube_prometheus_stack(cfg), parent=self, depends_on=[ns, *after])
+        # Before anything runs here (the chart's admission hook Jobs included): its pods start under their allowances.
+        self.network_policies = [apply(p, parent=self, depends_on=[ns]) for p in network.monitoring(cfg)]
+        self.release = helm_release(charts[contract.PROMETHEUS_RELEASE], values.kube_prometheus_stack(cfg), parent=self,
+                                    depends_on=[ns, *self.network_policies, *after])
         # The exporter's chart creates a ServiceMonitor: the operator's CRDs must exist first.
         self.dcgm = helm_release(charts["dcgm-exporter"], values.dcgm_exporter(cfg), parent=self, depends_on=[self.release])
         mon = cfg.kubernetes.monitoring
@@ -208,10 +214,13 @@ class CostControl(pulumi.ComponentResource):
                  monitoring_release: pulumi.Resource, after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:CostControl", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_OPENCOST), parent=self)
+        policies = [apply(p, parent=self, depends_on=[ns]) for p in network.opencost(cfg)]
         # The chart's ServiceMonitor needs the Prometheus operator's CRDs.
-        self.release = helm_release(charts["opencost"], values.opencost(cfg), parent=self, depends_on=[ns, monitoring_release, *after])
+        self.release = helm_release(charts["opencost"], values.opencost(cfg), parent=self, depends_on=[ns, *policies, monitoring_release, *after])
         self.system = system = apply(namespace(contract.NAMESPACE_SYSTEM), parent=self)  # trainforge's own namespace
-        self.objects = [apply(o, parent=self, depends_on=[system, *after]) for o in budget.controller_objects(cfg, image)]
+        system_policies = [apply(p, parent=self, depends_on=[system]) for p in network.trainforge_system(cfg)]
+        self.network_policies = [*policies, *system_policies]
+        self.objects = [apply(o, parent=self, depends_on=[system, *system_policies, *after]) for o in budget.controller_objects(cfg, image)]
         self.objects.append(apply(budget.pod_monitor(), parent=self, depends_on=[monitoring_release]))
         self.register_outputs({"opencost": contract.OPENCOST_URL, "budget_controller": contract.BUDGET_CONTROLLER})
 

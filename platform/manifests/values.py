@@ -186,7 +186,10 @@ def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
                     # over every team's Secrets), where the platform's dashboards are (monitoring.dashboard_config_map).
                     "rbac": {"namespaced": True},
                     "sidecar": {"resources": requests("25m", "64Mi", "256Mi"),
-                                "dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1"}}},
+                                # kube-prometheus-stack sets ALL: with only a Role here the sidecar's cluster-wide
+                                # list is refused and no dashboard would ever load.
+                                "dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1",
+                                               "searchNamespace": contract.NAMESPACE_MONITORING}}},
         "kube-state-metrics": {"resources": requests("50m", "128Mi", "512Mi"), "nodeSelector": SYSTEM_NODES},
         "prometheus-node-exporter": {"resources": requests("25m", "32Mi", "128Mi")},
         "alertmanager": {"enabled": True, "alertmanagerSpec": {"resources": requests("25m", "64Mi", "256Mi"), "nodeSelector": SYSTEM_NODES}},
