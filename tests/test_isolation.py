@@ -679,7 +679,10 @@ class Platform:
         for monitor in (o for o in self.objects if o["kind"] in ("ServiceMonitor", "PodMonitor")):
             spec, name = monitor["spec"], f"{monitor['kind']} {monitor['metadata']['name']}"
             chosen = spec.get("namespaceSelector") or {}
-            in_scope = lambda ns: chosen.get("any") or ns in (chosen.get("matchNames") or [monitor["metadata"]["namespace"]])  # noqa: E731
+            scope = None if chosen.get("any") else set(chosen.get("matchNames") or [monitor["metadata"]["namespace"]])
+
+            def in_scope(namespace: str, scope: set[str] | None = scope) -> bool:
+                return scope is None or namespace in scope
             if monitor["kind"] == "ServiceMonitor":
                 services = [s for s in self.services if in_scope(s["metadata"]["namespace"])
                             and _selects(spec["selector"], s["metadata"].get("labels") or {})]
