@@ -341,7 +341,8 @@ POD_RULE_MARKS = {"the team's uid": ("runAsUser", "params.data.uid"), "the team'
                   "only the team's volumes": ("object.spec.volumes", "persistentVolumeClaim"),
                   "tenant nodes only": ("nodeSelector", "!has(object.spec.nodeName)"),
                   "resources that count": ("c.resources.limits", "matches("),
-                  "images from the platform's registries": ("c.image.startsWith(params.data[k])",)}
+                  "images from the platform's registries": ("c.image.startsWith(params.data[k])",),
+                  "the sweep controller's label only on its ServiceAccount": ("trainforge.io/role", "object.spec.serviceAccountName")}
 JOB_RULE_MARKS = {"the team's own queue": ("params.data.queue",)}
 OPEN_VOLUME_KINDS = ("hostPath", "nfs", "csi", "ephemeral", "iscsi", "rbd", "cephfs", "glusterfs")
 

@@ -70,7 +70,7 @@ StackCheck = Callable[[list[StackResource], Context], Iterable[tuple[str, str | 
 @dataclass(frozen=True)
 class Rule:
     name: str
-    domain: str  # aws | kubernetes | stack
+    domain: str  # one of DOMAINS
     description: str
     level: EnforcementLevel
     applies: Applies | None  # resource rules: which resource types; None for stack rules
@@ -88,10 +88,14 @@ class Rule:
 _REGISTERED: list[Rule] = []
 
 
+DOMAINS = ("aws", "kubernetes", "stack")
+
+
 def rules() -> list[Rule]:
-    """Every rule of the pack, in declaration order (importing the domain modules registers them)."""
+    """Every rule of the pack: by domain (aws, kubernetes, stack), each in declaration order. Whichever module a process
+    imported first registers first, so the order is fixed here, not by imports (the README's table depends on it)."""
     from trainforge.policies import aws, kubernetes, stack  # noqa: F401
-    return list(_REGISTERED)
+    return sorted(_REGISTERED, key=lambda rule: DOMAINS.index(rule.domain))
 
 
 def _types(types: Iterable[str] | Applies) -> Applies:

@@ -103,6 +103,21 @@ def teams_have_their_tenancy(resources: list[StackResource], ctx: Context) -> Vi
             yield f"team {team!r} has no LocalQueue/ClusterQueue: its jobs would never be admitted. Fix: its Kueue queues", None
 
 
+PLATFORM_NAMESPACES = (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_MLFLOW,
+                       contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM)
+
+
+@stack_rule("Every platform namespace the stack creates denies all traffic by default (its components' allowances follow).")
+def platform_namespaces_deny_by_default(resources: list[StackResource], ctx: Context) -> Violations:
+    created = {(r.props.get("metadata") or {}).get("name") for r in of_type(resources, "kubernetes:core/v1:Namespace")}
+    for namespace in PLATFORM_NAMESPACES:
+        policies = [r for r in of_type(resources, "kubernetes:networking.k8s.io/v1:NetworkPolicy")
+                    if (r.props.get("metadata") or {}).get("namespace") == namespace]
+        if namespace in created and not any(_default_deny(p.props) for p in policies):
+            yield (f"namespace {namespace} has no default-deny NetworkPolicy: anything reaching its pods (MLflow's fetches, "
+                   "Grafana's data-source proxy) reaches every port. Fix: platform/manifests/network.py"), None
+
+
 def _default_deny(props: Mapping[str, Any]) -> bool:
     spec = props.get("spec") or {}
     return spec.get("podSelector") == {} and set(spec.get("policyTypes") or []) == {"Ingress", "Egress"} \

@@ -396,6 +396,31 @@ def test_a_sweep_trial_pod_reads_its_database_url_from_a_mounted_file_and_is_adm
         assert contract.SWEEP_STORAGE_SECRET not in json.dumps(container.get("env", [])), "not in the environment"
 
 
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+def test_only_a_pod_running_as_the_sweep_controller_may_carry_its_network_label(program, kind):
+    """The label opens the API server to a pod (NetworkPolicies select labels, not ServiceAccounts): a controller's pod,
+    as the CLI renders it, is admitted; the same label on a pod with any other identity is refused (issue 37, minor)."""
+    import copy as copying
+    prog, cfg = program
+    team = cfg.teams[0].name
+    from trainforge.trainer.spec import with_image
+    controller = with_image(load_spec(REPO / "examples" / "quickstart.yaml").model_copy(update={
+        "team": team, "sweep": {"controller": "s"}}), cfg)
+    (pod,) = prog.pods(in_namespace(render(controller, decide(controller, cfg), kind), contract.namespace_name(team)))[:1]
+    assert pod["metadata"]["labels"][contract.SWEEP_ROLE_LABEL] == contract.SWEEP_CONTROLLER_ROLE
+    assert prog.denials(pod, PODS) == []
+    as_trainer = copying.deepcopy(pod)
+    as_trainer["spec"]["serviceAccountName"] = contract.TRAINING_SERVICE_ACCOUNT
+    unnamed = copying.deepcopy(pod)
+    del unnamed["spec"]["serviceAccountName"]
+    (ordinary,) = prog.pods(in_namespace(rendered(cfg, team, kind=kind), contract.namespace_name(team)))[:1]
+    labelled = copying.deepcopy(ordinary)
+    labelled["metadata"]["labels"][contract.SWEEP_ROLE_LABEL] = contract.SWEEP_CONTROLLER_ROLE
+    assert prog.denials(ordinary, PODS) == []
+    for refused in (as_trainer, unnamed, labelled):
+        assert [d for d in prog.denials(refused, PODS) if contract.SWEEP_ROLE_LABEL in d], refused["spec"].get("serviceAccountName")
+
+
 # ---- the network: a team pod reaches no platform service but MLflow and DNS ---------------------------------------
 
 PLATFORM_NAMESPACES = (contract.NAMESPACE_MLFLOW, contract.NAMESPACE_MONITORING, contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM,

@@ -262,8 +262,22 @@ def team_stack_quota(*, capacity: int):
             sr("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue", "clusterqueue-team-vision", queue)]
 
 
+def platform_namespaces_stack(*, deny: bool):
+    """The platform's namespaces, each with its default-deny (or, for monitoring, one that governs ingress only)."""
+    out = []
+    for namespace in (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_MLFLOW,
+                      contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM):
+        out.append(sr("kubernetes:core/v1:Namespace", namespace, {"metadata": {"name": namespace}}))
+        types = ["Ingress"] if namespace == contract.NAMESPACE_MONITORING and not deny else ["Ingress", "Egress"]
+        out.append(sr("kubernetes:networking.k8s.io/v1:NetworkPolicy", f"{namespace}-default-deny",
+                      {"metadata": {"name": "default-deny", "namespace": namespace}, "spec": {"podSelector": {}, "policyTypes": types}}))
+    return out
+
+
 # stack rule -> (compliant resources, violating resources, what the message must say)
 STACK_CASES = {
+    "platform-namespaces-deny-by-default": (platform_namespaces_stack(deny=True), platform_namespaces_stack(deny=False),
+                                            "namespace monitoring has no default-deny NetworkPolicy"),
     "team-quota-within-platform-capacity": (team_stack_quota(capacity=8), team_stack_quota(capacity=4),
                                             "asks for 8 gpu-spot GPUs, but the platform's node groups reach at most 4"),
     "buckets-fully-guarded": (bucket_stack(*BUCKET_GUARDS), bucket_stack(*list(BUCKET_GUARDS)[:2]), "denies plain HTTP"),

@@ -85,6 +85,15 @@ def allowed_images() -> str:
     return _every_container(f"params.data.exists(k, k.startsWith('{prefix}') && c.image.startsWith(params.data[k]))")
 
 
+def controller_role_only_as_controller() -> str:
+    """The team's NetworkPolicy opens the API server to pods by a label (a policy cannot select a ServiceAccount): the
+    label is allowed only on pods that run as the sweep controller's ServiceAccount, whose Role is a member's own. So no
+    pod with another identity (the training ServiceAccount and its IRSA role) gets the API server's address."""
+    label = contract.SWEEP_ROLE_LABEL
+    return (f"!({_has_label(label)} && {_label(label)} == '{contract.SWEEP_CONTROLLER_ROLE}') || "
+            f"(has(object.spec.serviceAccountName) && object.spec.serviceAccountName == '{contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT}')")
+
+
 def tenant_placement() -> str:
     """CEL: the pod can be scheduled only onto nodes of a tenant flavour, whatever else it says."""
     key, tenant = contract.LABEL_FLAVOUR, _quoted([f.value for f in contract.TENANT_FLAVOURS])
@@ -141,6 +150,10 @@ def pod_validations() -> list[dict[str, str]]:
                     "runtime image's repository and kubernetes.image_registries (the "
                     f"`{contract.SETTING_IMAGE_PREFIX}<n>` values of ConfigMap {contract.TEAM_SETTINGS_CONFIG_MAP}). Fix: push "
                     "the image to the account's ECR, or ask the platform team to add its registry"},
+        {"expression": controller_role_only_as_controller(),
+         "message": f"only a sweep controller's pod carries {contract.SWEEP_ROLE_LABEL}={contract.SWEEP_CONTROLLER_ROLE} (the label opens "
+                    f"the API server to it), and it runs as ServiceAccount {contract.SWEEP_CONTROLLER_SERVICE_ACCOUNT}. Fix: drop the "
+                    "label, or start the sweep with `trainforge sweep --cluster`"},
         {"expression": tenant_placement(),
          "message": f"a team's pod runs only on tenant nodes ({', '.join(f.value for f in contract.TENANT_FLAVOURS)}), never on the "
                     f"system nodes that run the platform, and names no node. Fix: submit with `trainforge submit` (Kueue sets "
