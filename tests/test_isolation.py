@@ -109,12 +109,41 @@ def test_rendered_pods_are_admitted_in_their_own_namespace_and_no_other(program,
         pytest.skip(f"{path.name} fits no node group of this stack: `check` refuses it before anything is rendered")
     for team, other in zip(cfg.teams, cfg.teams[1:] + cfg.teams[:1]):
         job = in_namespace(rendered(cfg, team.name, path, kind), contract.namespace_name(team.name))
+        if spec.priority not in team.priorities:  # test_a_team_uses_only_the_priorities_its_stack_grants
+            assert [m for m in prog.denials(job, TRAINJOBS if kind == "trainjob" else PYTORCHJOBS) if "team's priorities" in m]
+            continue
         assert prog.denials(job, TRAINJOBS if kind == "trainjob" else PYTORCHJOBS) == []
         for pod in prog.pods(job):
             assert pod["spec"]["securityContext"]["runAsUser"] == contract.team_posix_id(team.name)
             assert prog.denials(pod, PODS) == [], pod["metadata"]["name"]
             elsewhere = prog.denials(in_namespace(pod, contract.namespace_name(other.name)), PODS)
             assert any("team's uid" in m for m in elsewhere), f"{team.name}'s pod would run as itself in {other.name}'s namespace"
+
+
+def test_a_team_uses_only_the_priorities_its_stack_grants(program):
+    """`high` preempts the cohort's lower-priority work: a team's jobs may carry only the priorities its stack config
+    grants (issue 37, minor). The cluster refuses another (the jobs admission policy over the team's settings), and
+    `check` says so first, naming the fix."""
+    from trainforge.trainer.admission import admit
+    prog, cfg = program
+    granted = [t for t in cfg.teams if "high" in t.priorities]
+    others = [t for t in cfg.teams if "high" not in t.priorities]
+    if not granted or not others:
+        pytest.skip("the stack grants high to every team or to none")
+    for team in cfg.teams:
+        settings = next(o for o in prog.objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == contract.TEAM_SETTINGS_CONFIG_MAP
+                        and o["metadata"]["namespace"] == contract.namespace_name(team.name))
+        assert {v for k, v in settings["data"].items() if k.startswith(contract.SETTING_PRIORITY_PREFIX)} == \
+            {contract.priority_class_name(p) for p in team.priorities}
+        for priority in contract.PRIORITIES:
+            spec = load_spec(REPO / "examples" / "quickstart.yaml").model_copy(update={"team": team.name, "priority": priority})
+            from trainforge.trainer.spec import with_image
+            spec = with_image(spec, cfg)
+            job = in_namespace(render(spec, decide(spec, cfg), "trainjob"), contract.namespace_name(team.name))
+            refused = [m for m in prog.denials(job, TRAINJOBS) if "team's priorities" in m]
+            said = [p for p in admit(spec, cfg).problems if p.startswith("priority:")]
+            assert bool(refused) == bool(said) == (priority not in team.priorities), (team.name, priority, refused, said)
+            assert all("teams[].priorities" in m for m in refused + said)
 
 
 def _trainjob_pod(prog, cfg) -> dict:

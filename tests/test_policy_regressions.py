@@ -96,6 +96,8 @@ REGRESSIONS = {
                                                               _drop_validation("object.spec.serviceAccountName"), "team-admission-policies-complete"),
     "monitoring's default-deny dropped": ("kubernetes:networking.k8s.io/v1:NetworkPolicy", "monitoring-networkpolicy-default-deny",
                                          lambda p: p["spec"].update(policyTypes=["Ingress"]), "platform-namespaces-deny-by-default"),
+    "the jobs policy's priority rule dropped": (VAP, "validatingadmissionpolicy-trainforge-team-jobs", _drop_validation("'priority-'"),
+                                                "team-admission-policies-complete"),
     "the pods binding set to Warn": (VAPB, "validatingadmissionpolicybinding-trainforge-team-pods",
                                      lambda p: p["spec"].update(validationActions=["Warn"]), "team-admission-policies-complete"),
     "the jobs policy's queue rule dropped": (VAP, "validatingadmissionpolicy-trainforge-team-jobs", _drop_validation("params.data.queue"),

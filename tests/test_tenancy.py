@@ -233,6 +233,8 @@ def test_onboarding_a_team_adds_exactly_that_teams_objects(tmp_path):
     ({"lending_limit": {"gpu-spot": 99}}, "lending_limit"),
     ({"borrowing_limit": {"system": 2}}, "['system'] nodes have no GPUs"),
     ({"gpu_quota": {"cpu": 2}}, "['cpu'] nodes have no GPUs"),
+    ({"priorities": ["normal", "urgent"]}, "['urgent']: priorities are some of ['low', 'normal', 'high']. Fix:"),
+    ({"priorities": []}, "empty: priorities are some of"),
 ])
 def test_bad_team_settings_are_rejected_with_the_fix(change, message):
     raw = copy.deepcopy(read_stack_file(REPO / "stacks" / "Pulumi.dev.yaml").config[CONFIG_KEY])

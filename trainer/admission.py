@@ -121,6 +121,10 @@ def admit(spec: JobSpec, platform: PlatformConfig, *, spent_this_month_usd: floa
     instance = where.instance
     team = _team(spec, platform, problems)
     _image_allowed(spec, platform, problems)
+    if team is not None and spec.priority not in team.priorities:
+        problems.append(f"priority: {spec.priority!r} is not one of team {team.name}'s priorities ({', '.join(team.priorities)}); the "
+                        "cluster would refuse the job. Fix: one of those, or ask the platform team to grant it (teams[].priorities "
+                        "in the stack config)")
     chosen = None
     if team is not None:
         if not where.flavours:

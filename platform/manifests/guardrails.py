@@ -60,8 +60,11 @@ def job_validations(priority_classes: list[str]) -> list[dict[str, str]]:
                     "fair sharing and the budget hold apply through it). Fix: submit with `trainforge submit`, or set "
                     f"the label to the `{PARAM_QUEUE}` value of ConfigMap {contract.TEAM_SETTINGS_CONFIG_MAP}",
          "reason": "Forbidden"},
-        {"expression": f"!({_has_label(priority)}) || {_label(priority)} in {_quoted(priority_classes)}",
-         "message": f"{priority} must be one of {', '.join(priority_classes)}. Fix: use the job spec's `priority`",
+        {"expression": f"!({_has_label(priority)}) || ({_label(priority)} in {_quoted(priority_classes)} && params.data.exists(k, "
+                       f"k.startsWith('{contract.SETTING_PRIORITY_PREFIX}') && params.data[k] == {_label(priority)}))",
+         "message": f"{priority} must be one of the team's priorities (the `{contract.SETTING_PRIORITY_PREFIX}<priority>` values of "
+                    f"ConfigMap {contract.TEAM_SETTINGS_CONFIG_MAP}; all of them: {', '.join(priority_classes)}). Fix: use the job "
+                    "spec's `priority`; the platform team grants a team more in its stack config (teams[].priorities)",
          "reason": "Forbidden"},
     ]
 

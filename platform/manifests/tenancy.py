@@ -194,7 +194,9 @@ def settings(cfg: PlatformConfig, team: TeamConfig, prices_as_of: str, runtime_i
                      # policy params, platform/manifests/guardrails.py).
                      guardrails.PARAM_UID: str(contract.team_posix_id(team.name)), guardrails.PARAM_GID: str(contract.team_posix_id(team.name)),
                      # Where its pods may pull images from, one prefix per key (the pod admission policy's rule).
-                     **{f"{contract.SETTING_IMAGE_PREFIX}{i}": prefix for i, prefix in enumerate(image_prefixes)}}}
+                     **{f"{contract.SETTING_IMAGE_PREFIX}{i}": prefix for i, prefix in enumerate(image_prefixes)},
+                     # The priorities its jobs may use, each by its WorkloadPriorityClass (the jobs admission policy's rule).
+                     **{f"{contract.SETTING_PRIORITY_PREFIX}{p}": contract.priority_class_name(p) for p in team.priorities}}}
 
 
 def claims(cfg: PlatformConfig, team: TeamConfig) -> list[dict[str, Any]]:

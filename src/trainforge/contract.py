@@ -348,6 +348,12 @@ def runtime_image(account_id: str, region: str, environment: str, version: str) 
 # Where a team's pods may pull images from: the team settings hold one prefix per key `image-prefix-<n>`, and the
 # pod admission policy admits a container whose image starts with one of them (platform/manifests/guardrails.py).
 SETTING_IMAGE_PREFIX = "image-prefix-"
+# The job priorities a team may use: one key `priority-<priority>` per granted priority, its WorkloadPriorityClass as
+# the value; the jobs admission policy admits a job whose priority label is one of them.
+SETTING_PRIORITY_PREFIX = "priority-"
+# A team's priorities unless its config says otherwise: `high` preempts the cohort's lower-priority work, so a stack
+# grants it to the teams that should have it.
+DEFAULT_TEAM_PRIORITIES = ("low", "normal")
 
 
 def image_repository_prefixes(image: str) -> list[str]:

@@ -8,7 +8,7 @@ import re
 
 from pydantic import Field, field_validator, model_validator
 
-from trainforge.contract import GPU_FLAVOURS, Flavour
+from trainforge.contract import DEFAULT_TEAM_PRIORITIES, GPU_FLAVOURS, PRIORITIES, Flavour
 from trainforge.stackconfig.fields import DNS_LABEL, IAM_PRINCIPAL_ARN, TAG_VALUE, StrictModel as _Model
 
 
@@ -38,6 +38,18 @@ class TeamConfig(_Model):
                                          "limits) the namespace's pods may hold at once")
     fsx_quota_gib: int | None = Field(None, gt=0, le=10**7, description="GiB the team's files may hold on the shared FSx (a "
                                       "Lustre group quota on its gid); default: the platform's fsx.team_quota_gib")
+
+    priorities: list[str] = Field(list(DEFAULT_TEAM_PRIORITIES), description="job priorities its jobs may use (low, normal, high); "
+                                  "high preempts the cohort's lower-priority work, so it is granted per team")
+
+    @field_validator("priorities")
+    @classmethod
+    def _known_priorities(cls, priorities: list[str]) -> list[str]:
+        unknown = [p for p in priorities if p not in PRIORITIES]
+        if unknown or not priorities:
+            raise ValueError(f"{unknown or 'empty'}: priorities are some of {list(PRIORITIES)}. Fix: e.g. [low, normal] "
+                             "(add high for a team whose jobs may preempt the cohort's)")
+        return list(dict.fromkeys(priorities))
 
     @field_validator("gpu_quota")
     @classmethod
