@@ -342,6 +342,7 @@ POD_RULE_MARKS = {"the team's uid": ("runAsUser", "params.data.uid"), "the team'
                   "tenant nodes only": ("nodeSelector", "!has(object.spec.nodeName)"),
                   "resources that count": ("c.resources.limits", "matches("),
                   "images from the platform's registries": ("c.image.startsWith(params.data[k])",),
+                  "only the groups the pod names": ("supplementalGroupsPolicy",),
                   "the sweep controller's label only on its ServiceAccount": (contract.SWEEP_ROLE_LABEL, "object.spec.serviceAccountName")}
 JOB_RULE_MARKS = {"the team's own queue": ("params.data.queue",), "the team's priorities": (contract.KUEUE_PRIORITY_LABEL, f"'{contract.SETTING_PRIORITY_PREFIX}'")}
 OPEN_VOLUME_KINDS = ("hostPath", "nfs", "csi", "ephemeral", "iscsi", "rbd", "cephfs", "glusterfs")

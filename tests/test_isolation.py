@@ -160,6 +160,8 @@ TAMPERING = {
     "another group": lambda pod: pod["spec"]["securityContext"].update(runAsGroup=1000),
     "a supplemental group": lambda pod: pod["spec"]["securityContext"].update(supplementalGroups=[1000]),
     "another fsGroup": lambda pod: pod["spec"]["securityContext"].update(fsGroup=0),
+    "groups from the image's /etc/group": lambda pod: pod["spec"]["securityContext"].pop("supplementalGroupsPolicy"),
+    "groups merged with the image's": lambda pod: pod["spec"]["securityContext"].update(supplementalGroupsPolicy="Merge"),
     "hostPath": lambda pod: pod["spec"]["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
     "an inline CSI volume": lambda pod: pod["spec"]["volumes"].append({"name": "c", "csi": {"driver": "fsx.csi.aws.com"}}),
     "NFS": lambda pod: pod["spec"]["volumes"].append({"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}),

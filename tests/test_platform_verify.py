@@ -54,6 +54,9 @@ def healthy_cluster(evaluation, *team_stacks) -> KubeApi:
             api.put(obj)
         elif obj["kind"] == "ClusterQueue":
             api.put({**obj, "status": {"conditions": [{"type": "Active", "status": "True", "reason": "Ready"}]}})
+    for index in range(3):  # nodes whose runtime (containerd 2) reports what it can do
+        api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"ip-10-0-{index}-7.ec2.internal"},
+                 "status": {"features": {"supplementalGroupsPolicy": True}}})
     pools = [f"{o['kind'][0].lower()}{o['kind'][1:]}/{o['metadata']['namespace']}/{o['metadata']['name']}/0"
              for o in everything if o["kind"] in ("ServiceMonitor", "PodMonitor")]
     api.prometheus = {"targets": [{"scrapePool": p, "health": "up", "labels": {"instance": "10.0.1.7:8443"}, "lastError": ""}
@@ -186,6 +189,11 @@ def wrong_admin(api):
     secret["data"]["password"] = base64.b64encode(b"not-the-admins-password").decode()
 
 
+def old_runtime(api):
+    (node, *_) = api.of_kind("nodes")
+    node["status"]["features"] = {}  # containerd 1.7 reports nothing
+
+
 def mlflow_down(api):
     api.mlflow_uri = "http://127.0.0.1:9"  # nothing listens there
     api.extra_env = {"MLFLOW_READY_TIMEOUT_S": "2"}
@@ -200,6 +208,7 @@ def mlflow_down(api):
     (stale_budget, "budget controller", "last pass"),
     (wrong_admin, "mlflow", "401"),
     (mlflow_down, "mlflow", "did not answer /health"),
+    (old_runtime, "node runtimes", "not: ip-10-0-"),
 ])
 def test_each_broken_piece_is_named_with_its_fix_and_exit_1(cluster, breakage, check, words):
     api, kubeconfig = cluster

@@ -98,6 +98,8 @@ REGRESSIONS = {
                                          lambda p: p["spec"].update(policyTypes=["Ingress"]), "platform-namespaces-deny-by-default"),
     "the jobs policy's priority rule dropped": (VAP, "validatingadmissionpolicy-trainforge-team-jobs", _drop_validation("'priority-'"),
                                                 "team-admission-policies-complete"),
+    "the pods policy's supplemental-groups rule dropped": (VAP, "validatingadmissionpolicy-trainforge-team-pods",
+                                                           _drop_validation("supplementalGroupsPolicy"), "team-admission-policies-complete"),
     "the pods binding set to Warn": (VAPB, "validatingadmissionpolicybinding-trainforge-team-pods",
                                      lambda p: p["spec"].update(validationActions=["Warn"]), "team-admission-policies-complete"),
     "the jobs policy's queue rule dropped": (VAP, "validatingadmissionpolicy-trainforge-team-jobs", _drop_validation("params.data.queue"),

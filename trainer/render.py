@@ -168,9 +168,11 @@ HOME_SIZE = "20Gi"
 
 def pod_identity(team: str) -> dict[str, Any]:
     """The pod runs as its team's own POSIX identity, the owner of its FSx directory (the admission policy refuses any
-    other); never root."""
+    other); never root. Its groups are that gid alone: `Strict` keeps an image's /etc/group from adding another team's
+    gid (and with it that team's FSx directory) to the process (Kubernetes 1.33+, containerd 2.0+ on the node)."""
     posix = contract.team_posix_id(team)
-    return {"runAsUser": posix, "runAsGroup": posix, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {"runAsUser": posix, "runAsGroup": posix, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
+            "supplementalGroupsPolicy": contract.SUPPLEMENTAL_GROUPS_POLICY}
 
 
 def volume_mounts(spec: JobSpec) -> list[dict[str, Any]]:

@@ -140,6 +140,10 @@ def pod_validations() -> list[dict[str, str]]:
         {"expression": f"!has({pod}) || ((!has({pod}.fsGroup) || {pod}.fsGroup == int(params.data.{PARAM_GID})) && "
                        f"(!has({pod}.supplementalGroups) || {pod}.supplementalGroups.all(g, g == int(params.data.{PARAM_GID}))))",
          "message": "a team's pod may join no group but its team's (fsGroup, supplementalGroups)"},
+        {"expression": f"has({pod}) && has({pod}.supplementalGroupsPolicy) && {pod}.supplementalGroupsPolicy == "
+                       f"'{contract.SUPPLEMENTAL_GROUPS_POLICY}'",
+         "message": f"a team's pod sets securityContext.supplementalGroupsPolicy: {contract.SUPPLEMENTAL_GROUPS_POLICY}, so its "
+                    "image's /etc/group cannot add another team's group to it. Fix: submit with `trainforge submit`, or set it"},
         {"expression": f"!has(object.spec.volumes) || object.spec.volumes.all(v, {volume_ok})",
          "message": f"a team's pod may mount only its namespace's FSx claims ({', '.join(ALLOWED_CLAIMS)}) and "
                     f"{', '.join(ALLOWED_VOLUME_KINDS)} volumes"},

@@ -114,7 +114,8 @@ def verify(cfg: PlatformConfig, api: Api, now: Callable[[], float] = time.time, 
     started = now()
     report = Report()
     for step, check in (("Helm releases", _releases), ("workloads", _workloads), ("team queues", _queues),
-                        ("Prometheus targets", _targets), ("alerts", _alerts), ("budget controller", _budget), ("MLflow", _mlflow)):
+                        ("Prometheus targets", _targets), ("alerts", _alerts), ("budget controller", _budget), ("MLflow", _mlflow),
+                        ("nodes", _nodes)):
         on_check(step)
         check(cfg, api, report, now)
     report.seconds = now() - started
@@ -146,6 +147,20 @@ def _workloads(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
                 report.add(f"{kind.lower()} {name}", have >= want, f"{have}/{want} ready",
                            f"`kubectl -n {namespace} describe {kind.lower()} {obj['metadata']['name']}` and its pods' events "
                            "(Pending: no system node fits its requests; ImagePullBackOff: the image; CrashLoopBackOff: its logs)")
+
+
+def _nodes(cfg: PlatformConfig, api: Api, report: Report, now) -> None:
+    """Every node's runtime honours the team pods' supplementalGroupsPolicy (containerd 2.0+): a node that cannot refuses
+    them at admission (`SupplementalGroupsPolicyNotSupported`), so a team's jobs would fail only there."""
+    status, body = api.get("/api/v1/nodes")
+    nodes = (body.get("items") or []) if status == 200 else []
+    unable = sorted(n["metadata"]["name"] for n in nodes
+                    if not ((n.get("status") or {}).get("features") or {}).get("supplementalGroupsPolicy"))
+    detail = f"{len(nodes) - len(unable)}/{len(nodes)} run team pods' groups {contract.SUPPLEMENTAL_GROUPS_POLICY}" if status == 200 \
+        else f"cannot list nodes ({status})"
+    report.add("node runtimes", status == 200 and not unable, detail + (f"; not: {', '.join(unable[:10])}" if unable else ""),
+               "their AMI's containerd is older than 2.0 (EKS AL2023 AMIs before v20251016): update the node group "
+               "(`aws eks update-nodegroup-version --cluster-name <cluster> --nodegroup-name <group>`), then verify again")
 
 
 def _queues(cfg: PlatformConfig, api: Api, report: Report, now) -> None:

@@ -351,6 +351,9 @@ SETTING_IMAGE_PREFIX = "image-prefix-"
 # The job priorities a team may use: one key `priority-<priority>` per granted priority, its WorkloadPriorityClass as
 # the value; the jobs admission policy admits a job whose priority label is one of them.
 SETTING_PRIORITY_PREFIX = "priority-"
+# A team pod's groups are the ones its spec names, never ones its image's /etc/group adds (render.pod_identity, the pod
+# admission policy, `platform verify`'s node check: a node whose runtime cannot honour it refuses such pods).
+SUPPLEMENTAL_GROUPS_POLICY = "Strict"
 # A team's priorities unless its config says otherwise: `high` preempts the cohort's lower-priority work, so a stack
 # grants it to the teams that should have it.
 DEFAULT_TEAM_PRIORITIES = ("low", "normal")

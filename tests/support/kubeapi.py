@@ -50,6 +50,7 @@ SERVED: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("kueue.x-k8s.io", "v1beta2", "localqueues"): ("LocalQueue", True),
     ("kueue.x-k8s.io", "v1beta2", "resourceflavors"): ("ResourceFlavor", False),
     ("", "v1", "namespaces"): ("Namespace", False),
+    ("", "v1", "nodes"): ("Node", False),  # `platform verify` reads what each node's runtime can do
     ("", "v1", "resourcequotas"): ("ResourceQuota", True),
     ("", "v1", "limitranges"): ("LimitRange", True),
     ("", "v1", "serviceaccounts"): ("ServiceAccount", True),
