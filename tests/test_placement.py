@@ -63,7 +63,9 @@ def specs_for(platform: PlatformConfig) -> list[JobSpec]:
                                           "resources": bases[0].resources.model_copy(update={"instance_type": t, "gpu_type": None, "gpus_per_node": None,
                                                                                                      "cpu": "3", "memory": "12Gi"})})
               for t in gpu_types]
-    return [spec.model_copy(update={"capacity": capacity, "team": team.name})
+    # As each team may submit it: a priority the team was not granted is refused before placement (test_isolation).
+    return [spec.model_copy(update={"capacity": capacity, "team": team.name,
+                                    "priority": spec.priority if spec.priority in team.priorities else "normal"})
             for spec in bases for capacity in CAPACITIES for team in platform.teams]
 
 
