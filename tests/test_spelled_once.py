@@ -149,3 +149,54 @@ def test_the_exit_code_check_sees_a_number(tmp_path):
     module = tmp_path / "exits.py"
     module.write_text("import typer\nraise typer.Exit(0 if ok else 3)\nraise Problem('', [], exit_code=1)\n")
     assert sorted(code for code, _ in exit_literals(module)) == [0, 1, 3]
+
+
+PHASE_HOME = REPO / "trainer" / "backends" / "__init__.py"
+
+
+def phase_literals(path: Path):
+    """(phase, line) of every job phase written as its string where the code means a job's state: compared with
+    something named state, given to a record's `.state` or its field's default, or to `_finish`. A tuple counts only when
+    every item is a phase (`("running", "waiting")` is an Optuna trial's vocabulary, not a job's)."""
+    from trainforge.trainer.backends import JobPhase
+    phases = {p.value for p in JobPhase}
+
+    def constants(node) -> list[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        values = [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+        return values if values and len(values) == len(items) and set(values) <= phases else []
+    for node in ast.walk(ast.parse(path.read_text())):
+        given: list[ast.AST] = []
+        if isinstance(node, ast.Compare) and any("state" in ast.unparse(side) for side in (node.left, *node.comparators)):
+            given = [node.left, *node.comparators]
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                pairs = list(zip(target.elts, node.value.elts)) if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                    else [(target, node.value)]
+                given += [value for target_, value in pairs if isinstance(target_, ast.Attribute) and target_.attr == "state"]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "state" and node.value is not None:
+            given = [node.value]
+        elif isinstance(node, ast.Call) and "finish" in ast.unparse(node.func) and node.args:
+            given = [node.args[0]]
+        elif isinstance(node, ast.FunctionDef) and "state" in node.name:  # what a `..._state` function or property returns
+            given = [r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value is not None]
+        for value in given:
+            for phase in constants(value):
+                yield phase, node.lineno
+
+
+def test_a_job_phase_is_its_enum_member():
+    """Issue 40, item 6: a job's state is a JobPhase (trainer/backends): the views, `check`, the controller and the local
+    record compare against it. Written as a plain string beside it, a renamed or split phase leaves that spelling
+    behind, matching nothing."""
+    found = [f"{path.relative_to(REPO)}:{line} writes the phase {phase!r} as a string" for folder in PRODUCT
+             for path in sorted((REPO / folder).rglob("*.py")) if path != PHASE_HOME for phase, line in phase_literals(path)]
+    assert found == [], "use trainforge.trainer.backends.JobPhase:\n" + "\n".join(found)
+
+
+def test_the_phase_check_sees_a_string(tmp_path):
+    module = tmp_path / "record.py"
+    module.write_text("ACTIVE = 1\nif state.state == 'pending':\n    pass\nrecord.state, record.reason = 'failed', ''\n"
+                      "class R:\n    state: str = 'running'\nself._finish('cancelled', 1, '')\ndef effective_state():\n    return 'lost'\n"
+                      "if t['state'] not in ('running', 'waiting'):\n    pass\nif outcome == 'failed':\n    pass\n")
+    assert sorted(phase for phase, _ in phase_literals(module)) == ["cancelled", "failed", "lost", "pending", "running"]

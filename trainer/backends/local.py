@@ -98,27 +98,27 @@ class Supervisor:
             outcome, code, exit_dir = self._attempt()
             state.history.append({"attempt": state.attempts, "outcome": outcome, "exit_code": code, "ended_at": time.time()})
             if self.cancelled:
-                return self._finish("cancelled", code, "cancelled by user; checkpoint kept for resume")
+                return self._finish(JobPhase.CANCELLED, code, "cancelled by user; checkpoint kept for resume")
             if outcome is Outcome.OK:
-                return self._finish("succeeded", 0, "")
+                return self._finish(JobPhase.SUCCEEDED, 0, "")
             full = disk_full(self.directory) if outcome is not Outcome.OK else None
             if full:  # a restart would fill it again at once
-                return self._finish("failed", code, f"worker exited {code}: {full}")
+                return self._finish(JobPhase.FAILED, code, f"worker exited {code}: {full}")
             if outcome is Outcome.USER_ERROR:
                 why = user_error_message(exit_dir) or "see job.log"
-                return self._finish("failed", code, f"worker exited {code}, a user error (not retried): {why}")
+                return self._finish(JobPhase.FAILED, code, f"worker exited {code}, a user error (not retried): {why}")
             if state.restarts >= max_restarts:
-                return self._finish("failed", code, f"still failing after {state.restarts} restarts (limits.max_restarts)")
+                return self._finish(JobPhase.FAILED, code, f"still failing after {state.restarts} restarts (limits.max_restarts)")
             delay = BACKOFF_S[min(state.restarts, len(BACKOFF_S) - 1)]
             state.restarts += 1
-            state.state, state.reason = "restarting", f"worker exited {code}; restart {state.restarts}/{max_restarts} in {delay:.0f} s"
+            state.state, state.reason = JobPhase.RESTARTING, f"worker exited {code}; restart {state.restarts}/{max_restarts} in {delay:.0f} s"
             state.save()
             self._log(f"--- trainforge: {state.reason}\n")
             deadline = time.time() + delay
             while time.time() < deadline and not self.cancelled:
                 time.sleep(0.1)
             if self.cancelled:
-                return self._finish("cancelled", code, "cancelled while waiting to restart")
+                return self._finish(JobPhase.CANCELLED, code, "cancelled while waiting to restart")
 
     def _log(self, text: str) -> None:
         try:
@@ -137,7 +137,7 @@ class Supervisor:
         with open(self.directory / paths.JOB_LOG_FILE, "a") as log:
             self.child = subprocess.Popen(worker_command(self.spec, exit_dir), stdout=log, stderr=subprocess.STDOUT, env=env,
                                           cwd=self.directory, start_new_session=True)
-        state.state, state.reason = "running", ""
+        state.state, state.reason = JobPhase.RUNNING, ""
         state.save()
         if self.on_attempt:
             self.on_attempt(state)
@@ -160,7 +160,7 @@ def supervise(name: str) -> int:
     supervisor = Supervisor(spec, JobState.load(name))
     signal.signal(signal.SIGTERM, supervisor.cancel)
     state = supervisor.run()
-    return 0 if state.state == "succeeded" else 1
+    return 0 if state.state == JobPhase.SUCCEEDED else 1
 
 
 def start_detached(spec: JobSpec, state: JobState) -> int:
@@ -186,11 +186,11 @@ def cancel(name: str, wait_s: float = 60.0) -> JobState:
         state = JobState.load(name)
         if state.state not in ACTIVE:
             break
-        if state.effective_state == "lost":
+        if state.effective_state == JobPhase.LOST:
             # The signal reached a supervisor still starting, before its handler was set (a cancel right after
             # `submit --detach`): it ended without recording anything, and it starts workers only once the handler is
             # set. The job is cancelled; waiting for a record would take the whole wait_s.
-            state.state, state.reason, state.ended_at = "cancelled", "cancelled while its supervisor was starting", time.time()
+            state.state, state.reason, state.ended_at = JobPhase.CANCELLED, "cancelled while its supervisor was starting", time.time()
             state.save()
             release_reserve(name)
             break

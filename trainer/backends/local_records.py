@@ -18,17 +18,17 @@ import yaml
 from trainforge import paths
 from trainforge.errors import EXIT_FAILED, TrainforgeError
 from trainforge.paths import job_dir
-from trainforge.trainer.backends import NoSuchJob
+from trainforge.trainer.backends import JobPhase, NoSuchJob
 from trainforge.trainer.placement import Placement
 from trainforge.trainer.spec import JobSpec
 
-ACTIVE = ("pending", "running", "restarting")
+ACTIVE = (JobPhase.PENDING, JobPhase.RUNNING, JobPhase.RESTARTING)
 SUPERVISOR_START_S = 60.0  # a supervisor records itself within milliseconds of the record; a minute without one: never started
 @dataclass
 class JobState:
     name: str
     team: str
-    state: str = "pending"  # pending | running | restarting | succeeded | failed | cancelled
+    state: str = JobPhase.PENDING  # pending, running, restarting, succeeded, failed or cancelled (JobPhase)
     supervisor_pid: int | None = None
     # The supervisor's start time as the kernel records it (/proc/<pid>/stat): a PID alone is reused by the OS after
     # the process ends, and signalling it then hits an unrelated process.
@@ -97,9 +97,9 @@ class JobState:
         """`lost` when the record says active but its supervisor is gone (machine reboot, kill -9), or never came: a
         submitter killed between writing the record and starting the supervisor leaves a job that would wait for ever."""
         if self.state in ACTIVE and self.supervisor_pid is not None and not self.supervisor_alive():
-            return "lost"
-        if self.state == "pending" and self.supervisor_pid is None and time.time() - self.submitted_at > SUPERVISOR_START_S:
-            return "lost"
+            return JobPhase.LOST
+        if self.state == JobPhase.PENDING and self.supervisor_pid is None and time.time() - self.submitted_at > SUPERVISOR_START_S:
+            return JobPhase.LOST
         return self.state
 
 
@@ -182,7 +182,7 @@ def prepare(spec: JobSpec, where: Placement) -> JobState:
             raise JobAlreadyActive(previous)
         keep_previous_spec(spec, directory)
         state = previous
-        state.state, state.exit_code, state.reason, state.ended_at = "pending", None, "", None
+        state.state, state.exit_code, state.reason, state.ended_at = JobPhase.PENDING, None, "", None
         state.supervisor_pid, state.supervisor_started, state.submitted_at = None, None, time.time()
         state.region = where.region or state.region
     else:

@@ -85,6 +85,7 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.admission import NotAdmitted, unchecked
+    from trainforge.trainer.backends import JobPhase
     from trainforge.trainer.spec import with_image
     from trainforge.trainer.submission import admit_now
     spec = load_spec(spec_file)
@@ -109,7 +110,7 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     with views.JobProgress(spec) as bar:
         report = target.submit(spec, decision, on_progress=bar.update)
     views.run_summary(spec, report)
-    raise typer.Exit(EXIT_OK if report.state == "succeeded" else EXIT_FAILED)
+    raise typer.Exit(EXIT_OK if report.state == JobPhase.SUCCEEDED else EXIT_FAILED)
 
 
 def status(name: str, output: Output = output_option(),

@@ -55,11 +55,12 @@ def start_in_cluster(sweep, stack: Path, kind: Kind, context: Optional[str], res
 
 def refuse_second_controller(name: str, team: str, existing: dict, resume: bool) -> None:
     from trainforge.errors import TrainforgeError
+    from trainforge.trainer.backends import JobPhase
     from trainforge.trainer.backends.kubernetes import job_state
     from trainforge.trainer.sweeps.cluster import status_of
     state = job_state("trainjob", existing)
     document = status_of(existing) or {}
-    if state not in ("succeeded", "failed"):
+    if state not in (JobPhase.SUCCEEDED, JobPhase.FAILED):
         raise TrainforgeError("", [f"sweep {name!r} already has a controller in the cluster ({state}). Fix: `trainforge sweep "
                                    f"status {name} --backend kubernetes --team {team}` follows it; `extend` raises its limits"], exit_code=EXIT_FAILED)
     if document.get("finished_because") == "cancelled" and not resume:
@@ -121,10 +122,11 @@ def cancel_in_cluster(name: str, target, job: dict) -> None:
 
     from trainforge import contract
     from trainforge.errors import TrainforgeError
+    from trainforge.trainer.backends import JobPhase
     from trainforge.trainer.backends.kubernetes import job_state
     from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, status_of
     document = status_of(job) or {}
-    if document.get("finished_because") or job_state("trainjob", job) in ("succeeded", "failed"):
+    if document.get("finished_because") or job_state("trainjob", job) in (JobPhase.SUCCEEDED, JobPhase.FAILED):
         raise TrainforgeError("", [f"sweep {name!r} already finished ({document.get('finished_because') or 'its controller ended'}); "
                                    f"nothing to cancel. `trainforge sweep status {name}` shows its trials"], exit_code=EXIT_FAILED)
     asked = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -161,10 +163,11 @@ def resume_in_cluster(name: str, target, job: dict) -> None:
 def extend_in_cluster(name: str, target, job: dict, *, trials: int, usd: float, wall_time_s: float) -> None:
     """Asked through the controller's TrainJob (the member has no database access); a finished controller is resumed
     to take it up."""
+    from trainforge.trainer.backends import JobPhase
     from trainforge.trainer.backends.kubernetes import job_state
     from trainforge.trainer.sweeps.cluster import ask_extension
     written = ask_extension(target.cluster, target.team, job, trials=trials, usd=usd, wall_time_s=wall_time_s)
-    if job_state("trainjob", written) in ("succeeded", "failed"):
+    if job_state("trainjob", written) in (JobPhase.SUCCEEDED, JobPhase.FAILED):
         typer.echo(f"sweep {name}: its controller has ended; `trainforge sweep resume {name}` continues it with the extension")
     else:
         typer.echo(f"sweep {name}: asked its controller to extend it (+{trials} trials, +${usd:,.2f}, +{wall_time_s:.0f} s of wall time); "

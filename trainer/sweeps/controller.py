@@ -321,7 +321,7 @@ class SweepController:
                          if job is not None else (0.0, None))
         if trial.state is TrialState.RUNNING:
             reported = trial.user_attrs.get(OBJECTIVE_VALUE_ATTR)
-            if is_multi_objective(self.study) and reported is not None and job_state == "succeeded":
+            if is_multi_objective(self.study) and reported is not None and job_state == JobPhase.SUCCEEDED:
                 # The worker reported its metric; what it cost is known only now, so the controller tells both.
                 self.study.tell(number, [float(reported), self._second_value(cost, seconds, trial)], skip_if_finished=True)
             else:
