@@ -295,7 +295,7 @@ def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None =
             "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec), "args": args(spec, where), "env": env(spec, where),
             "securityContext": dict(contract.TRAINING_CONTAINER_SECURITY),
             "resources": resources(spec, where), "volumeMounts": volume_mounts(spec),
-            "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
+            "ports": [{"name": contract.METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT}],
         }]},
     }
 
