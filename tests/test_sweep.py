@@ -584,6 +584,39 @@ def test_a_sweep_can_be_extended_but_not_changed(tmp_path):
         assert f"changed: {named}" in str(refused.value) and "another name" in str(refused.value)
 
 
+def test_two_local_extends_at_once_are_both_applied(tmp_path):
+    """Issue 40, item 5, on this machine: extend reads the limits, raises them and writes them back. Extend A is held
+    between its read and its write (a pause point); extend B runs meanwhile. Unguarded, B wrote 4+5 and A then 4+3,
+    losing B's; with the lock B waits for A (and says so), and the sweep ends with both."""
+    from trainforge.trainer.sweeps.faults import PAUSE_AT_ENV
+    from trainforge.trainer.sweeps.limits import recorded_limits
+    from trainforge.trainer.sweeps.study import open_study
+    from trainforge.trainer.sweeps.spec import load_sweep
+    home = tmp_path / "home"
+    (home / "sweeps" / "both").mkdir(parents=True)
+    url = f"sqlite:///{home / 'sweeps' / 'both' / 'study.db'}"
+    open_study(load_sweep(write_sweep(tmp_path, name="both", max_trials=4)), url)
+    gate = tmp_path / "gate"
+    env = {**os.environ, "TRAINFORGE_HOME": str(home)}
+
+    def extend(trials: int, **extra) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", "extend", "both", "--trials", str(trials)],
+                                env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = extend(3, **{PAUSE_AT_ENV: f"extend-read:{gate}"})
+    wait_until(lambda: Path(f"{gate}.reached").exists() or first.poll() is not None, 120, what="extend A to read the limits")
+    assert first.poll() is None, first.communicate()
+    second = extend(5)
+    said = ""
+    for line in second.stderr:  # B says it waits for A (the lock), or it ends having written over A's read (no lock)
+        said += line
+        if "waiting for another" in line:
+            break
+    gate.write_text("go")
+    assert first.wait(timeout=120) == 0 and second.wait(timeout=120) == 0, (first.communicate(), said)
+    from trainforge.trainer.sweeps.study import load_existing
+    assert recorded_limits(load_existing("both", url)).max_trials == 4 + 3 + 5, said
+
+
 def test_extension_limits_are_floors_over_the_spec(tmp_path):
     """`extend` raises the limits of the latest start; a later spec asking for more raises them further, one asking
     for less keeps the extension; a limit the sweep never had stays unlimited."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -28,6 +29,25 @@ class RunByDefault(TyperGroup):
 
 app = typer.Typer(cls=RunByDefault, no_args_is_help=True,
                   help="Hyperparameter sweeps: `trainforge sweep sweep.yaml` runs (or continues) one; status, report, best, cancel.")
+
+
+@contextlib.contextmanager
+def _extension_lock(name: str) -> Iterator[None]:
+    """This machine's extends of one sweep, one at a time (an advisory lock beside its record): two at once would each
+    read the same limits and the second write would drop the first's extension. A cluster sweep's are guarded by the
+    API's resourceVersion instead (sweeps/cluster.ask_extension)."""
+    import fcntl
+
+    from trainforge import paths
+    directory = paths.sweep_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "extend.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            typer.echo(f"waiting for another `trainforge sweep extend {name}` to finish", err=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _storage(name: str, storage: Optional[str]) -> str:
@@ -365,8 +385,9 @@ def extend(name: str,
     if cluster is not None:
         extend_in_cluster(name, *cluster, trials=trials, usd=usd, wall_time_s=seconds)
         return
-    study = load_existing(name, _storage(name, storage))
-    before, after = raise_limits(study, trials=trials, usd=usd, wall_time_s=seconds)
+    with _extension_lock(name):  # the limits are read, raised and written back: one extend at a time
+        study = load_existing(name, _storage(name, storage))
+        before, after = raise_limits(study, trials=trials, usd=usd, wall_time_s=seconds)
     from trainforge.trainer.sweeps.spec import duration
 
     def shown(limits) -> str:

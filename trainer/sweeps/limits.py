@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 
+from trainforge.trainer.sweeps.faults import pause_point
 from trainforge.trainer.sweeps.spec import Sweep
 
 
@@ -78,6 +79,7 @@ def extend(study: optuna.Study, *, trials: int = 0, usd: float = 0.0, wall_time_
     `request`: the id of the member's request this applies (take_up), recorded with the limits."""
     taken = list((study.user_attrs.get(EXTENDED) or {}).get("taken") or [])
     before = recorded_limits(study)
+    pause_point("extend-read")  # read, not yet written: where two unguarded writers would lose one's extension
     after = Limits(before.max_trials + trials, None if before.usd is None else before.usd + usd,
                    None if before.wall_time_s is None else before.wall_time_s + wall_time_s)
     study.set_user_attr(EXTENDED, {"max_trials": after.max_trials, "usd": after.usd, "wall_time_s": after.wall_time_s,
