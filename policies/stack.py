@@ -103,8 +103,7 @@ def teams_have_their_tenancy(resources: list[StackResource], ctx: Context) -> Vi
             yield f"team {team!r} has no LocalQueue/ClusterQueue: its jobs would never be admitted. Fix: its Kueue queues", None
 
 
-PLATFORM_NAMESPACES = (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_MLFLOW,
-                       contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM)
+PLATFORM_NAMESPACES = contract.PLATFORM_NAMESPACES
 
 
 @stack_rule("Every platform namespace the stack creates denies all traffic by default (its components' allowances follow).")

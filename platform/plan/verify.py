@@ -20,8 +20,7 @@ from trainforge.platform.manifests import budget, monitoring, tracking
 from trainforge.platform.manifests.charts import pinned
 from trainforge.stackconfig import PlatformConfig
 
-PLATFORM_NAMESPACES = (contract.NAMESPACE_KUEUE, contract.NAMESPACE_TRAINER, contract.NAMESPACE_MONITORING, contract.NAMESPACE_MLFLOW,
-                       contract.NAMESPACE_OPENCOST, contract.NAMESPACE_SYSTEM)
+PLATFORM_NAMESPACES = contract.PLATFORM_NAMESPACES
 PROMETHEUS_SERVICE = (contract.NAMESPACE_MONITORING, f"{contract.PROMETHEUS_SERVICE_NAME}:9090")
 # kube-prometheus-stack's always-firing heartbeat and its inhibitor: firing is their healthy state.
 HEARTBEAT_ALERTS = {"Watchdog", "InfoInhibitor"}

@@ -399,6 +399,9 @@ NAMESPACE_SYSTEM = "trainforge-system"  # trainforge's own controllers
 TRAINER_PODMONITOR = "trainforge-trainers"  # the PodMonitor over every team's training pods (platform/manifests/monitoring.py)
 BUDGET_CONTROLLER = "trainforge-budget"  # its Deployment, ServiceAccount and ClusterRole
 BUDGET_METRICS_PORT = 9401
+# The namespaces the platform itself runs in (not kube-system's EKS add-ons): each denies traffic by default
+# (platform/manifests/network.py, tracking.py; the pack checks it) and `platform verify` checks their workloads.
+PLATFORM_NAMESPACES = (NAMESPACE_KUEUE, NAMESPACE_TRAINER, NAMESPACE_MONITORING, NAMESPACE_MLFLOW, NAMESPACE_OPENCOST, NAMESPACE_SYSTEM)
 
 # Sweeps on the cluster: each team's Optuna database on the platform's PostgreSQL. Its URL (with the team's own
 # database user) is in this Secret in the team namespace; trial pods read it from a file the Secret is mounted as —
