@@ -49,6 +49,8 @@ class RegisteredResource:
     parent: str = ""
     dependencies: frozenset[str] = frozenset()  # URNs it waits for: depends_on, and the resources its inputs come from
     aliases: tuple[str, ...] = ()  # the URNs it answers to besides its own (state it adopts instead of creating anew)
+    retain_on_delete: bool = False  # the engine drops it from the state on delete or replace, leaving the cloud's object
+    protect: bool = False  # the engine refuses to delete or replace it
 
     @property
     def tags(self) -> dict[str, str]:
@@ -69,7 +71,8 @@ class RecordingMonitor(pulumi.runtime.mocks.MockMonitor):
             with self._lock:
                 self._recording.annotate(request.type, request.name, urn=response.urn, parent=request.parent,
                                          dependencies=frozenset(request.dependencies),
-                                         aliases=tuple(self._alias_urn(request, a) for a in request.aliases))
+                                         aliases=tuple(self._alias_urn(request, a) for a in request.aliases),
+                                         retain_on_delete=bool(request.retainOnDelete), protect=bool(request.protect))
         return response
 
     def ReadResource(self, request):  # a resource the program reads, not creates: a StackReference

@@ -6,13 +6,15 @@ by the autoscaler's own fit check against every node group's template."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 
 import pytest
+from support.helm import is_hook
 from support.evaluated import autoscaler_templates, deployable, evaluation_of, plain, program_manifests
 from support.repo import REPO, STACK_FILES, STACKS
 
-from trainforge import contract, nodes
+from trainforge import contract, nodes, versions
 from trainforge.infra import registry
 from trainforge.infra.iam import principal_key
 from trainforge.platform.plan import day_two
@@ -171,6 +173,79 @@ def test_the_build_context_is_the_project_wherever_the_program_is_evaluated(tmp_
 def PYPROJECT_VERSION() -> str:
     import tomllib
     return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+# ---- CRDs --------------------------------------------------------------------------------------------------------
+
+CRD_PATCH = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinitionPatch"
+
+
+def crd_facts(evaluation) -> tuple[dict, dict[str, frozenset[str]], dict[str, frozenset[str]]]:
+    """Per release of the program: what its install creates, the kinds its chart's crds/ define, and the kinds CRDs
+    among its templates define."""
+    from support.helm import crd_sources, program_releases, rendered_program
+    sources = {name: crd_sources(inputs) for name, inputs in program_releases(evaluation).items()}
+    return rendered_program(evaluation)[0], {n: s[0] for n, s in sources.items()}, {n: s[1] for n, s in sources.items()}
+
+
+def test_every_crd_moves_with_the_pinned_version_and_outlives_any_up(deployed):
+    """Trainer's and JobSet's CRDs sit in their charts' crds/, which Helm installs once and never upgrades: the release
+    skips them and the program applies them, kept if it ever stops declaring them. Kueue's are templates of its chart:
+    they live as long as its release, which the engine never uninstalls. (On the code before: four problems, the Trainer
+    release's crds/ and Kueue's release.)"""
+    rendered, chart_crds, template_crds = crd_facts(deployed)
+    assert {"trainer.kubeflow.org/TrainJob", "jobset.x-k8s.io/JobSet"} <= chart_crds["kubeflow-trainer"]
+    assert {"kueue.x-k8s.io/ClusterQueue", "kueue.x-k8s.io/Workload"} <= template_crds["kueue"]
+    assert "monitoring.coreos.com/Prometheus" in chart_crds[contract.PROMETHEUS_RELEASE]
+    assert day_two.upgrades_own_crds(rendered[contract.PROMETHEUS_RELEASE]), "its chart's own pre-upgrade Job applies them"
+    assert day_two.crd_problems(deployed, rendered, chart_crds, template_crds) == []
+
+
+def test_the_model_sees_a_chart_left_to_install_its_crds_and_a_release_or_crd_the_engine_may_delete(deployed):
+    """The program as it was: the Trainer's release with its chart's crds/, kube-prometheus-stack's without its upgrade
+    Job, Kueue's release and the CRDs deletable."""
+    rendered, chart_crds, template_crds = crd_facts(deployed)
+    rendered = {**rendered, contract.PROMETHEUS_RELEASE: [o for o in rendered[contract.PROMETHEUS_RELEASE] if not is_hook(o)]}
+    as_before = []
+    for r in deployed.resources:
+        if r.type == day_two.RELEASE and r.inputs["name"] in ("kubeflow-trainer", "kueue"):
+            r = dataclasses.replace(r, inputs={k: v for k, v in r.inputs.items() if k != "skipCrds"}, retain_on_delete=False)
+        elif r.type == CRD_PATCH:
+            r = dataclasses.replace(r, retain_on_delete=False)
+        as_before.append(r)
+    found = day_two.crd_problems(dataclasses.replace(deployed, resources=as_before), rendered, chart_crds, template_crds)
+    by_fact = {fact: sorted(p.resource.rsplit("::", 1)[-1] for p in found if p.fact == fact) for fact in {p.fact for p in found}}
+    crds = sorted(r.name for r in deployed.of_type(CRD_PATCH))
+    assert by_fact == {"crds-never-upgraded": sorted(["kubeflow-trainer", contract.PROMETHEUS_RELEASE]),
+                       "crds-deleted-with-owner": sorted(["kueue", *crds])}, found
+
+
+def test_the_program_applies_the_pinned_charts_crds_as_they_are(deployed):
+    """What the program applies is what the pinned Trainer chart (and its JobSet subchart) carries: bumping the version
+    without the packaged files fails here, as tests/test_versions.py fails for the schemas."""
+    from support.helm import chart_crd_documents
+
+    from trainforge.platform.manifests.crds import PATCH_FORCE
+    applied = {r.inputs["metadata"]["name"]: plain(r.inputs) for r in deployed.of_type(CRD_PATCH)}
+    shipped = {d["metadata"]["name"]: d for d in chart_crd_documents("kubeflow-trainer", versions.KUBEFLOW_TRAINER)}
+    assert set(applied) == set(shipped) and len(shipped) == 4
+    for name, crd in applied.items():
+        assert crd["spec"] == shipped[name]["spec"], name
+        annotations = dict(crd["metadata"]["annotations"])
+        assert annotations.pop(PATCH_FORCE) == "true", "a cluster where Helm installed it is taken over, not refused"
+        assert annotations == shipped[name]["metadata"].get("annotations", {}), name
+
+
+def test_a_crd_the_program_stops_declaring_stays_in_the_cluster(deployed):
+    """The next program without the CRDs (say, a future Trainer that moves them): the engine deletes the resources from
+    its state and leaves every CRD, and every TrainJob, in the cluster. Had they not been retained, the model says so."""
+    crds = deployed.of_type(CRD_PATCH)
+    next_up = dataclasses.replace(deployed, resources=[r for r in deployed.resources if r.type != CRD_PATCH])
+    assert sorted(c.urn for c in day_two.changes(deployed, next_up)) == sorted(c.urn for c in crds)
+    assert day_two.problems(deployed, next_up) == []
+    deletable = dataclasses.replace(deployed, resources=[dataclasses.replace(r, retain_on_delete=False) if r.type == CRD_PATCH else r
+                                                         for r in deployed.resources])
+    assert {(p.fact, p.resource) for p in day_two.problems(deletable, next_up)} == {("crds-deleted-with-owner", c.urn) for c in crds}
 
 
 # ---- where pods land --------------------------------------------------------------------------------------------

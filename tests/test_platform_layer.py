@@ -32,7 +32,9 @@ CORE_TYPES = {"kubernetes:core/v1:Namespace", "kubernetes:core/v1:ConfigMap", "k
               "kubernetes:batch/v1:Job",
               # the guardrails over team namespaces
               "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
-              "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"}
+              "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding",
+              # the Trainer's and JobSet's CRDs, applied by the program (platform/manifests/crds.py)
+              "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinitionPatch"}
 
 
 # ---- every object valid where it lands ------------------------------------------------------------------------

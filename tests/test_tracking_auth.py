@@ -95,7 +95,9 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
     (app_name,) = [a.split("=", 1)[1] for a in server["args"] if a.startswith("--app-name=")]
     assert app_name == contract.MLFLOW_AUTH_APP, "the team boundary is trainforge's auth app, not basic-auth's alone"
     assert "--serve-artifacts" in server["args"] and any(a.startswith("--artifacts-destination=s3://") for a in server["args"])
-    rendered_env = {v["name"]: v["value"] for v in server.get("env", []) if "value" in v and v["name"].startswith("TRAINFORGE_")}
+    rendered_env = {v["name"]: v["value"] for v in server.get("env", []) if "value" in v
+                    and (v["name"].startswith("TRAINFORGE_") or v["name"] == tracking.JOB_EXECUTION_ENV)}
+    assert rendered_env.get(tracking.JOB_EXECUTION_ENV) == "false", "no job runner beside a server whose jobs are off"
     # The chart's ConfigMap the server takes its env from: the Host allowlist (serverAllowedHosts) among it.
     (hosts,) = [o["data"]["MLFLOW_SERVER_ALLOWED_HOSTS"] for o in charts["mlflow"] if o["kind"] == "ConfigMap"
                 and "MLFLOW_SERVER_ALLOWED_HOSTS" in o.get("data", {})]

@@ -8,7 +8,7 @@ from support.evaluated import typed_config
 from support.repo import STACK_FILES
 
 from trainforge import contract
-from trainforge.platform.manifests import values
+from trainforge.platform.manifests import tracking, values
 from trainforge.trainer import mlflow_auth
 
 
@@ -70,12 +70,15 @@ def test_a_stack_turns_a_feature_on_through_the_servers_environment():
     kwargs = dict(database_host="db", database_secret="s", artifacts_bucket="b", role_arn="arn", flask_secret_key="k",
                   image=values.chart_image("r.local/x:v1"))
     off = values.mlflow(cfg, **kwargs)
-    assert "extraEnvVars" not in off and off["auth"]["appName"] == contract.MLFLOW_AUTH_APP
+    assert off["extraEnvVars"] == {tracking.JOB_EXECUTION_ENV: "false"} and off["auth"]["appName"] == contract.MLFLOW_AUTH_APP
     assert off["image"] == off["initImages"]["mlflowDbMigration"] == {"repository": "r.local/x", "tag": "v1"}
     pinned = values.mlflow(cfg, **{**kwargs, "image": values.chart_image("r.local/x:v1@sha256:" + "c" * 64)})
     assert pinned["initImages"]["mlflowDbMigration"] == {"repository": "r.local/x", "tag": "v1@sha256:" + "c" * 64}, \
         "the migration runs the same pinned image (its values take no digest)"
     on = values.mlflow(cfg.model_copy(update={"kubernetes": cfg.kubernetes.model_copy(update={
         "mlflow": cfg.kubernetes.mlflow.model_copy(update={"server_features": ["gateway"]})})}), **kwargs)
-    assert on["extraEnvVars"] == {contract.MLFLOW_FEATURES_ENV: "gateway"}
+    assert on["extraEnvVars"] == {contract.MLFLOW_FEATURES_ENV: "gateway", tracking.JOB_EXECUTION_ENV: "false"}
     assert mlflow_auth.enabled_features(on["extraEnvVars"]) == {"gateway"}
+    scoring = values.mlflow(cfg.model_copy(update={"kubernetes": cfg.kubernetes.model_copy(update={
+        "mlflow": cfg.kubernetes.mlflow.model_copy(update={"server_features": ["scorers"]})})}), **kwargs)
+    assert scoring["extraEnvVars"][tracking.JOB_EXECUTION_ENV] == "true", "scorer invocation runs on MLflow's job runner"

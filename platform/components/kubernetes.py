@@ -20,9 +20,9 @@ from trainforge import kueue as core_kueue
 from trainforge.infra.database import USERNAME
 from trainforge.infra.iam import Role
 from trainforge.infra.layer import AwsLayer
-from trainforge.platform.components.objects import apply, helm_release
+from trainforge.platform.components.objects import apply, apply_crd, helm_release
 from trainforge.platform.manifests import charts as chart_table
-from trainforge.platform.manifests import budget, guardrails, kueue, monitoring, network, storage, tenancy, tracking, values
+from trainforge.platform.manifests import budget, crds, guardrails, kueue, monitoring, network, storage, tenancy, tracking, values
 from trainforge.platform.training.runtime import cluster_training_runtimes
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
@@ -41,7 +41,11 @@ class Scheduling(pulumi.ComponentResource):
         super().__init__("trainforge:platform:Scheduling", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_KUEUE), parent=self)
         self.network_policies = [apply(p, parent=self, depends_on=[ns]) for p in network.kueue_system(cfg)]
-        self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns, *self.network_policies, *after])
+        # Kueue's CRDs are templates of its chart: uninstalling the release would delete them and with them every queue
+        # and admitted workload. The engine never uninstalls it (a replacement, which only a new name or namespace
+        # forces, fails on the name instead).
+        self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns, *self.network_policies, *after],
+                                    retain_on_delete=True)
         objects = [*core_kueue.resource_flavors(cfg), kueue.cohort(), *kueue.workload_priority_classes()]
         self.objects = [apply(o, parent=self, depends_on=[self.release]) for o in objects]
         self.objects.append(apply(monitoring.kueue_service_monitor(), parent=self, depends_on=[self.release, monitoring_release]))
@@ -56,8 +60,11 @@ class TrainingOperators(pulumi.ComponentResource):
         super().__init__("trainforge:platform:TrainingOperators", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_TRAINER), parent=self)
         self.network_policies = [apply(p, parent=self, depends_on=[ns]) for p in network.training_operators(cfg)]
+        # The chart's crds/ (and its JobSet subchart's) as the program's own resources: Helm would install them once and
+        # never upgrade them (platform/manifests/crds.py).
+        self.crds = [apply_crd(c, parent=self) for c in crds.trainer_crds()]
         self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), parent=self,
-                                    depends_on=[ns, *self.network_policies, *after])
+                                    depends_on=[ns, *self.network_policies, *after, *self.crds], skip_crds=True)
         self.runtimes = [apply(r, parent=self, depends_on=[self.release]) for r in cluster_training_runtimes(default_image)]
         if cfg.kubernetes.training_operator:
             # No upstream chart: the kustomize overlay at the pinned tag (fetched by `pulumi up`, rendered by the provider).

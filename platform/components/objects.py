@@ -51,6 +51,15 @@ def apply(manifest: dict[str, Any], *, parent: pulumi.Resource | None, depends_o
     return typed(name, **fields, opts=opts)
 
 
+def apply_crd(manifest: dict[str, Any], *, parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None
+              ) -> k8s.apiextensions.v1.CustomResourceDefinitionPatch:
+    """A CRD the program owns (platform/manifests/crds.py): applied server-side, so it is created where it is missing and
+    taken over where a chart installed it; never deleted by the engine (every object of its kind would go with it)."""
+    opts = pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or []), retain_on_delete=True)
+    return k8s.apiextensions.v1.CustomResourceDefinitionPatch(resource_name(manifest), metadata=manifest["metadata"],
+                                                              spec=manifest["spec"], opts=opts)
+
+
 def resource_name(manifest: dict[str, Any]) -> str:
     """The Pulumi name of an object: namespace, kind and name (unique in a stack, stable across stacks)."""
     return "-".join(p for p in (manifest["metadata"].get("namespace"), manifest["kind"].lower(), manifest["metadata"]["name"]) if p)
@@ -67,13 +76,15 @@ def _snake(key: str) -> str:
 
 
 def helm_release(chart: Chart, values: dict[str, Any], *, parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None,
-                 create_namespace: bool = False) -> k8s.helm.v3.Release:
-    """The chart at its pinned version, under its fixed release name (selectors and service names depend on it)."""
+                 create_namespace: bool = False, skip_crds: bool = False, retain_on_delete: bool = False) -> k8s.helm.v3.Release:
+    """The chart at its pinned version, under its fixed release name (selectors and service names depend on it).
+    `skip_crds`: the program applies the chart's crds/ itself (Helm never upgrades them); `retain_on_delete`: the engine
+    never uninstalls it (a release whose templates hold CRDs would delete every object of their kinds)."""
     oci = chart.repository.startswith("oci://")
     return k8s.helm.v3.Release(
         chart.release, name=chart.release, namespace=chart.namespace, create_namespace=create_namespace,
         chart=f"{chart.repository}/{chart.chart}" if oci else chart.chart, version=chart.version,
         repository_opts=None if oci else k8s.helm.v3.RepositoryOptsArgs(repo=chart.repository),
-        values=values, atomic=True, cleanup_on_fail=True, timeout=900,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or [])),
+        values=values, atomic=True, cleanup_on_fail=True, timeout=900, skip_crds=skip_crds or None,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or []), retain_on_delete=retain_on_delete or None),
     )

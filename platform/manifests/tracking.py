@@ -22,7 +22,7 @@ and team: two teams' jobs of one name are two runs.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Sequence
 
 from trainforge import contract
 from trainforge.platform.manifests import sweeps, tenancy
@@ -35,10 +35,21 @@ ADMIN_SECRET = "mlflow-admin"
 ADMIN_USERNAME = "admin"
 DATABASE_SQL_CONFIG_MAP = "mlflow-databases"
 PASSWORD_ENV = "MLFLOW_SERVER_PASSWORD"
+# MLflow >= 3.5 starts a job runner beside the server (mlflow/server/__init__.py: seven Huey consumer processes, each a
+# full MLflow import, ~200 MB apiece) unless this says false. Only server-side jobs and scorer invocation use it.
+JOB_EXECUTION_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+JOB_FEATURES = ("jobs", "scorers")
 DEFAULT_PERMISSION = "NO_PERMISSIONS"
 USER_ENV = contract.MLFLOW_USER_ENV
 # Closed to PUBLIC: MLflow's two databases, and the RDS maintenance database (nobody but the master user needs it).
 CLOSED_DATABASES = (contract.MLFLOW_DATABASE, AUTH_DATABASE, contract.POSTGRES_MAINTENANCE_DATABASE)
+
+
+def server_env(features: Sequence[str]) -> dict[str, str]:
+    """The server's environment beyond the chart's own keys: the features a stack turns on (trainer/mlflow_auth.py
+    reads them), and MLflow's job runner off unless a feature that needs it is on."""
+    env = {contract.MLFLOW_FEATURES_ENV: ",".join(features)} if features else {}
+    return {**env, JOB_EXECUTION_ENV: "true" if set(features) & set(JOB_FEATURES) else "false"}
 
 
 def _reown(database: str) -> list[str]:

@@ -158,7 +158,17 @@ def cluster_autoscaler(cfg: PlatformConfig, role_arn: Any) -> dict[str, Any]:
 def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
     mon = cfg.kubernetes.monitoring
     return {
-        "crds": {"enabled": True},
+        # The operator's CRDs sit in the chart's crds subchart's crds/, which Helm installs once and never upgrades. The
+        # chart's own pre-upgrade hook applies them server-side on every install and upgrade (taking them over from
+        # Helm), so a re-pinned chart (`kubernetes.charts`) brings its operator's CRDs with it.
+        "crds": {"enabled": True, "upgradeJob": {
+            "enabled": True,
+            "image": {"busybox": image_values(versions.DIRECTORY_JOB_IMAGE)},  # the chart's default: docker.io busybox:latest
+            "nodeSelector": SYSTEM_NODES,
+            "resources": requests("50m", "64Mi", "256Mi"),
+            "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containerSecurityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        }},
         # EKS runs the control plane: no controller-manager, scheduler or etcd pods to scrape (their *Down alerts would
         # fire for ever), and kube-proxy's metrics listen on 127.0.0.1 only. Their scrapes and rules are off.
         "kubeControllerManager": {"enabled": False}, "kubeScheduler": {"enabled": False}, "kubeEtcd": {"enabled": False},
@@ -196,6 +206,13 @@ def kube_prometheus_stack(cfg: PlatformConfig) -> dict[str, Any]:
     }
 
 
+def image_values(ref: str) -> dict[str, str]:
+    """`registry/repository:tag` as the registry, repository and tag a chart's image values take apart."""
+    registry, rest = ref.split("/", 1)
+    repository, tag = rest.rsplit(":", 1)
+    return {"registry": registry, "repository": repository, "tag": tag}
+
+
 def chart_image(ref: str) -> dict[str, str]:
     """`repo[:tag][@sha256:...]` (the pushed runtime image's ref, or the stack's own) as the MLflow chart's image values,
     which it joins back as repository:tag[@digest]: a digest pins what runs; a ref without a tag keeps `latest`."""
@@ -227,7 +244,7 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
     return {
         "image": image,
         "initImages": {"mlflowDbMigration": migration_image(image)},
-        **({"extraEnvVars": {contract.MLFLOW_FEATURES_ENV: ",".join(features)}} if features else {}),
+        "extraEnvVars": tracking.server_env(features),
         "auth": tracking.chart_auth(database_host=database_host, database_secret=database_secret),
         "flaskServerSecretKey": flask_secret_key,
         "replicaCount": cfg.kubernetes.mlflow.replicas,

@@ -12,12 +12,12 @@ What the model does not know it does not guess: types missing from REPLACED_BY c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 from trainforge import contract
 from trainforge.infra.engine import Evaluation, RegisteredResource
 from trainforge.platform.plan import first_up
-from trainforge.platform.plan.first_up import Fact
+from trainforge.platform.plan.first_up import CRD_TYPES, RELEASE, Fact
 
 ACCESS_ENTRY = "aws:eks/accessEntry:AccessEntry"
 ACCESS_POLICY = "aws:eks/accessPolicyAssociation:AccessPolicyAssociation"
@@ -48,6 +48,17 @@ FACTS = {
         "deletes the old one, so a new entry for a principal whose old entry is still there is refused",
         "EKS API CreateAccessEntry (ResourceInUseException: 'The specified access entry resource is already in use'); "
         "Pulumi docs, 'deleteBeforeReplace' (replacements create first by default)"),
+    "crds-never-upgraded": Fact(
+        "Helm installs the CRDs in a chart's crds/ directory, its subcharts' included, on the first install only: an "
+        "upgrade to a new chart version leaves the cluster's CRDs as they were",
+        "Helm docs, chart best practices, 'Custom Resource Definitions' ('There is no support at this time for upgrading or "
+        "deleting CRDs using Helm'); helm pkg/action/install.go (the crds/ step, SkipCRDs) and upgrade.go (none)"),
+    "crds-deleted-with-owner": Fact(
+        "Deleting a CRD deletes every object of its kind. A Helm release deletes the CRDs among its templates when it is "
+        "uninstalled; the engine deletes a resource the program stops declaring, and the old one after a replacement, "
+        "unless it is retained (retainOnDelete) or protected",
+        "Kubernetes docs, 'Extend the Kubernetes API with CustomResourceDefinitions', 'Delete a CustomResourceDefinition'; "
+        "Pulumi docs, resource options retainOnDelete and protect; pulumi-kubernetes helm_release.go (Delete uninstalls)"),
     "immutable-tag": Fact(
         "An ECR repository with IMMUTABLE tags refuses a push of a tag it already holds for other content",
         "Amazon ECR user guide, 'Image tag mutability' (ImageTagAlreadyExistsException)"),
@@ -109,7 +120,52 @@ def changes(deployed: Evaluation, next_up: Evaluation) -> list[Change]:
 def problems(deployed: Evaluation, next_up: Evaluation) -> list[Problem]:
     """Every place the next `up` breaks one of FACTS' rules."""
     found = changes(deployed, next_up)
-    return [*_principals_taken(deployed, next_up, found), *_tags_pushed_twice(deployed, next_up, found)]
+    return [*_principals_taken(deployed, next_up, found), *_tags_pushed_twice(deployed, next_up, found),
+            *_crds_deleted(deployed, found)]
+
+
+def crd_problems(evaluation: Evaluation, rendered: Mapping[str, list[dict[str, Any]]], chart_crds: Mapping[str, frozenset[str]],
+                 template_crds: Mapping[str, frozenset[str]]) -> list[Problem]:
+    """Every CRD the program relies on outlives the `up`s after the first: it moves with the version the program pins,
+    and no step of the engine deletes it. `rendered`: release name -> every object its install creates, hooks included;
+    `chart_crds`: release name -> the kinds its chart's crds/ directories define (its enabled subcharts' included);
+    `template_crds`: release name -> the kinds CRDs among its templates define (the caller reads all three from the
+    charts: tests/support/helm.py)."""
+    out = []
+    for release in evaluation.of_type(RELEASE):
+        name = release.inputs.get("name", release.name)
+        if chart_crds.get(name) and not release.inputs.get("skipCrds") and not upgrades_own_crds(rendered.get(name, [])):
+            out.append(Problem("crds-never-upgraded", release.urn, f"installs {sorted(chart_crds[name])} from its chart's crds/: "
+                                                                   f"the next chart version would leave them as they are"))
+        if template_crds.get(name) and not (release.retain_on_delete or release.protect):
+            out.append(Problem("crds-deleted-with-owner", release.urn,
+                               f"its templates hold the CRDs of {sorted(template_crds[name])}: when the engine uninstalls it "
+                               f"(a replacement, or the program no longer declaring it) every such object goes with them"))
+    for crd in evaluation.resources:
+        if crd.type in CRD_TYPES and not (crd.retain_on_delete or crd.protect):
+            out.append(Problem("crds-deleted-with-owner", crd.urn, f"a replacement or removal deletes the CRD "
+                                                                   f"{crd.inputs['metadata']['name']} and every object of its kind"))
+    return out
+
+
+def upgrades_own_crds(objects: list[dict[str, Any]]) -> bool:
+    """A chart that applies its crds/ itself on every upgrade: a pre-upgrade hook Job, and a hook ClusterRole that may
+    patch or update CRDs (kube-prometheus-stack's `crds.upgradeJob`: `kubectl apply --server-side` of its CRDs)."""
+    hooks = [o for o in objects if "pre-upgrade" in ((o["metadata"].get("annotations") or {}).get("helm.sh/hook") or "")]
+    may_write = any(o["kind"] == "ClusterRole" and any("customresourcedefinitions" in (rule.get("resources") or [])
+                                                      and {"patch", "update"} & set(rule.get("verbs") or [])
+                                                      for rule in o.get("rules") or [])
+                    for o in hooks)
+    return may_write and any(o["kind"] == "Job" for o in hooks)
+
+
+def _crds_deleted(deployed: Evaluation, found: Iterable[Change]) -> list[Problem]:
+    """A deployed CRD resource the next `up` deletes or replaces, the engine free to delete it in the cluster."""
+    before = {r.urn: r for r in deployed.resources if r.type in CRD_TYPES}
+    return [Problem("crds-deleted-with-owner", change.urn, f"{change.action}s the CRD {before[change.urn].inputs['metadata']['name']}: "
+                                                           f"every object of its kind is deleted with it")
+            for change in found if change.urn in before and change.action in ("delete", "replace")
+            and not (before[change.urn].retain_on_delete or before[change.urn].protect)]
 
 
 def _principals_taken(deployed: Evaluation, next_up: Evaluation, found: Iterable[Change]) -> list[Problem]:

@@ -20,8 +20,11 @@ from pulumi.runtime import rpc
 
 from trainforge import selectors
 from trainforge.infra.engine import Evaluation, RegisteredResource
+from trainforge.platform.manifests.crds import defined_kind
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
+# A CRD the program applies itself (platform/manifests/crds.py), whole or as a server-side patch.
+CRD_TYPES = ("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition", "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinitionPatch")
 KUBERNETES_PROVIDER = "pulumi:providers:kubernetes"
 ACCESS_POLICY = "aws:eks/accessPolicyAssociation:AccessPolicyAssociation"
 STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
@@ -219,11 +222,21 @@ class FirstUp:
                 if kind in own:
                     continue
                 sources = [self.releases[n] for n, kinds in self.installs.items() if kind in kinds and n in self.releases]
+                sources += self.program_crds.get(kind, [])
                 if not sources:
-                    yield Problem("crd", resource.name, f"creates a {kind} and no release of the program installs its CRD")
+                    yield Problem("crd", resource.name, f"creates a {kind} and neither a release nor the program installs its CRD")
                 elif not any(self.before(s, resource) for s in sources):
                     yield Problem("crd", resource.name, f"creates a {kind} but is not ordered after "
-                                                        f"{[s.inputs['name'] for s in sources]}, which installs its CRD")
+                                                        f"{[s.inputs.get('name') or s.name for s in sources]}, which installs its CRD")
+
+    @cached_property
+    def program_crds(self) -> dict[str, list[RegisteredResource]]:
+        """`group/Kind` -> the program's own resources that apply its CRD."""
+        out: dict[str, list[RegisteredResource]] = {}
+        for resource in self.kubernetes_resources:
+            if resource.type in CRD_TYPES:
+                out.setdefault(defined_kind(_plain(resource.inputs)), []).append(resource)
+        return out
 
     def webhooks(self) -> Iterable[Problem]:
         for name, owner in self.releases.items():

@@ -36,11 +36,18 @@ def _strict(node: Any) -> Any:
 
 
 @lru_cache(maxsize=None)
+def crd_document(file_name: str) -> dict[str, Any]:
+    """A pinned CRD as its file holds it (parsed once per process: the Trainer's are about 900 KB each). Callers that
+    change it take a copy."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((SCHEMA_DIR / file_name).read_text(), Loader=loader)
+
+
+@lru_cache(maxsize=None)
 def crd_validator(file_name: str, version: str):
     import jsonschema
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    crd = yaml.load((SCHEMA_DIR / file_name).read_text(), Loader=loader)
+    crd = crd_document(file_name)
     schema = next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
     schema = _strict(schema)
     # apiVersion, kind and metadata are checked by the API server itself, not by the CRD schema.

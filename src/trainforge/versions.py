@@ -8,6 +8,7 @@ versions: tests/test_versions.py fails when one is bumped without the other.
 from __future__ import annotations
 
 KUBEFLOW_TRAINER = "2.2.1"
+JOBSET = "0.11.0"  # the JobSet chart Trainer 2.2.1's chart carries as its subchart (its Chart.yaml): the program applies its CRD
 KUEUE = "0.19.2"
 TRAINING_OPERATOR = "1.9.0"  # the optional v1 operator (PyTorchJob)
 PROMETHEUS_OPERATOR = "0.93.0"  # the operator kube-prometheus-stack 88.5.x ships (PodMonitor, PrometheusRule CRDs)
@@ -30,7 +31,7 @@ def cluster_autoscaler_image_tag(kubernetes_minor: str) -> str:
     return "v" + CLUSTER_AUTOSCALER_PATCHES.get(kubernetes_minor, f"{kubernetes_minor}.0")
 
 
-COMPONENTS = {"kubeflow-trainer": KUBEFLOW_TRAINER, "kueue": KUEUE, "training-operator": TRAINING_OPERATOR,
+COMPONENTS = {"kubeflow-trainer": KUBEFLOW_TRAINER, "jobset": JOBSET, "kueue": KUEUE, "training-operator": TRAINING_OPERATOR,
               "prometheus-operator": PROMETHEUS_OPERATOR}
 
 # The Trainer release each Kueue minor is built against (Kueue's go.mod; see PLATFORM-FACTS.md). Kueue manages a

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from trainforge.platform.manifests.crds import defined_kind
+
 CHARTS = Path(__file__).resolve().parents[1] / "data" / "charts"
 
 
@@ -115,13 +117,19 @@ def _enabled(condition: str | None, values: dict[str, Any]) -> bool:
 
 def crd_kinds(release_inputs: dict[str, Any]) -> set[str]:
     """`group/Kind` of every CRD the release installs: its chart's and enabled subcharts' `crds/` directories (Helm
-    installs those first) and any CRD among its templates. Read once per chart and values per test process (parsing the
-    CRDs' YAML takes seconds)."""
-    return set(_crd_kinds(json.dumps(release_inputs, sort_keys=True)))
+    installs those first, unless the release skips them) and any CRD among its templates."""
+    in_crds_dirs, in_templates = crd_sources(release_inputs)
+    return set(in_templates) | (set() if release_inputs.get("skipCrds") else set(in_crds_dirs))
+
+
+def crd_sources(release_inputs: dict[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
+    """(kinds defined in the chart's and its enabled subcharts' `crds/`, kinds defined by CRDs among its templates),
+    whatever the release skips. Read once per chart and values per test process (parsing the CRDs' YAML takes seconds)."""
+    return _crd_sources(json.dumps({k: v for k, v in release_inputs.items() if k != "skipCrds"}, sort_keys=True))
 
 
 @functools.cache
-def _crd_kinds(release_json: str) -> frozenset[str]:
+def _crd_sources(release_json: str) -> tuple[frozenset[str], frozenset[str]]:
     import helm_python
 
     release_inputs = json.loads(release_json)
@@ -135,8 +143,14 @@ def _crd_kinds(release_json: str) -> frozenset[str]:
         subchart = parts[2] if len(parts) > 3 and parts[1] == "charts" else None
         if subchart is None or _enabled(conditions.get(subchart), values):
             documents += [d for d in yaml.load_all(crd["data"], Loader=_Loader) if d]
-    documents += [o for o in render(release_inputs) if o["kind"] == "CustomResourceDefinition"]
-    return frozenset(f"{d['spec']['group']}/{d['spec']['names']['kind']}" for d in documents)
+    templates = [o for o in render(release_inputs) if o["kind"] == "CustomResourceDefinition"]
+    return frozenset(map(defined_kind, documents)), frozenset(map(defined_kind, templates))
+
+
+def chart_crd_documents(name: str, version: str) -> list[dict[str, Any]]:
+    """Every CRD in a chart's and its subcharts' `crds/` directories, as parsed documents."""
+    import helm_python
+    return [d for crd in helm_python.Chart.load(chart_dir(name, version)).crds for d in yaml.load_all(crd["data"], Loader=_Loader) if d]
 
 
 def merged(defaults: Any, ours: Any) -> Any:

@@ -102,6 +102,9 @@ def mlflow_server_starting(tmp: Path, port: int | None = None, env: dict[str, st
              ["--default-artifact-root", str(tmp / "artifacts")]),
            *(["--app-name", app_name] if app_name else [])]
     uri = f"http://127.0.0.1:{port}"
+    # No job runner (seven more MLflow processes) unless the caller's env asks for one: the chart turns it off where
+    # server-side jobs and scorers are (platform/manifests/tracking.server_env).
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
     with process_starting(cmd, f"{uri}/health", 90, tmp / f"mlflow-{port}.log", env) as started:
         def ready() -> str:
             started()
