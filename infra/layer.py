@@ -6,7 +6,8 @@ its cluster handle, then exports the platform contract.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -15,6 +16,7 @@ import pulumi_aws as aws
 from trainforge import catalog, contract
 from trainforge.infra.cluster import Addons, Cluster, ClusterHandle
 from trainforge.infra.database import MlflowDatabase
+from trainforge.infra.image_cache import ImageCache
 from trainforge.infra.iam import Role
 from trainforge.infra.service_roles import ServiceRoles
 from trainforge.infra.keys import Keys
@@ -24,6 +26,7 @@ from trainforge.infra.registry import RuntimeImageRepository, project_root
 from trainforge.infra.storage import Buckets, LustreFileSystem
 from trainforge.infra.tags import cost_tags
 from trainforge.infra.teams import TeamAccess
+from trainforge.registries import NO_CACHE, ImageSources
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 
@@ -63,6 +66,8 @@ class AwsLayer:
     autoscaler_role: Role
     mlflow_role: Role
     team_role_arns: dict[str, pulumi.Output[str]]  # each team's IRSA role, by team name (its pods' AWS identity)
+    image_sources: ImageSources = NO_CACHE  # where the charts' images are pulled from (the stack's pull-through cache)
+    image_cache_ready: list[pulumi.Resource] = field(default_factory=list)  # the cache's rules and the nodes' right to fill it
 
 
 def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
@@ -79,13 +84,19 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
     cluster = Cluster(cfg.cluster_name, cfg.cluster, private_subnet_ids=private_subnets, secrets_key=keys.secrets, tags=tags, opts=aws_opts)
     network_addons = Addons(cfg.cluster_name, cluster, "network", tags, opts=aws_opts)
 
+    images = RuntimeImageRepository(f"{env}-runtime-image", env, version=_version(), context=str(project_root()),
+                                    existing_image=cfg.kubernetes.runtime_image, data_key=keys.data, tags=tags, opts=aws_opts)
+    # Before the node groups: the nodes' right to fill the cache is one of their role's policies.
+    cache = ImageCache(f"{env}-image-cache", cfg.kubernetes.image_cache, region=cfg.region, node_role=cluster.node_role,
+                       registry=images.repository.repository_url.apply(lambda url: url.split("/")[0]), opts=aws_opts)
+    node_role = dataclasses.replace(cluster.node_role, attachments=[*cluster.node_role.attachments, *cache.node_policies])
     efa_sg = EfaSecurityGroup(f"{env}-efa", network.vpc_id, tags, opts=aws_opts) if any(g.efa for g in cfg.node_groups) else None
     pools = {}
     for group in cfg.node_groups:
         zones = [group.availability_zone] if group.availability_zone else cfg.availability_zones
         pools[group.name] = NodePool(
             f"{cfg.cluster_name}-{group.name}", group, cluster_name=cluster.cluster.name, autoscaler_cluster_name=cfg.cluster_name,
-            node_role=cluster.node_role,
+            node_role=node_role,
             subnet_ids=[network.private_subnet_ids[az] for az in zones], cluster_security_group_id=cluster.security_group_id,
             efa_security_group_id=efa_sg.security_group.id if efa_sg else None, tags=tags,
             opts=pulumi.ResourceOptions(providers={"aws": provider}, depends_on=network_addons.addons),
@@ -103,8 +114,6 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
         f"{env}-mlflow", cfg.kubernetes.mlflow, vpc_id=network.vpc_id, subnet_ids=private_subnets,
         client_security_group_id=cluster.security_group_id, data_key=keys.data, protect=not cfg.buckets.force_destroy,
         tags=tags, opts=aws_opts)
-    images = RuntimeImageRepository(f"{env}-runtime-image", env, version=_version(), context=str(project_root()),
-                                    existing_image=cfg.kubernetes.runtime_image, data_key=keys.data, tags=tags, opts=aws_opts)
 
     team_roles = {
         team.name: TeamAccess(
@@ -147,7 +156,7 @@ def build_aws_layer(cfg: PlatformConfig) -> AwsLayer:
     return AwsLayer(handle, outputs, fsx.file_system, buckets.buckets, keys.data, database, images.image,
                     [*system_pools, *workload_addons.addons],
                     {name: pool.node_group for name, pool in pools.items()}, service_roles.autoscaler, service_roles.mlflow,
-                    team_roles)
+                    team_roles, cache.sources, cache.ready)
 
 
 def aws_provider(cfg: PlatformConfig) -> aws.Provider:

@@ -26,6 +26,7 @@ COINCIDENCES = {
     ("cluster-autoscaler", "src/trainforge/stackconfig/kubernetes.py"): "the chart's name (charts a stack may re-pin)",
     ("cluster-autoscaler", "platform/manifests/charts.py"): "the chart's release and upstream name",
     ("cluster-autoscaler", "platform/components/kubernetes.py"): "the chart table's key (charts.py)",
+    ("cluster-autoscaler", "platform/manifests/images.py"): "the chart table's key (charts.py)",
     ("kube-prometheus-stack", "src/trainforge/stackconfig/kubernetes.py"): "the chart's name (charts a stack may re-pin)",
     ("kube-prometheus-stack", "platform/manifests/charts.py"): "the upstream chart's own name",
     ("spent_usd", "trainer/cli/sweep.py"): "a key of the sweep status document, not the team settings' key",

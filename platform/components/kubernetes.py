@@ -24,6 +24,7 @@ from trainforge.platform.components.objects import apply, apply_crd, helm_releas
 from trainforge.platform.manifests import charts as chart_table
 from trainforge.platform.manifests import budget, crds, guardrails, kueue, monitoring, network, storage, tenancy, tracking, values
 from trainforge.platform.training.runtime import cluster_training_runtimes
+from trainforge.registries import ImageSources
 from trainforge.stackconfig import PlatformConfig, TeamConfig
 
 MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY_LABEL_VALUE}
@@ -36,7 +37,7 @@ def namespace(name: str) -> dict[str, Any]:
 class Scheduling(pulumi.ComponentResource):
     """Kueue, its ResourceFlavors (one per node flavour), the cohort and the priority classes."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: Sequence[pulumi.Resource],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], images: ImageSources, after: Sequence[pulumi.Resource],
                  monitoring_release: pulumi.Resource, opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Scheduling", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_KUEUE), parent=self)
@@ -44,7 +45,7 @@ class Scheduling(pulumi.ComponentResource):
         # Kueue's CRDs are templates of its chart: uninstalling the release would delete them and with them every queue
         # and admitted workload. The engine never uninstalls it (a replacement, which only a new name or namespace
         # forces, fails on the name instead).
-        self.release = helm_release(charts["kueue"], values.kueue(cfg), parent=self, depends_on=[ns, *self.network_policies, *after],
+        self.release = helm_release(charts["kueue"], values.kueue(cfg), images=images, parent=self, depends_on=[ns, *self.network_policies, *after],
                                     retain_on_delete=True)
         objects = [*core_kueue.resource_flavors(cfg), kueue.cohort(), *kueue.workload_priority_classes()]
         self.objects = [apply(o, parent=self, depends_on=[self.release]) for o in objects]
@@ -55,7 +56,7 @@ class Scheduling(pulumi.ComponentResource):
 class TrainingOperators(pulumi.ComponentResource):
     """Kubeflow Trainer (with JobSet) and the trainforge-torch runtimes; the v1 training operator if the stack asks."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], default_image: pulumi.Input[str],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], images: ImageSources, default_image: pulumi.Input[str],
                  after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:TrainingOperators", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_TRAINER), parent=self)
@@ -63,7 +64,7 @@ class TrainingOperators(pulumi.ComponentResource):
         # The chart's crds/ (and its JobSet subchart's) as the program's own resources: Helm would install them once and
         # never upgrade them (platform/manifests/crds.py).
         self.crds = [apply_crd(c, parent=self) for c in crds.trainer_crds()]
-        self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), parent=self,
+        self.release = helm_release(charts["kubeflow-trainer"], values.kubeflow_trainer(cfg), images=images, parent=self,
                                     depends_on=[ns, *self.network_policies, *after, *self.crds], skip_crds=True)
         self.runtimes = [apply(r, parent=self, depends_on=[self.release]) for r in cluster_training_runtimes(default_image)]
         if cfg.kubernetes.training_operator:
@@ -76,12 +77,12 @@ class TrainingOperators(pulumi.ComponentResource):
 class GpuNodeAddons(pulumi.ComponentResource):
     """Device plugins: NVIDIA on every GPU node, AWS EFA on EFA nodes (only when the stack has EFA groups)."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: Sequence[pulumi.Resource],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], images: ImageSources, after: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:GpuNodeAddons", name, None, opts)
-        self.releases = [helm_release(charts["nvidia-device-plugin"], values.nvidia_device_plugin(cfg), parent=self, depends_on=after)]
+        self.releases = [helm_release(charts["nvidia-device-plugin"], values.nvidia_device_plugin(cfg), images=images, parent=self, depends_on=after)]
         if any(g.efa for g in cfg.node_groups):
-            self.releases.append(helm_release(charts["aws-efa-k8s-device-plugin"], values.efa_device_plugin(cfg), parent=self,
+            self.releases.append(helm_release(charts["aws-efa-k8s-device-plugin"], values.efa_device_plugin(cfg), images=images, parent=self,
                                               depends_on=after))
         self.register_outputs({})
 
@@ -89,7 +90,7 @@ class GpuNodeAddons(pulumi.ComponentResource):
 class Monitoring(pulumi.ComponentResource):
     """kube-prometheus-stack, the DCGM exporter, the trainer PodMonitor, the training alerts and the dashboard."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], after: Sequence[pulumi.Resource],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], images: ImageSources, after: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions):
         """`after`: the system nodes, their add-ons (the EBS CSI driver provisions Prometheus' volume) and the
         StorageClass it is claimed from."""
@@ -97,10 +98,10 @@ class Monitoring(pulumi.ComponentResource):
         ns = apply(namespace(contract.NAMESPACE_MONITORING), parent=self)
         # Before anything runs here (the chart's admission hook Jobs included): its pods start under their allowances.
         self.network_policies = [apply(p, parent=self, depends_on=[ns]) for p in network.monitoring(cfg)]
-        self.release = helm_release(charts[contract.PROMETHEUS_RELEASE], values.kube_prometheus_stack(cfg), parent=self,
+        self.release = helm_release(charts[contract.PROMETHEUS_RELEASE], values.kube_prometheus_stack(cfg), images=images, parent=self,
                                     depends_on=[ns, *self.network_policies, *after])
         # The exporter's chart creates a ServiceMonitor: the operator's CRDs must exist first.
-        self.dcgm = helm_release(charts["dcgm-exporter"], values.dcgm_exporter(cfg), parent=self, depends_on=[self.release])
+        self.dcgm = helm_release(charts["dcgm-exporter"], values.dcgm_exporter(cfg), images=images, parent=self, depends_on=[self.release])
         mon = cfg.kubernetes.monitoring
         self.objects = [apply(monitoring.trainer_pod_monitor(), parent=self, depends_on=[self.release]),
                         apply(monitoring.prometheus_rule(mon), parent=self, depends_on=[self.release]),
@@ -109,11 +110,11 @@ class Monitoring(pulumi.ComponentResource):
 
 
 class Autoscaler(pulumi.ComponentResource):
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], role: Role, after: Sequence[pulumi.Resource],
-                 opts: pulumi.ResourceOptions):
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], images: ImageSources, role: Role,
+                 after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:Autoscaler", name, None, opts)
         # After the role's policies: a pod that assumes a role without them fails its first AWS calls and crash-loops.
-        self.release = helm_release(charts["cluster-autoscaler"], values.cluster_autoscaler(cfg, role.arn), parent=self,
+        self.release = helm_release(charts["cluster-autoscaler"], values.cluster_autoscaler(cfg, role.arn), images=images, parent=self,
                                     depends_on=[*after, *role.ready])
         self.register_outputs({})
 
@@ -186,8 +187,8 @@ class TrackingServer(pulumi.ComponentResource):
     """MLflow on the stack's RDS PostgreSQL as its own role (the master user's credentials reach only the bootstrap
     Jobs); every password reaches the chart only as a Kubernetes Secret."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], aws: AwsLayer, monitoring_release: pulumi.Resource,
-                 image: pulumi.Input[str], opts: pulumi.ResourceOptions):
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], images: ImageSources, aws: AwsLayer,
+                 monitoring_release: pulumi.Resource, image: pulumi.Input[str], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:TrackingServer", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_MLFLOW), parent=self)
         secret = apply(database_secret(aws), parent=self, depends_on=[ns])
@@ -208,8 +209,9 @@ class TrackingServer(pulumi.ComponentResource):
                                      artifacts_bucket=aws.buckets["artifacts"].bucket, role_arn=aws.mlflow_role.arn,
                                      flask_secret_key=pulumi.Output.secret(flask_key.result),
                                      image=pulumi.Output.from_input(image).apply(values.chart_image))
-        self.release = helm_release(charts["mlflow"], chart_values, parent=self,
-                                    depends_on=[ns, server, admin, defaults, *policies, *databases, *aws.system_ready, monitoring_release])
+        self.release = helm_release(charts["mlflow"], chart_values, images=images, parent=self,
+                                    depends_on=[ns, server, admin, defaults, *policies, *databases, *aws.system_ready,
+                                                *aws.image_cache_ready, monitoring_release])
         self.register_outputs({"tracking_uri": contract.MLFLOW_TRACKING_URI})
 
 
@@ -217,13 +219,14 @@ class CostControl(pulumi.ComponentResource):
     """OpenCost (cost per namespace from Prometheus and AWS prices) and the budget controller that holds a team's
     ClusterQueue at its monthly budget (platform/manifests/budget.py), scraped for the budget alerts."""
 
-    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], image: pulumi.Input[str],
+    def __init__(self, name: str, cfg: PlatformConfig, charts: dict[str, chart_table.Chart], images: ImageSources, image: pulumi.Input[str],
                  monitoring_release: pulumi.Resource, after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions):
         super().__init__("trainforge:platform:CostControl", name, None, opts)
         ns = apply(namespace(contract.NAMESPACE_OPENCOST), parent=self)
         policies = [apply(p, parent=self, depends_on=[ns]) for p in network.opencost(cfg)]
         # The chart's ServiceMonitor needs the Prometheus operator's CRDs.
-        self.release = helm_release(charts["opencost"], values.opencost(cfg), parent=self, depends_on=[ns, *policies, monitoring_release, *after])
+        self.release = helm_release(charts["opencost"], values.opencost(cfg), images=images, parent=self,
+                                    depends_on=[ns, *policies, monitoring_release, *after])
         self.system = system = apply(namespace(contract.NAMESPACE_SYSTEM), parent=self)  # trainforge's own namespace
         system_policies = [apply(p, parent=self, depends_on=[system]) for p in network.trainforge_system(cfg)]
         self.network_policies = [*policies, *system_policies]
@@ -266,16 +269,18 @@ def build_kubernetes_layer(cfg: PlatformConfig, aws: AwsLayer) -> KubernetesLaye
     name = cfg.cluster_name
     default_image = aws.runtime_image  # pushed before anything that runs it is created (its output carries the dependency)
     after = aws.system_ready  # pods need a node, DNS and (for volumes) the CSI drivers
+    images = aws.image_sources
+    pulled = [*after, *aws.image_cache_ready]  # a chart's pods pull through the stack's cache: its rules exist first
     shared = SharedStorage(shared_storage_name(cfg), cfg, aws, opts)
-    monitoring_ = Monitoring(f"{name}-monitoring", cfg, charts, [*after, shared.block], opts)
-    scheduling = Scheduling(f"{name}-scheduling", cfg, charts, after, monitoring_.release, opts)
-    TrainingOperators(f"{name}-training", cfg, charts, default_image, after, opts)
-    GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, after, opts)
-    cost = CostControl(f"{name}-cost", cfg, charts, default_image, monitoring_.release, after, opts)
+    monitoring_ = Monitoring(f"{name}-monitoring", cfg, charts, images, [*pulled, shared.block], opts)
+    scheduling = Scheduling(f"{name}-scheduling", cfg, charts, images, pulled, monitoring_.release, opts)
+    TrainingOperators(f"{name}-training", cfg, charts, images, default_image, pulled, opts)
+    GpuNodeAddons(f"{name}-gpu-nodes", cfg, charts, images, after, opts)
+    cost = CostControl(f"{name}-cost", cfg, charts, images, default_image, monitoring_.release, pulled, opts)
     guard = Guardrails(f"{name}-guardrails", opts)
     directories = TeamDirectories(team_directories_name(cfg), cfg, aws, cost.system, shared.objects[:1], opts)
-    Autoscaler(f"{name}-autoscaler", cfg, charts, aws.autoscaler_role, after, opts)
-    tracking_server = TrackingServer(f"{name}-mlflow", cfg, charts, aws, monitoring_.release, default_image, opts)
+    Autoscaler(f"{name}-autoscaler", cfg, charts, images, aws.autoscaler_role, pulled, opts)
+    tracking_server = TrackingServer(f"{name}-mlflow", cfg, charts, images, aws, monitoring_.release, default_image, opts)
     from trainforge.pricing import price_table
     from trainforge.platform.components.tenancy import SweepDatabase, Tenancy, TrackingUser
     database = SweepDatabase(aws.database.instance.address, DATABASE_SECRET, [tracking_server.namespace, tracking_server.secret, *tracking_server.network_policies])

@@ -9,6 +9,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from trainforge.platform.manifests.charts import Chart
+from trainforge.platform.manifests.images import with_images
+from trainforge.registries import ImageSources
 
 CORE_KINDS = {
     ("v1", "Namespace"): k8s.core.v1.Namespace,
@@ -75,11 +77,14 @@ def _snake(key: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
 
 
-def helm_release(chart: Chart, values: dict[str, Any], *, parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None,
-                 create_namespace: bool = False, skip_crds: bool = False, retain_on_delete: bool = False) -> k8s.helm.v3.Release:
-    """The chart at its pinned version, under its fixed release name (selectors and service names depend on it).
-    `skip_crds`: the program applies the chart's crds/ itself (Helm never upgrades them); `retain_on_delete`: the engine
-    never uninstalls it (a release whose templates hold CRDs would delete every object of their kinds)."""
+def helm_release(chart: Chart, values: dict[str, Any], *, images: ImageSources, parent: pulumi.Resource,
+                 depends_on: Sequence[pulumi.Resource] | None = None, create_namespace: bool = False, skip_crds: bool = False,
+                 retain_on_delete: bool = False) -> k8s.helm.v3.Release:
+    """The chart at its pinned version, under its fixed release name (selectors and service names depend on it), its
+    images pulled through the stack's cache (`images`; platform/manifests/images.py). `skip_crds`: the program applies
+    the chart's crds/ itself (Helm never upgrades them); `retain_on_delete`: the engine never uninstalls it (a release
+    whose templates hold CRDs would delete every object of their kinds)."""
+    values = with_images(chart.release, values, images)
     oci = chart.repository.startswith("oci://")
     return k8s.helm.v3.Release(
         chart.release, name=chart.release, namespace=chart.namespace, create_namespace=create_namespace,

@@ -23,6 +23,8 @@ from trainforge.infra.engine import Evaluation, RegisteredResource
 from trainforge.platform.manifests.crds import defined_kind
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
+CACHE_RULE = "aws:ecr/pullThroughCacheRule:PullThroughCacheRule"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 # A CRD the program applies itself (platform/manifests/crds.py), whole or as a server-side patch.
 CRD_TYPES = ("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition", "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinitionPatch")
 KUBERNETES_PROVIDER = "pulumi:providers:kubernetes"
@@ -61,8 +63,11 @@ FACTS = {
         "Kubernetes docs, 'Dynamic Admission Control' (failurePolicy); Kueue 0.19.2 chart templates/webhook/manifests.yaml"),
     "image": Fact(
         "A pod whose image is not in the registry never becomes ready (ErrImagePull), and pulumi-kubernetes awaits "
-        "Deployments, Jobs and releases until ready (~10 min, then the update fails)",
-        "pulumi-kubernetes await logic (Deployment readiness, `pulumi.com/skipAwait`); Kubernetes docs, 'Images'"),
+        "Deployments, Jobs and releases until ready (~10 min, then the update fails). An image pulled through an ECR "
+        "pull-through cache is fetched on its first pull only if the cache rule exists and the puller may import it and "
+        "create its repository",
+        "pulumi-kubernetes await logic (Deployment readiness, `pulumi.com/skipAwait`); Kubernetes docs, 'Images'; Amazon "
+        "ECR user guide, 'Sync an upstream registry' (ecr:BatchImportUpstreamImage, ecr:CreateRepository)"),
     "storage-class": Fact(
         "A volume claim without a storageClassName binds only through the default StorageClass, and EKS >= 1.30 has "
         "none; a named class must exist, or the claim stays Pending and its pod never starts",
@@ -270,18 +275,39 @@ class FirstUp:
 
     def images(self) -> Iterable[Problem]:
         repositories = [r.state.get("repositoryUrl") for r in self.evaluation.of_type("aws:ecr/repository:Repository")]
+        registries = {url.split("/")[0] for url in repositories if url}
         pushers = [r for r in self.evaluation.of_type(IMAGE) if r.inputs.get("push")]
         for resource in self.kubernetes_resources:
-            for obj in self.creates(resource):
-                for pod in pod_templates(obj):
-                    for container in [*(pod["spec"].get("initContainers") or []), *(pod["spec"].get("containers") or [])]:
-                        image = str(container.get("image", ""))
-                        if not any(repo and image.startswith(f"{repo}:") or image.startswith(f"{repo}@") for repo in repositories):
-                            continue
-                        pushed = [p for p in pushers if self.before(p, resource) and image.split("@")[0] in (p.inputs.get("tags") or [])]
-                        if not pushed:
-                            yield Problem("image", resource.name, f"runs {image}, which nothing the program creates before it pushes "
-                                                                  f"(the stack's repository is empty on a first up)")
+            for image in self._images_run_by(resource):
+                if any(repo and image.startswith(f"{repo}:") or image.startswith(f"{repo}@") for repo in repositories):
+                    pushed = [p for p in pushers if self.before(p, resource) and image.split("@")[0] in (p.inputs.get("tags") or [])]
+                    if not pushed:
+                        yield Problem("image", resource.name, f"runs {image}, which nothing the program creates before it pushes "
+                                                              f"(the stack's repository is empty on a first up)")
+                elif any(image.startswith(f"{host}/") for host in registries):
+                    yield from self._pulled_through_cache(resource, image)
+
+    def _images_run_by(self, resource: RegisteredResource) -> set[str]:
+        out = set()
+        for obj in self.creates(resource):
+            for pod in pod_templates(obj):
+                out |= {str(c.get("image", "")) for c in [*(pod["spec"].get("initContainers") or []), *(pod["spec"].get("containers") or [])]}
+            if obj.get("kind") in ("Prometheus", "Alertmanager") and (obj.get("spec") or {}).get("image"):
+                out.add(str(obj["spec"]["image"]))  # the operator's StatefulSet runs the spec's image
+        return out
+
+    def _pulled_through_cache(self, resource: RegisteredResource, image: str) -> Iterable[Problem]:
+        """An image of the stack's registry outside the program's repository: a first pull through a pull-through cache
+        rule, which must exist, with the node role's right to import and create, before the pod pulls."""
+        path = image.split("/", 1)[1]
+        rules = [r for r in self.evaluation.of_type(CACHE_RULE) if path.startswith(f"{r.inputs.get('ecrRepositoryPrefix')}/")]
+        rights = [p for p in self.evaluation.of_type(ROLE_POLICY) if "ecr:CreateRepository" in str(p.inputs.get("policy"))]
+        if not rules:
+            yield Problem("image", resource.name, f"runs {image}: in the stack's registry, but no repository of the program "
+                                                  f"nor any pull-through cache rule serves it")
+        elif not any(self.before(r, resource) for r in rules) or not any(self.before(p, resource) for p in rights):
+            yield Problem("image", resource.name, f"pulls {image} through the cache before its rule "
+                                                  f"({rules[0].inputs.get('ecrRepositoryPrefix')}) and the nodes' right to fill it exist")
 
     def storage_classes(self) -> Iterable[Problem]:
         classes = [r for r in self.evaluation.of_type(STORAGE_CLASS)]

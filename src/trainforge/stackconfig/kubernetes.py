@@ -81,6 +81,30 @@ class MlflowConfig(_Model):
                         "experiment's team)")
 
 
+# ECR pull-through cache rules for Docker Hub and GitHub's registry need a Secrets Manager secret (username,
+# accessToken) named with this prefix (Amazon ECR user guide, "Creating a pull through cache rule").
+CACHE_SECRET = re.compile(r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:ecr-pullthroughcache/[\w/+=.@-]+$")
+
+
+class ImageCacheConfig(_Model):
+    enabled: bool = Field(True, description="pull the charts' images through ECR pull-through cache rules of the stack's "
+                                            "account (public.ecr.aws, registry.k8s.io, quay.io; docker.io and ghcr.io "
+                                            "where a credential is given), not from the public registries through the NAT")
+    credentials: dict[Literal["docker.io", "ghcr.io"], str] = Field(
+        {}, description="per upstream that needs one, the ARN of a Secrets Manager secret named ecr-pullthroughcache/... "
+                        "holding username and accessToken; without one, that upstream's images are pulled directly")
+
+    @field_validator("credentials")
+    @classmethod
+    def _secret_arns(cls, credentials: dict[str, str]) -> dict[str, str]:
+        bad = {upstream: arn for upstream, arn in credentials.items() if not CACHE_SECRET.match(arn)}
+        if bad:
+            raise ValueError(f"{bad}: ECR takes a pull-through cache credential only from a Secrets Manager secret whose name "
+                             "starts with 'ecr-pullthroughcache/'. Fix: e.g. 'arn:aws:secretsmanager:us-east-1:123456789012:"
+                             "secret:ecr-pullthroughcache/docker-hub-AbCdEf'")
+        return credentials
+
+
 class KubernetesConfig(_Model):
     charts: dict[str, str] = Field({}, description=f"exact chart versions replacing the pinned ones: {list(OVERRIDABLE_CHARTS)}")
     training_operator: bool = Field(False, description="also install the v1 training operator (PyTorchJob)")
@@ -96,6 +120,7 @@ class KubernetesConfig(_Model):
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
     mlflow: MlflowConfig = MlflowConfig()
+    image_cache: ImageCacheConfig = ImageCacheConfig()
 
     @field_validator("image_registries")
     @classmethod
