@@ -50,6 +50,34 @@ def test_workers_that_all_recorded_success_make_a_success_whatever_torchrun_says
     assert node_exit_code(1, tmp_path, world_size=2) == 0
 
 
+def lingering_agent(seconds: float) -> subprocess.Popen:
+    """A real process standing in for a torchrun agent that has not exited yet."""
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+
+def test_an_agent_that_lingers_after_its_workers_failed_is_stopped_after_the_grace(tmp_path):
+    """Seen under load: node 1's worker SIGKILLed, node 0's worker recorded EXIT_PEER_LOST and exited, and node 0's
+    torchrun agent then sat in its rendezvous shutdown for over 90 s, so the pod (and the job's restart) waited."""
+    from trainforge.trainer.launch import wait_for_agent
+    record(tmp_path, rank0=exits.EXIT_PEER_LOST)
+    agent = lingering_agent(600)
+    try:
+        returncode = wait_for_agent(agent, tmp_path, nproc_per_node=1, grace_s=1.0)
+    finally:
+        agent.kill()
+    assert returncode == -signal.SIGTERM, "stopped, not waited for"
+    assert exits.is_retryable(node_exit_code(returncode, tmp_path, world_size=1)), "the records decide: the attempt is retried"
+
+
+def test_an_agent_whose_workers_succeeded_or_still_run_is_waited_for(tmp_path):
+    """Success: its agent may hold the exit barrier (and the store) for the other nodes. Still running: nothing is known."""
+    from trainforge.trainer.launch import wait_for_agent
+    record(tmp_path, rank0=0)
+    assert wait_for_agent(lingering_agent(2.5), tmp_path, nproc_per_node=1, grace_s=0.5) == 0
+    record(tmp_path, rank0=exits.EXIT_PEER_LOST)
+    assert wait_for_agent(lingering_agent(2.5), tmp_path, nproc_per_node=2, grace_s=0.5) == 0, "rank 1 has not said yet"
+
+
 def launch(*command, nproc=2, exit_dir=None):
     exit_dir = [f"--exit-dir={exit_dir}"] if exit_dir else []
     return [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", *exit_dir, "--", "--standalone",

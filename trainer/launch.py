@@ -14,6 +14,9 @@ node exits with the contract's code for the attempt:
     137    a worker vanished without a record (SIGKILL, OOM, node loss), or workers failed only because a peer
            on another node did (they record exits.EXIT_PEER_LOST): retried
 
+Once every worker of the node has recorded its exit and one failed, the outcome is known: an agent that lingers
+(a survivor's rendezvous shutdown against a store that left with another node) is stopped after AGENT_EXIT_GRACE_S.
+
 Usage:
     python -m trainforge.trainer.launch [--nproc-per-node N] [--exit-dir D] -- TORCHRUN_ARGS...
     python -m trainforge.trainer.launch --rank -- COMMAND...   (per-rank wrapper for `entry.command` jobs)
@@ -29,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from trainforge import exits
@@ -150,6 +154,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Once every worker of this node has recorded a failure, how long torchrun's agent has to exit by itself.
+AGENT_EXIT_GRACE_S = 30.0
+
+
+def wait_for_agent(agent: subprocess.Popen, exit_dir: Path, nproc_per_node: int, grace_s: float = AGENT_EXIT_GRACE_S) -> int:
+    """torchrun's exit code. When every local worker has recorded its exit and one of them failed, the node's outcome
+    is known; an agent that lingers then (seen: a survivor's rendezvous shutdown against a store whose host node is
+    gone, for longer than a minute) is stopped after `grace_s`, so the pod ends and the job restarts now rather than
+    minutes later. A node whose workers all succeeded is left to wait: its agent holds the exit barrier, and maybe the
+    store, for the other nodes."""
+    failed_at = None
+    while True:
+        try:
+            return agent.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        codes = [r.code for r in read_exits(exit_dir)]
+        if len(codes) < nproc_per_node or all(c == 0 for c in codes):
+            continue
+        failed_at = failed_at if failed_at is not None else time.monotonic()
+        if time.monotonic() - failed_at >= grace_s:
+            print(f"trainforge: every worker of this node has exited, one failed; torchrun's agent is still up after "
+                  f"{grace_s:.0f} s and is stopped", file=sys.stderr)
+            agent.terminate()
+            try:
+                return agent.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                return agent.wait()
+
+
 def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | None = None) -> int:
     """Run torchrun with `nproc_per_node` workers; return the node's exit code (see the module doc). Without an
     `exit_dir`, the records and torchrun's own log directory live in a temporary directory removed afterwards: a
@@ -167,7 +202,7 @@ def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | Non
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))
     signals = SignalForwarder()
-    returncode = signals.start(command, env=env).wait()
+    returncode = wait_for_agent(signals.start(command, env=env), exit_dir, nproc_per_node)
     code = node_exit_code(returncode, exit_dir, nproc_per_node, told_to_stop=bool(signals.received))
     if 0 < code < 128:
         report_user_error(exit_dir)
