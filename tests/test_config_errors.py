@@ -274,3 +274,12 @@ def test_offline_command_exits_non_zero_without_a_traceback(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "node_groups[1].instance_types: an EFA group has one instance type" in result.stderr
+
+
+@pytest.mark.parametrize("gib, nearest", [(1000, "1200 or 2400"), (3000, "2400 or 4800"), (10**12 + 1, "999999998400 or 1000000000800")])
+def test_an_fsx_capacity_between_the_steps_names_its_neighbours_at_any_size(gib, nearest):
+    """A mistyped capacity of 10**12 GiB once built every multiple of 2400 up to it (tens of GB) to name its neighbours."""
+    raw = prod()
+    raw["fsx"]["storage_capacity_gib"] = gib
+    message = rejected(raw)
+    assert f"fsx.storage_capacity_gib: {gib} GiB is not a valid" in message and f"Fix: e.g. {nearest}" in message, message
