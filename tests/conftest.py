@@ -11,11 +11,18 @@ overlap each other share an xdist group (support/lanes.py) and run in turn on on
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from support.evaluated import evaluation_of, typed_config
 from support.repo import STACK_FILES
 from support.servers import mlflow_server_starting
 from support import typecheck
+
+# One intra-op thread per training process the tests start: two workers, each with up to two ranks or two trials at
+# once, on two cores. Left at torch's default (a thread per core), their OpenMP pools spin against each other. torchrun
+# sets the same for a node of several ranks; a single-rank job on a real node keeps every core.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
