@@ -35,7 +35,7 @@ def registry_of(evaluation) -> str:
 def images_by_release(evaluation) -> dict[str, set[str]]:
     rendered, installs = rendered_program(evaluation)
     model = first_up.FirstUp(evaluation, rendered, installs)
-    return {name: model._images_run_by(release) for name, release in model.releases.items()}
+    return {name: model.images_run_by(release) for name, release in model.releases.items()}
 
 
 def with_image_cache(**cache) -> tuple:

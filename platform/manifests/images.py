@@ -22,23 +22,19 @@ PULLED_DIRECTLY = {
 }
 
 
-def _path(registry: Any, path: str) -> Any:
-    return registry.apply(lambda r: f"{r}/{path}") if hasattr(registry, "apply") else f"{registry}/{path}"
-
-
 def _kueue(s: ImageSources) -> dict[str, Any]:
-    return {"controllerManager": {"manager": {"image": {"repository": _path(s.registry_for("registry.k8s.io"), "kueue/kueue"),
+    return {"controllerManager": {"manager": {"image": {"repository": s.image("registry.k8s.io/kueue/kueue"),
                                                         "tag": f"v{versions.KUEUE}", "pullPolicy": "IfNotPresent"}}}}
 
 
 def _kubeflow_trainer(s: ImageSources) -> dict[str, Any]:
     return {"image": {"registry": s.registry_for("ghcr.io")},
-            "jobset": {"image": {"repository": _path(s.registry_for("registry.k8s.io"), "jobset/jobset"),
+            "jobset": {"image": {"repository": s.image("registry.k8s.io/jobset/jobset"),
                                  "tag": f"v{versions.JOBSET}", "pullPolicy": "IfNotPresent"}}}
 
 
 def _cluster_autoscaler(s: ImageSources) -> dict[str, Any]:
-    return {"image": {"repository": _path(s.registry_for("registry.k8s.io"), "autoscaling/cluster-autoscaler")}}
+    return {"image": {"repository": s.image("registry.k8s.io/autoscaling/cluster-autoscaler")}}
 
 
 def _kube_prometheus_stack(s: ImageSources) -> dict[str, Any]:
@@ -58,7 +54,7 @@ def _kube_prometheus_stack(s: ImageSources) -> dict[str, Any]:
 
 def _mlflow(s: ImageSources) -> dict[str, Any]:
     # The chart's init containers default to Docker Hub's busybox: ECR Public's copy, through the cache.
-    repository, tag = str(versions.DIRECTORY_JOB_IMAGE).rsplit(":", 1)
+    repository, tag = versions.DIRECTORY_JOB_IMAGE.rsplit(":", 1)
     busybox = {"repository": s.image(repository), "tag": tag}
     return {"initImages": {"dbchecker": busybox, "iniFileInitializer": busybox}}
 

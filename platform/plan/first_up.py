@@ -278,7 +278,7 @@ class FirstUp:
         registries = {url.split("/")[0] for url in repositories if url}
         pushers = [r for r in self.evaluation.of_type(IMAGE) if r.inputs.get("push")]
         for resource in self.kubernetes_resources:
-            for image in self._images_run_by(resource):
+            for image in self.images_run_by(resource):
                 if any(repo and image.startswith(f"{repo}:") or image.startswith(f"{repo}@") for repo in repositories):
                     pushed = [p for p in pushers if self.before(p, resource) and image.split("@")[0] in (p.inputs.get("tags") or [])]
                     if not pushed:
@@ -287,7 +287,7 @@ class FirstUp:
                 elif any(image.startswith(f"{host}/") for host in registries):
                     yield from self._pulled_through_cache(resource, image)
 
-    def _images_run_by(self, resource: RegisteredResource) -> set[str]:
+    def images_run_by(self, resource: RegisteredResource) -> set[str]:
         out = set()
         for obj in self.creates(resource):
             for pod in pod_templates(obj):
