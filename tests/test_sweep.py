@@ -584,6 +584,33 @@ def test_a_sweep_can_be_extended_but_not_changed(tmp_path):
         assert f"changed: {named}" in str(refused.value) and "another name" in str(refused.value)
 
 
+def test_the_median_pruner_waits_three_quarters_of_a_trial_unless_the_spec_says_otherwise(tmp_path):
+    """bench_search.py: with no warm-up the median pruner stopped the configurations that end best, and half its
+    searches never reached the target; the default is now 3/4 of the base's max_steps (120 here: 90)."""
+    from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.study import pruner_config
+    by_default = load_sweep(write_sweep(tmp_path, name="late", pruner={"type": "median"}))
+    assert pruner_config(by_default)["warmup_steps"] == 90
+    assert pruner_config(load_sweep(write_sweep(tmp_path, name="early", pruner={"type": "median", "warmup_steps": 0})))["warmup_steps"] == 0
+
+
+def test_a_sweep_begun_under_the_old_median_default_extends_with_its_own_file_and_prunes_as_before(tmp_path):
+    """A study recorded before the default changed holds `warmup_steps: 0` in its search (the old default, dumped
+    whole). Its unchanged file, which leaves the field out, extends it and keeps pruning from step 0; a file that now
+    sets another warm-up is another search, refused as before."""
+    from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.study import SweepError, open_study
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    open_study(load_sweep(write_sweep(tmp_path, name="old", pruner={"type": "median", "startup_trials": 3, "warmup_steps": 0})), url)
+    again = open_study(load_sweep(write_sweep(tmp_path, name="old", max_trials=12, pruner={"type": "median"})), url)
+    assert again.user_attrs["planned_trials"] == 12 and again.user_attrs["pruner"]["warmup_steps"] == 0
+    assert json.loads(again.user_attrs["spec"])["pruner"]["warmup_steps"] == 0, "the spec recorded is the one it runs"
+    assert again.pruner._n_warmup_steps == 0
+    with pytest.raises(SweepError) as refused:
+        open_study(load_sweep(write_sweep(tmp_path, name="old", pruner={"type": "median", "warmup_steps": 50})), url)
+    assert "changed: pruner" in str(refused.value)
+
+
 def test_two_local_extends_at_once_are_both_applied(tmp_path):
     """Issue 40, item 5, on this machine: extend reads the limits, raises them and writes them back. Extend A is held
     between its read and its write (a pause point); extend B runs meanwhile. Unguarded, B wrote 4+5 and A then 4+3,

@@ -51,7 +51,7 @@ def _smallest(spec: SweepSpec, base: JobSpec, field: str) -> int:
 def pruner_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
     """A pruner that could never act is refused rather than silently doing nothing."""
     p, shortest = spec.pruner, _smallest(spec, base, "max_steps")
-    if p.type == "median" and p.warmup_steps >= shortest:
+    if p.type == "median" and p.warmup_steps is not None and p.warmup_steps >= shortest:
         return [f"pruner.warmup_steps: {p.warmup_steps} is not below the shortest trial's max_steps ({shortest}): no trial would "
                 f"ever be pruned. Fix: warmup_steps below {shortest}, or pruner: {{type: none}}"]
     if p.type in ("hyperband", "successive_halving") and p.min_resource is not None and p.min_resource >= shortest:

@@ -114,7 +114,9 @@ class SecondObjective(_Model):
 class Pruner(_Model):
     type: Literal["median", "hyperband", "successive_halving", "none"] = "median"
     startup_trials: int = Field(3, ge=0, description="median: trials that run to the end before any is pruned")
-    warmup_steps: int = Field(0, ge=0, description="median: steps before a trial may be pruned")
+    warmup_steps: int | None = Field(None, ge=0, description="median: steps before a trial may be pruned; default: 3/4 of the base's "
+                                                            "max_steps (benchmarks/bench_search.py: earlier, it stopped the "
+                                                            "configurations that end best)")
     min_resource: int | None = Field(None, ge=1, description="hyperband, successive_halving: steps every trial gets; default: the base's eval_every")
     reduction_factor: int = Field(3, ge=2, description="hyperband, successive_halving: 1/reduction_factor of the trials go on at each rung")
 
