@@ -948,6 +948,41 @@ def test_a_sweep_warm_starts_from_the_best_trials_of_earlier_ones(tmp_path):
         .get_trials(states=(TrialState.WAITING,)) == waiting, "opened again: not enqueued twice"
 
 
+def test_a_warm_start_over_the_same_space_tells_the_earlier_trials_to_the_sampler_and_runs_none_again(tmp_path):
+    """Issue 40, item 7: where this sweep searches every field the earlier one did, its complete trials are told to the
+    new study with their values and evaluations (Optuna's add_trial), not run again; they do not count towards this
+    sweep's trials, TPE models them from its first trial on, and a best trial that never ran here is not promoted."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.trial import create_trial
+
+    from trainforge.errors import TrainforgeError
+    from trainforge.trainer.sweeps.promotion import promoted
+    from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.study import counted, distributions, open_study, transferred
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    earlier = open_study(load_sweep(write_sweep(tmp_path, name="earlier")), url)
+    space = {"lr": FloatDistribution(1e-4, 0.3, log=True), "warmup_steps": IntDistribution(0, 40, step=10),
+             "task_args.width": CategoricalDistribution([32, 64, 128])}
+    told = ((0.91, 0.01, 64), (0.95, 0.02, 128), (0.97, 0.2, 32), (0.80, 0.001, 64), (0.99, 0.03, 128))
+    for value, lr, width in told:
+        earlier.add_trial(create_trial(value=value, params={"lr": lr, "warmup_steps": 10, "task_args.width": width}, distributions=space,
+                                       intermediate_values={20: value - 0.1, 40: value}))
+    later_sweep = load_sweep(write_sweep(tmp_path, name="later", warm_start=["earlier"]))
+    later = open_study(later_sweep, url)
+    trials = later.get_trials()
+    assert not later.get_trials(states=(TrialState.WAITING,)), "nothing runs again"
+    assert [(t.state, t.value, transferred(t)) for t in trials] == [(TrialState.COMPLETE, v, f"earlier#{n}") for n, (v, _, _) in
+                                                                    sorted(enumerate(told), key=lambda nt: -nt[1][0])]
+    assert trials[0].intermediate_values == {20: 0.99 - 0.1, 40: 0.99} and trials[0].params["lr"] == 0.03
+    assert counted(later) == 0, "this sweep's own trials are all still to run"
+    fresh = open_study(load_sweep(write_sweep(tmp_path, name="fresh")), url)
+    asked = distributions(later_sweep)
+    assert later.ask(asked).params != fresh.ask(asked).params, "TPE models the told trials at once; a fresh study's first is random"
+    with pytest.raises(TrainforgeError) as refused:
+        promoted(None, later_sweep, later.best_trial, 400, later, "later")
+    assert "told to this sweep from earlier#4" in str(refused.value) and "trainforge sweep best earlier --promote" in str(refused.value)
+
+
 def test_a_warm_start_from_a_sweep_that_scored_otherwise_is_refused_naming_what_differs(tmp_path):
     """Issue 40, item 7: an earlier sweep of another objective, or whose trials trained on another base (a step budget,
     a batch size, a task argument this sweep does not search), would seed this one with values that do not compare: it

@@ -67,7 +67,8 @@ def sweep_table(name: str, study, found) -> None:
     for r in found:
         mark = "[green]" if r.number in front else ""
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.params.items())
-        state = r.state + (f" (retry of {r.retry_of})" if r.retry_of is not None else "") + (f": {r.stopped}" if r.stopped else "")
+        state = r.state + (f" (retry of {r.retry_of})" if r.retry_of is not None else "") + (f": {r.stopped}" if r.stopped else "") \
+            + (f" (told from {r.transferred_from})" if r.transferred_from else "")
         table.add_row(str(r.number), state, f"{mark}{r.value:.5g}" if r.value is not None else "-",
                       *([f"{mark}{r.second:.5g}" if r.second is not None else "-"] if second else []), params,
                       str(r.last_step) if r.last_step is not None else "-", f"{r.cost_usd:.4f}" if r.cost_usd is not None else "-",
@@ -85,13 +86,14 @@ def sweep_summary(controller, why: str) -> None:
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(f"sweep {sweep.name}: {why}; ${controller.spent_usd():,.4f} spent"
                   + (f" of ${sweep.spec.budget.usd:,.2f}" if sweep.spec.budget.usd else ""))
-    from trainforge.trainer.sweeps.study import best_trials, number_of
+    from trainforge.trainer.sweeps.study import best_trials, number_of, transferred
     front = best_trials(study)
     if not front:
         console.print("no complete trial")
     elif sweep.spec.second_objective is None:
         best = front[0]
-        console.print(f"best: trial {number_of(best)} ({best.user_attrs.get('job')}) {sweep.spec.objective.metric} = {best.values[0]:.5g} "
+        where = best.user_attrs.get("job") or f"told from {transferred(best)} by the warm start"
+        console.print(f"best: trial {number_of(best)} ({where}) {sweep.spec.objective.metric} = {best.values[0]:.5g} "
                       f"with {best.params}. `trainforge sweep best {sweep.name} --write best.yaml` gives its job spec")
     else:
         console.print(f"Pareto front ({sweep.spec.objective.metric} vs {sweep.spec.second_objective.metric}): "

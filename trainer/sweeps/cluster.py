@@ -123,7 +123,7 @@ def study_from(document: dict[str, Any]):
     from optuna.trial import TrialState, create_trial
 
     from trainforge.trainer.sweeps.run_clock import queued_key
-    from trainforge.trainer.sweeps.study import quiet_optuna
+    from trainforge.trainer.sweeps.study import TRANSFERRED_ATTR, quiet_optuna
     from trainforge.trainer.sweeps.spec import SweepSpec
     quiet_optuna()
     from trainforge.trainer.sweeps.study import distributions_of
@@ -146,7 +146,8 @@ def study_from(document: dict[str, Any]):
         study.add_trial(create_trial(state=state, values=values, params=params,
                                      distributions={k: every[k] for k in params}, intermediate_values=curve,
                                      user_attrs={k: v for k, v in (("job", row["job"]), ("retry_of", row["retry_of"]),
-                                                                   ("trial_number", row["number"])) if v is not None}))
+                                                                   ("trial_number", row["number"]),
+                                                                   (TRANSFERRED_ATTR, row.get("transferred_from"))) if v is not None}))
         number = study.trials[-1].number
         if row.get("cost_usd") is not None:
             study.set_user_attr(f"trial.{number}.cost_usd", row["cost_usd"])

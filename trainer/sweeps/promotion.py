@@ -21,6 +21,12 @@ def promoted(spec, sweep, trial, steps: int, study, name: str):
     import math
 
     from trainforge.errors import TrainforgeError
+    from trainforge.trainer.sweeps.study import transferred
+    origin = transferred(trial)
+    if origin is not None:
+        earlier = origin.split("#")[0]
+        raise TrainforgeError("", [f"--promote: the best trial ({trial.number}) was told to this sweep from {origin} by its warm start: it "
+                                   f"never ran here, so its weights are that sweep's. Fix: `trainforge sweep best {earlier} --promote`"])
     trial_steps = sweep.max_steps(trial.params)
     if steps <= trial_steps:
         raise TrainforgeError("", [f"--steps: {steps} is not beyond the trial's own {trial_steps} steps; the promoted job continues "

@@ -153,7 +153,8 @@ class SweepSpec(_Model):
     budget: Budget = Budget()
     seed: int = 0
     warm_start: list[Annotated[str, Field(pattern=DNS_LABEL, max_length=32)]] = Field(
-        [], max_length=16, description="earlier sweeps in the same storage: their best trials (up to 3 each) run first")
+        [], max_length=16, description="earlier sweeps in the same storage: their trials told to this one's sampler (none "
+                                       "re-runs) where this sweep searches all they searched; else their best (up to 3 each) run first")
 
     def grid(self) -> dict[str, list[Any]]:
         """Every searched field's finite values (the grid sampler's space; parse_sweep refuses a grid over a range)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -188,7 +188,7 @@ def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optun
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage_for(storage_url)
     exists = sweep.name in optuna.get_all_study_names(storage)
-    seeds = [] if exists else warm_start_seeds(sweep, storage, storage_url)  # refused before anything is created
+    seeds = WarmStart() if exists else warm_start_seeds(sweep, storage, storage_url)  # refused before anything is created
     if exists:
         sweep = with_recorded_pruner_defaults(sweep, optuna.load_study(study_name=sweep.name, storage=storage).user_attrs.get("search"))
     study = optuna.create_study(study_name=sweep.name, storage=storage, sampler=sampler_for(sweep),
@@ -201,7 +201,9 @@ def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optun
         study.set_user_attr("search", fingerprint)
         study.set_user_attr("started_at", time.time())
         study.set_user_attr("pruner", pruner_config(sweep))
-        for params, origin in seeds:
+        for frozen in seeds.transferred:
+            study.add_trial(frozen)
+        for params, origin in seeds.rerun:
             study.enqueue_trial(params, user_attrs={"warm_start": origin}, skip_if_exists=True)
     elif recorded != fingerprint:
         raise SweepError(f"a sweep named {sweep.name!r} already exists in {storage_url} searching otherwise (changed: "
@@ -239,12 +241,26 @@ def with_recorded_pruner_defaults(sweep: Sweep, recorded: str | None) -> Sweep:
 WARM_START_BEST = 3  # trials taken from each earlier sweep
 
 
-def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage_url: str) -> list[tuple[dict[str, Any], str]]:
-    """The best complete trials of the earlier sweeps the spec names (up to WARM_START_BEST each, best first), as
-    parameters this sweep can run: fields it does not search are dropped (its sampler fills the rest), values outside
-    its ranges leave the trial out."""
+TRANSFERRED_ATTR = "transferred_from"  # a trial told to this study from an earlier sweep's: it never ran here
+
+
+@dataclass
+class WarmStart:
+    """What a warm start brings: trials told to the new study as they ended (its sampler learns from them, nothing
+    re-runs), and parameters to run again where an earlier trial's value cannot be told as this sweep's."""
+    transferred: list[optuna.trial.FrozenTrial] = field(default_factory=list)
+    rerun: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+
+def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage_url: str) -> WarmStart:
+    """The earlier sweeps the spec names, refused where they do not compare (incomparable). An earlier complete trial
+    whose every searched field this sweep searches too, in range, is transferred with its value and its evaluations
+    (Optuna's add_trial: no step of it runs again). A trial that searched a field this sweep does not (its value came
+    from a setting this sweep fixes) or a sweep of two objectives is not told as this one's: the best complete trials
+    (up to WARM_START_BEST each, best first) run again here with the fields this sweep searches (values outside its
+    ranges leave the trial out)."""
     space = distributions(sweep)
-    seeds: list[tuple[dict[str, Any], str]] = []
+    found = WarmStart()
     names = optuna.get_all_study_names(storage)
     for name in sweep.spec.warm_start:
         if name not in names:
@@ -257,13 +273,25 @@ def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage
         complete = [t for t in earlier.get_trials(deepcopy=False) if t.state is TrialState.COMPLETE]
         maximize = earlier.directions[0] == optuna.study.StudyDirection.MAXIMIZE
         complete.sort(key=lambda t: t.values[0], reverse=maximize)
-        for t in complete[:WARM_START_BEST]:
+        single = sweep.spec.second_objective is None and len(earlier.directions) == 1
+        others = []
+        for t in complete:
+            if single and t.params and all(k in space and access.fits(space[k], v) for k, v in t.params.items()):
+                found.transferred.append(optuna.trial.create_trial(
+                    params=dict(t.params), distributions={k: space[k] for k in t.params}, value=t.values[0],
+                    intermediate_values=dict(t.intermediate_values), user_attrs={TRANSFERRED_ATTR: f"{name}#{t.number}"}))
+            else:
+                others.append(t)
+        for t in others[:WARM_START_BEST]:
             params = {k: v for k, v in t.params.items() if k in space}
             if params and all(access.fits(space[k], v) for k, v in params.items()):
-                seeds.append((params, f"{name}#{t.number}"))
-    return seeds
+                found.rerun.append((params, f"{name}#{t.number}"))
+    return found
 
 
+def transferred(trial: optuna.trial.FrozenTrial) -> str | None:
+    """The earlier sweep's trial this one was told from ("sweep#number"), or None for a trial that ran in this sweep."""
+    return trial.user_attrs.get(TRANSFERRED_ATTR)
 
 
 # How often a trial is measured and logged, not what it measures: an earlier sweep that differs only here compares.
@@ -337,6 +365,7 @@ class TrialRow:
     stopped: str | None = None  # why it was stopped on purpose (cancel, wall time): not a failure of its own
     second: float | None = None  # the second objective's value (the trial's cost or run time), where the sweep has one
     queued_s: float | None = None  # from its job's creation to its first running moment, where timed
+    transferred_from: str | None = None  # "sweep#number": told from an earlier sweep by a warm start, never run here
 
 
 def rows(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None) -> list[TrialRow]:
@@ -353,7 +382,7 @@ def rows(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = No
         out.append(TrialRow(number_of(t), state, values[0], dict(t.params),
                             attrs.get(f"trial.{t.number}.cost_usd"), duration, t.user_attrs.get("job"), t.user_attrs.get("retry_of"),
                             max(t.intermediate_values) if t.intermediate_values else None, stopped,
-                            values[1] if len(values) > 1 else None, attrs.get(queued_key(t.number))))
+                            values[1] if len(values) > 1 else None, attrs.get(queued_key(t.number)), transferred(t)))
     return out
 
 
@@ -364,10 +393,12 @@ def number_of(trial: optuna.trial.FrozenTrial) -> int:
 
 
 def counted(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None) -> int:
-    """Trials that count towards the plan: finished ones, less failures that were retried (their retry counts).
+    """Trials that count towards the plan: finished ones, less failures that were retried (their retry counts) and
+    trials transferred from an earlier sweep (they never ran here).
     `trials`: the study's, where the caller has just read them."""
     trials = study.get_trials(deepcopy=False) if trials is None else trials
     retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
-    return sum(1 for t in trials if t.state in FINISHED and not (t.state is TrialState.FAIL and t.number in retried))
+    return sum(1 for t in trials if t.state in FINISHED and not (t.state is TrialState.FAIL and t.number in retried)
+               and transferred(t) is None)
 
 
