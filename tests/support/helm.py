@@ -42,7 +42,7 @@ def chart_dir(name: str, version: str) -> Path:
     if not directory.is_dir():
         raise FileNotFoundError(f"no vendored source for chart {name} {version}: add it with scripts/vendor-chart "
                                 f"(tests/data/charts/README.md)")
-    meta = yaml.safe_load((directory / "Chart.yaml").read_text())
+    meta = yaml.load((directory / "Chart.yaml").read_text(), Loader=_Loader)
     for dependency in meta.get("dependencies") or []:
         target = directory / "charts" / dependency["name"]
         source = _unpacked() / f"{dependency['name']}-{dependency['version']}"
@@ -61,7 +61,7 @@ def _render(name: str, version: str, release: str, namespace: str, values_json: 
     for path, text in sorted(out.items()):
         if not path.endswith((".yaml", ".yml")):
             continue  # NOTES.txt
-        for doc in yaml.safe_load_all(text):
+        for doc in yaml.load_all(text, Loader=_Loader):  # libyaml's: a chart renders megabytes, ~10x the pure-Python parser
             if doc:
                 doc.setdefault("metadata", {})
                 if _namespaced(doc) and "namespace" not in doc["metadata"]:
@@ -136,7 +136,7 @@ def _crd_sources(release_json: str) -> tuple[frozenset[str], frozenset[str]]:
     directory = chart_dir(chart_name(release_inputs), release_inputs["version"])
     chart = helm_python.Chart.load(directory)
     values = merged(chart.values, release_inputs.get("values") or {})
-    conditions = {d["name"]: d.get("condition") for d in yaml.safe_load((directory / "Chart.yaml").read_text()).get("dependencies") or []}
+    conditions = {d["name"]: d.get("condition") for d in yaml.load((directory / "Chart.yaml").read_text(), Loader=_Loader).get("dependencies") or []}
     documents = []
     for crd in chart.crds:
         parts = crd["filename"].split("/")
@@ -181,10 +181,10 @@ def default_values(release_inputs: dict[str, Any]) -> dict[str, Any]:
 
     directory = chart_dir(chart_name(release_inputs), release_inputs["version"])
     values = dict(helm_python.Chart.load(directory).values)
-    for dependency in yaml.safe_load((directory / "Chart.yaml").read_text()).get("dependencies") or []:
+    for dependency in yaml.load((directory / "Chart.yaml").read_text(), Loader=_Loader).get("dependencies") or []:
         sub = directory / "charts" / dependency["name"]
         if sub.is_dir():
-            values[dependency["name"]] = merged(yaml.safe_load((sub / "values.yaml").read_text()) or {}, values.get(dependency["name"]) or {})
+            values[dependency["name"]] = merged(yaml.load((sub / "values.yaml").read_text(), Loader=_Loader) or {}, values.get(dependency["name"]) or {})
     return values
 
 
