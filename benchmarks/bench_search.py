@@ -307,6 +307,7 @@ def live_steps_to_target(storage: str, name: str, target: float) -> tuple[int | 
 def confirm(seeds: int, trials: int, target: float, arm: Arm) -> None:
     print(f"live: `trainforge sweep`, {trials} trials per sweep, {arm.name} against random, {seeds} seeds; target loss <= {target:.3f}")
     print(f"{'seed':>5}{'random':>12}{arm.name:>26}", flush=True)
+    found: dict[str, list[int | None]] = {"random": [], arm.name: []}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(seeds):
             row = []
@@ -326,6 +327,11 @@ def confirm(seeds: int, trials: int, target: float, arm: Arm) -> None:
                 row.append(live_steps_to_target(storage, spec["name"], target))
             print(f"{seed:>5}" + "".join(f"{(str(s) if s is not None else f'> {spent}'):>{w}}" for (s, spent), w in zip(row, (12, 26))),
                   flush=True)
+            for name, (reached, _) in zip(found, row):
+                found[name].append(reached)
+    medians = {name: km_median(times) for name, times in found.items()}
+    print("KM median steps to target: " + ", ".join(f"{name} {m:.0f}" if m is not None else f"{name} > {trials * MAX_STEPS}"
+                                                    for name, m in medians.items()))
 
 
 def main() -> None:
