@@ -243,8 +243,9 @@ def km_median(times: list[int | None]) -> float | None:
 
 
 def ratio(random_times: list[int | None], arm_times: list[int | None], budget: int) -> float:
-    """random's median / the arm's; a median beyond the budget is taken as the budget (so a random search that misses
-    makes the ratio smaller, never larger, than the truth)."""
+    """random's median / the arm's; a median beyond the budget is taken as the budget. For random search that makes the
+    ratio smaller, never larger, than the truth; an arm whose own median is beyond it gets a ratio of at most
+    random's median / budget, an upper bound, but such an arm is far below 1x and never the one a claim rests on."""
     r, a = km_median(random_times), km_median(arm_times)
     return (r if r is not None else budget) / (a if a is not None else budget)
 

@@ -1,7 +1,7 @@
 """mypy started by the xdist controller at session start, beside the workers, and read by the lint test.
 
-The tests wait on their own processes about half the time (two workers keep 2 cores ~55 % busy), so mypy's cold run
-(~80 s on one core) fits in the idle CPU instead of holding a worker. It runs under `nice`, so tests keep priority.
+mypy's cold run (~80 s on one core) runs beside the workers instead of holding one. The two workers keep 2 cores
+about 87 % busy (measured November 2026), so it takes some of their time, under `nice` so that tests keep priority.
 Where the suite runs in one process (`-n 0`), or mypy was not started, the test runs it itself.
 """
 
