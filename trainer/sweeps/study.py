@@ -189,12 +189,14 @@ def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optun
     storage = storage_for(storage_url)
     exists = sweep.name in optuna.get_all_study_names(storage)
     seeds = WarmStart() if exists else warm_start_seeds(sweep, storage, storage_url)  # refused before anything is created
-    if exists:
-        sweep = with_recorded_pruner_defaults(sweep, optuna.load_study(study_name=sweep.name, storage=storage).user_attrs.get("search"))
     study = optuna.create_study(study_name=sweep.name, storage=storage, sampler=sampler_for(sweep),
                                 pruner=make_pruner(pruner_config(sweep)), directions=directions_of(sweep), load_if_exists=True)
-    fingerprint = search_fingerprint(sweep)
     recorded = study.user_attrs.get("search")
+    adopted = with_recorded_pruner_defaults(sweep, recorded)
+    if adopted is not sweep:
+        sweep = adopted
+        study.pruner = make_pruner(pruner_config(sweep))
+    fingerprint = search_fingerprint(sweep)
     if recorded is None and study.user_attrs.get("spec") is not None:  # a study from before searches were fingerprinted
         recorded = fingerprint if _same_search_as_recorded_spec(study.user_attrs["spec"], sweep) else "{}"
     if recorded is None:
