@@ -17,12 +17,15 @@ import pytest
 from support.evaluated import evaluation_of, typed_config
 from support.repo import STACK_FILES
 from support.servers import mlflow_server_starting
-from support import typecheck
+from support import training, typecheck
 
 # One intra-op thread per training process the tests start: two workers, each with up to two ranks or two trials at
 # once, on two cores. Left at torch's default (a thread per core), their OpenMP pools spin against each other. torchrun
 # sets the same for a node of several ranks; a single-rank job on a real node keeps every core.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The local supervisor starts every worker with PYTHONUNBUFFERED=1; the suite's own launches get it too, so that one
+# warm worker interpreter (support.training) stands in for both (a fork cannot change how an interpreter started).
+os.environ["PYTHONUNBUFFERED"] = "1"
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
@@ -47,6 +50,11 @@ def full_lane_problems(items) -> list[str]:
         if kept_by and (item.module.__name__, kept_by) not in default:
             problems.append(f"{item.nodeid}: kept_by={kept_by!r} is no default-lane test of {item.module.__name__}")
     return problems
+
+
+def pytest_collection_finish(session):
+    if any(item.get_closest_marker("slow") for item in session.items):  # the inner loop trains nothing
+        training.fork_workers_from_a_warm_interpreter()
 
 
 def pytest_collection_modifyitems(config, items):

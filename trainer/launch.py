@@ -34,8 +34,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from trainforge import exits
+from trainforge.trainer import forkserver
+from trainforge.trainer.forkserver import ForkedProcess
 from trainforge.exits import EXIT_DIR_ENV, EXIT_WORKER_LOST, read_exits, record_exit
 
 # Kubernetes shows this file's content as the container's termination message (`kubectl describe`, the job's
@@ -112,15 +115,19 @@ class SignalForwarder:
 
     def __init__(self) -> None:
         self.received: list[int] = []
-        self._child: subprocess.Popen | None = None
+        self._child: Any = None  # a subprocess.Popen or a forkserver.ForkedProcess
         self._forwarded = 0
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
 
     def start(self, command: list[str], **popen_kwargs) -> subprocess.Popen:
-        self._child = subprocess.Popen(command, **popen_kwargs)
+        return self.adopt(subprocess.Popen(command, **popen_kwargs))
+
+    def adopt(self, child: Any) -> Any:
+        """Take a child started elsewhere (a forked worker): a signal that came meanwhile is passed on now."""
+        self._child = child
         self._forward()
-        return self._child
+        return child
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.received.append(signum)
@@ -136,6 +143,14 @@ class SignalForwarder:
 
 STANDALONE = ["--standalone", "--nnodes=1"]
 VIA_TORCHRUN_ENV = "TRAINFORGE_LAUNCH_VIA_TORCHRUN"  # 1: always through torchrun (the benchmark's baseline)
+# A fork server's socket (trainer/forkserver.py) that has imported the runtime: a worker launched directly is forked
+# from it instead of paying torch's import; without one, or where it answers `cold`, the worker starts as before.
+WORKER_FORKSERVER_ENV = "TRAINFORGE_WORKER_FORKSERVER"
+# What a bundled task's worker imports before its first step (python -X importtime over a run), imported once by the
+# worker fork server. mlflow is left out: its import starts a native allocator thread (jemalloc's), which no fork keeps.
+# Not the runtime's __main__ itself: runpy warns when the module it is to run as __main__ was imported before.
+WORKER_MODULES = ["yaml", "argparse", "trainforge.trainer.runtime.api", "trainforge.trainer.runtime.s3", "torch._inductor.config",
+                   "torch.distributed.checkpoint._fsspec_filesystem", "torch.utils.serialization"]
 
 
 def worker_directly(torchrun_args: list[str], nproc_per_node: int) -> list[str] | None:
@@ -145,6 +160,24 @@ def worker_directly(torchrun_args: list[str], nproc_per_node: int) -> list[str] 
     if nproc_per_node != 1 or torchrun_args[:2] != STANDALONE or os.environ.get(VIA_TORCHRUN_ENV) == "1":
         return None
     return [sys.executable, *torchrun_args[2:]]
+
+
+def start_worker_forkserver(path: str, wait: bool = False) -> subprocess.Popen:
+    """A worker fork server on `path` for as long as this process lives; launchers find it by WORKER_FORKSERVER_ENV.
+    Only the workers launched directly use it (one process on a standalone node: a local job's or a sweep trial's)."""
+    return forkserver.start(path, WORKER_MODULES, wait=wait)
+
+
+def forked_worker(command: list[str], env: dict[str, str]) -> ForkedProcess | None:
+    """`command` (`python -m MODULE ...`) forked from the worker fork server the environment names, if there is one
+    and it can stand in for a fresh interpreter; None: start it cold."""
+    server = env.get(WORKER_FORKSERVER_ENV)
+    if not server or command[1:2] != ["-m"] or len(command) < 3:
+        return None
+    forked = forkserver.spawn(server, command[2], command[3:], env)
+    if forked is not None:  # said, so that "why did my import-time setting not apply?" has an answer in the log
+        print(f"trainforge: worker {forked.pid} forked from the warm interpreter at {server}", file=sys.stderr, flush=True)
+    return forked
 
 
 def _free_port() -> int:
@@ -158,7 +191,7 @@ def _free_port() -> int:
 AGENT_EXIT_GRACE_S = 30.0
 
 
-def wait_for_agent(agent: subprocess.Popen, exit_dir: Path, nproc_per_node: int, grace_s: float = AGENT_EXIT_GRACE_S) -> int:
+def wait_for_agent(agent: subprocess.Popen | ForkedProcess, exit_dir: Path, nproc_per_node: int, grace_s: float = AGENT_EXIT_GRACE_S) -> int:
     """torchrun's exit code. When every local worker has recorded its exit and one of them failed, the node's outcome
     is known; an agent that lingers then (seen: a survivor's rendezvous shutdown against a store whose host node is
     gone, for longer than a minute) is stopped after `grace_s`, so the pod ends and the job restarts now rather than
@@ -202,7 +235,9 @@ def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | Non
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))
     signals = SignalForwarder()
-    returncode = wait_for_agent(signals.start(command, env=env), exit_dir, nproc_per_node)
+    forked = forked_worker(command, env) if direct is not None else None
+    agent = signals.adopt(forked) if forked is not None else signals.start(command, env=env)
+    returncode = wait_for_agent(agent, exit_dir, nproc_per_node)
     code = node_exit_code(returncode, exit_dir, nproc_per_node, told_to_stop=bool(signals.received))
     if 0 < code < 128:
         report_user_error(exit_dir)

@@ -1,7 +1,7 @@
 """The real `trainforge` CLI in a child process, as a user runs it.
 
 Each call is one real process with its own pid, environment, working directory, exit code, stdout and stderr. By
-default it is forked from a server that has already imported the CLI (tests/support/forkserver.py: about 0.05 s a call
+default it is forked from a server that has already imported the CLI (trainforge.trainer.forkserver: about 0.05 s a call
 instead of a cold interpreter's 0.5 s); `cold_cli` starts a fresh interpreter. An environment that changes how the
 interpreter itself starts (a PYTHON* variable) always gets a cold start, and TRAINFORGE_TEST_COLD_CLI=1 makes every
 call cold (to rule the server out when something looks odd).
@@ -10,21 +10,18 @@ call cold (to rule the server out when something looks odd).
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import select
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from support.forked import run_forked
 from support.repo import REPO
+from trainforge.trainer import forkserver
 
 MODULE = "trainforge.trainer.cli"
-SERVER = Path(__file__).with_name("forkserver.py")
 
 
 def run_cli(*argv: str, home: Path | None = None, env: dict | None = None, cwd: Path = REPO, timeout: float = 300,
@@ -45,45 +42,22 @@ def _changes_interpreter_start(environment: dict) -> bool:
     return any(environment.get(k) != os.environ.get(k) for k in environment.keys() | os.environ.keys() if k.startswith("PYTHON"))
 
 
+# Imported once by the server; commands import the others lazily, and a child that needs them finds them loaded.
+PRELOAD = [MODULE, "trainforge.trainer.cli.sweep_cluster", "trainforge.trainer.cli.sweep_views", "trainforge.trainer.spec",
+           "trainforge.trainer.sweeps.spec", "trainforge.stackconfig"]
+
+
 class _ForkServer:
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="trainforge-cli-")
         atexit.register(shutil.rmtree, self.directory, True)  # the server itself exits when our end of its stdin closes
         self.socket = os.path.join(self.directory, "cli.sock")
-        # stdin is a pipe only we hold: when this process ends, however it ends, the server sees EOF and exits.
-        self.process = subprocess.Popen([sys.executable, str(SERVER), self.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        cwd=REPO, text=True)
-        ready, _, _ = select.select([self.process.stdout], [], [], 120)
-        line = self.process.stdout.readline() if ready else ""
-        if line.strip() != "ready":
-            self.process.kill()
-            raise RuntimeError(f"the CLI fork server did not start (said {line!r}, exit {self.process.poll()})")
+        self.process = forkserver.start(self.socket, PRELOAD)
 
     def run(self, argv: list[str], env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-        args = [sys.executable, "-m", MODULE, *argv]
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(30)
-            conn.connect(self.socket)
-            payload = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
-            socket.send_fds(conn, [b"%08d" % len(payload)], [out.fileno(), err.fileno()])
-            conn.sendall(payload)
-            answers = conn.makefile("r")
-            pid = int(answers.readline().split()[1])
-            conn.settimeout(timeout)
-            try:
-                code = int(answers.readline().split()[1])
-            except (TimeoutError, socket.timeout):
-                os.kill(pid, signal.SIGKILL)  # what subprocess.run does on a timeout
-                raise subprocess.TimeoutExpired(args, timeout, _read(out), _read(err)) from None
-            return subprocess.CompletedProcess(args, code, _read(out), _read(err))
-
-
-def _read(stream) -> str:
-    stream.seek(0)
-    # As subprocess's text mode reads a pipe: the locale's encoding, universal newlines.
-    with open(os.dup(stream.fileno()), encoding=None, newline=None) as text:
-        return text.read()
+        forked = run_forked(self.socket, MODULE, argv, env, cwd, timeout)
+        # None: the server cannot stand in for a fresh interpreter here
+        return forked if forked is not None else cold_cli(*argv, env=env, cwd=cwd, timeout=timeout)
 
 
 _SERVERS: dict[int, _ForkServer] = {}

@@ -1,0 +1,146 @@
+"""A worker forked from the warm interpreter (trainer/forkserver.py, used by the node launcher where
+TRAINFORGE_WORKER_FORKSERVER names one) is only a shortcut while it is indistinguishable from a cold worker: the same
+trained bytes, the same exit codes for success, a user's error, a preemption and a vanished worker, the same records;
+and a request the server cannot honour (another import-time environment, a module it did not import, no server at
+all) runs cold instead of differently."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import training
+
+from trainforge import exits
+from trainforge.trainer import forkserver
+from trainforge.trainer.launch import WORKER_FORKSERVER_ENV, start_worker_forkserver
+
+pytestmark = pytest.mark.slow
+FORKED = "forked from the warm interpreter"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("workers") / "workers.sock")
+    process = start_worker_forkserver(path, wait=True)
+    yield path
+    process.kill()
+    process.wait()
+
+
+def launch(workdir: Path, server: str | None, *overrides: str, env: dict | None = None) -> subprocess.Popen:
+    """A one-process job under the node launcher, with the worker fork server `server` (None: cold)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    environment = {k: v for k, v in os.environ.items() if k != WORKER_FORKSERVER_ENV}
+    environment.update({WORKER_FORKSERVER_ENV: server} if server else {}, **(env or {}))
+    return subprocess.Popen(training.command(workdir, list(overrides), nproc=1), cwd=workdir, env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+    out, _ = process.communicate(timeout=300)
+    return process.returncode, out
+
+
+def without_times(log: str) -> list[str]:
+    """The worker's log lines as a reader compares them: no timestamps, speeds or measured machine facts."""
+    keep = []
+    for line in log.splitlines():
+        if FORKED in line or " steps/s " in line or "host memory" in line:
+            continue
+        text = line.split(" ", 2)[-1] if line[:4].isdigit() else line
+        keep.append(text.split(" (a bf16 matmul takes")[0])
+    return keep
+
+
+def comparable(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k not in ("precision_reason", "wall_s", "started_at", "ended_at")}
+
+
+def test_a_forked_worker_trains_the_same_bytes_and_says_it_was_forked(tmp_path, server):
+    cold_code, cold_log = finish(launch(tmp_path / "cold", None))
+    forked_code, forked_log = finish(launch(tmp_path / "forked", server))
+    assert (cold_code, forked_code) == (0, 0), cold_log[-2000:] + forked_log[-2000:]
+    assert FORKED in forked_log and FORKED not in cold_log
+    assert (tmp_path / "forked/run/final_model.pt").read_bytes() == (tmp_path / "cold/run/final_model.pt").read_bytes()
+    assert comparable(training.result(tmp_path / "forked")) == comparable(training.result(tmp_path / "cold"))
+    losses = [[json.loads(line).get("loss") for line in (tmp_path / which / "run/metrics.jsonl").read_text().splitlines()]
+              for which in ("cold", "forked")]
+    assert losses[0] == losses[1]
+    assert without_times(forked_log) == without_times(cold_log)
+
+
+def test_a_users_error_ends_a_forked_worker_as_it_ends_a_cold_one(tmp_path, server):
+    bad = ("warmup_steps=100", "max_steps=50")  # refused by the run config: exit 2, not retried
+    cold_code, cold_log = finish(launch(tmp_path / "cold", None, *bad))
+    forked_code, forked_log = finish(launch(tmp_path / "forked", server, *bad))
+    assert cold_code == forked_code == exits.EXIT_USER_ERROR, cold_log[-2000:]
+    assert FORKED in forked_log
+    assert without_times(forked_log) == without_times(cold_log)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, exits.EXIT_PREEMPTED), (signal.SIGKILL, exits.EXIT_WORKER_LOST)],
+                         ids=["sigterm-preempted", "sigkill-lost"])
+def test_a_signal_ends_a_forked_worker_with_the_code_a_cold_one_gets(tmp_path, server, signum, code):
+    """SIGTERM to the launcher reaches the forked worker (an emergency checkpoint, 143); a worker SIGKILLed reads as
+    lost (137), though the launcher learns of its end from the server, not from waitpid."""
+    outcomes = {}
+    for which, path in (("cold", None), ("forked", server)):
+        workdir = tmp_path / which
+        process = launch(workdir, path, "max_steps=100000", "step_sleep_s=0.02")
+        training.wait_for_step(workdir, 5)
+        if signum == signal.SIGTERM:
+            process.send_signal(signum)
+        else:
+            os.kill(int(next((workdir / "run" / "pids").glob("*.pid")).read_text()), signum)
+        outcomes[which] = finish(process)
+    assert outcomes["cold"][0] == outcomes["forked"][0] == code, outcomes["forked"][1][-2000:]
+    if signum == signal.SIGTERM:
+        for which in ("cold", "forked"):
+            assert json.loads((tmp_path / which / "run/result.json").read_text())["exit_code"] == exits.EXIT_PREEMPTED
+
+
+def test_another_import_time_environment_or_no_server_runs_cold(tmp_path, server):
+    """OpenMP read its thread count when the server imported torch: a request with another one cannot be forked."""
+    other, out = finish(launch(tmp_path / "other-threads", server, "max_steps=30", env={"OMP_NUM_THREADS": "2"}))
+    assert other == 0 and FORKED not in out, out[-2000:]
+    gone, out = finish(launch(tmp_path / "no-server", str(tmp_path / "nobody.sock"), "max_steps=30"))
+    assert gone == 0 and FORKED not in out, out[-2000:]
+
+
+def test_the_server_forks_only_what_it_imported_and_ends_children_as_the_interpreter_does(tmp_path):
+    """A module it did not import is answered `cold`; a child's non-daemon thread is joined and its atexit handlers run
+    before it exits, as a cold interpreter's; an uncaught exception exits 1 with the traceback on stderr."""
+    (tmp_path / "ending.py").write_text(
+        "import atexit, sys, threading, time\n"
+        "from pathlib import Path\n"
+        "def late():\n"
+        "    time.sleep(0.2)\n"
+        "    Path(sys.argv[1], 'thread').write_text('joined')\n"
+        "if __name__ == '__main__':\n"
+        "    atexit.register(lambda: Path(sys.argv[1], 'atexit').write_text('ran'))\n"
+        "    threading.Thread(target=late).start()\n"
+        "    if sys.argv[2] == 'raise':\n"
+        "        raise ValueError('the child failed')\n"
+        "    sys.exit(int(sys.argv[2]))\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    path = str(tmp_path / "s.sock")
+    process = forkserver.start(path, ["ending"], env=env)
+    try:
+        assert forkserver.spawn(path, "json.tool", [], env) is None, "json.tool was never imported by the server"
+        for argument, expected in (("7", 7), ("raise", 1)):
+            out_dir = tmp_path / argument
+            out_dir.mkdir()
+            with open(out_dir / "stderr", "w") as err:
+                child = forkserver.spawn(path, "ending", [str(out_dir), argument], env, tmp_path, (0, 1, err.fileno()))
+            assert child is not None
+            assert child.wait(60) == expected
+            assert (out_dir / "thread").read_text() == "joined" and (out_dir / "atexit").read_text() == "ran"
+        assert "ValueError: the child failed" in (tmp_path / "raise" / "stderr").read_text()
+    finally:
+        process.kill()
+        process.wait()

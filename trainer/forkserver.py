@@ -1,0 +1,275 @@
+"""A pre-imported interpreter that forks one real process per request: `python -m MODULE ARGV` without the import.
+
+A training worker spends seconds of CPU importing torch and the runtime before its first step (2.3 s on one of these
+2-core machines, 6 s on a slower one); a local sweep or the test suite starts hundreds of them. A fork server imports
+the modules once, then for each request forks a child that becomes that invocation:
+
+- its own pid, and a session and process group of its own (a cold worker shares its launcher's; a signal to the
+  worker's group reaches only the worker, never the server or the process that started the server);
+- the caller's stdin, stdout and stderr (passed over the socket), working directory, environment and argv;
+- the module run as `python -m` runs it (`runpy`, as `__main__`), signal handlers back at their defaults;
+- its end as an interpreter ends: non-daemon threads joined, atexit handlers run, streams flushed; its exit status (or
+  the signal that killed it) reported to the caller as `subprocess.Popen.returncode` reports it.
+
+What a fork cannot change is decided at the server's start: the interpreter's flags and whatever a library read from
+the environment while it was imported (OpenMP's thread count, allocator settings, torch's logging). A request whose
+environment differs from the server's in any such variable (IMPORT_TIME_ENV), or that names a module the server has
+not imported (itself or as another's import), is answered `cold`, and the caller starts a fresh interpreter as it would without a server. So is every
+request when the server is not there: a fork server only ever saves time, it never decides what runs.
+
+Protocol, per connection: 8 ASCII digits of JSON length with three file descriptors attached (stdin, stdout, stderr),
+then the JSON request {module, argv, env, cwd}; the answer is `cold\\n`, or `pid <n>\\n` once the child exists and
+`exit <code>\\n` when it has ended.
+
+    python -m trainforge.trainer.forkserver SOCKET MODULE [MODULE ...]
+
+prints `ready` once it listens and serves until its stdin closes (whoever started it has ended) or it is terminated.
+It must not touch CUDA or start threads before forking (both are lost in a fork): it only imports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+# Read by the interpreter or by a library at import, so fixed in every child by the server's own start.
+IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "LD_", "MALLOC_", "TORCH_LOGS", "TORCHDYNAMO_", "TORCHINDUCTOR_")
+READY = "ready"
+COLD = "cold"
+
+
+def import_time_env(environment: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environment.items() if k.startswith(IMPORT_TIME_ENV)}
+
+
+# ---------------------------------------------------------------------------------------------------------- server
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    header, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    while len(header) < 8:
+        header += conn.recv(8 - len(header))
+    size = int(header)
+    payload = b""
+    while len(payload) < size:
+        chunk = conn.recv(size - len(payload))
+        if not chunk:
+            raise ConnectionError("the client went away mid-request")
+        payload += chunk
+    return json.loads(payload), list(fds)
+
+
+def _exit_code(value: object) -> int:
+    """What the interpreter exits with for `SystemExit(value)`: an int as is, None as 0, anything else printed, 1."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _become_the_invocation(request: dict, fds: list[int], added: dict[str, str]) -> None:
+    """In the forked child: take the invocation's streams, session, directory, environment and argv, run the module as
+    `python -m` does, end as the interpreter ends. Never returns."""
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    for signum in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    code = 0
+    try:
+        os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]  # as `python -m` puts the working directory first
+        os.environ.clear()
+        os.environ.update({**added, **request["env"]})
+        sys.argv = [request["module"], *request["argv"]]  # runpy puts the module's file in argv[0], as `python -m` does
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # the interpreter joins non-daemon threads before atexit
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _answer_cold(conn: socket.socket, fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(f"{COLD}\n".encode())
+
+
+def _serve_one(conn: socket.socket, listener: socket.socket, at_start: dict[str, str], added: dict[str, str]) -> None:
+    """In a forked session process: fork the invocation, say its pid, wait for it, say how it ended."""
+    listener.close()
+    try:
+        request, fds = _receive(conn)
+        if request["module"] not in sys.modules or import_time_env(request["env"]) != at_start or len(fds) != 3:
+            _answer_cold(conn, fds)
+            os._exit(0)
+        child = os.fork()
+        if child == 0:
+            conn.close()
+            _become_the_invocation(request, fds, added)
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(f"pid {child}\n".encode())
+        _, status = os.waitpid(child, 0)
+        conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+    except OSError:
+        pass  # the caller went away (killed): its worker still ran to its end, and nobody is left to tell
+    os._exit(0)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def serve(path: str, modules: list[str]) -> None:
+    at_start = import_time_env(dict(os.environ))
+    before = dict(os.environ)
+    for module in modules:
+        __import__(module)
+    if threading.active_count() != 1:
+        raise RuntimeError(f"importing {modules} started threads ({threading.enumerate()}); a fork would lose them")
+    # What the imports put in the environment (inductor's config sets its cache directory), a cold start's imports
+    # would put there too: each child gets it unless its caller set it.
+    added = {k: v for k, v in os.environ.items() if k not in before}
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    print(READY, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    while True:
+        readable, _, _ = select.select([listener, sys.stdin], [], [], 5.0)
+        _reap()
+        if sys.stdin in readable and not os.read(sys.stdin.fileno(), 1):
+            return  # whoever started us is gone: nobody will ask again
+        if listener in readable:
+            conn, _ = listener.accept()
+            if os.fork() == 0:
+                _serve_one(conn, listener, at_start, added)
+            conn.close()
+
+
+def start(path: str, modules: list[str], env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen:
+    """Start a server on `path` that lives as long as this process (it reads EOF on its stdin, a pipe only we hold,
+    when we end, however we end). With `wait`, return once it listens; without, at once: a request made before it
+    is ready finds no socket and is run cold."""
+    server = subprocess.Popen([sys.executable, "-m", __spec__.name, path, *modules], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env)
+    if wait:
+        ready, _, _ = select.select([server.stdout], [], [], 300)
+        line = server.stdout.readline() if ready else ""  # type: ignore[union-attr]
+        if line.strip() != READY:
+            server.kill()
+            raise RuntimeError(f"the fork server for {modules} did not start (said {line!r}, exit {server.poll()})")
+    return server
+
+
+# ---------------------------------------------------------------------------------------------------------- client
+
+
+class ForkedProcess:
+    """A forked invocation as its caller sees it: the parts of `subprocess.Popen` a launcher uses."""
+
+    def __init__(self, args: list[str], conn: socket.socket, pid: int, pending: bytes):
+        self.args, self._conn, self.pid, self._pending = args, conn, pid, pending
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._settle(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._settle(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return code
+
+    def _settle(self, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None and b"\n" not in self._pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([self._conn], [], [], left)
+            if not readable:
+                return None
+            chunk = self._conn.recv(64)
+            if not chunk:
+                break
+            self._pending += chunk
+        if self.returncode is None:
+            line = self._pending.decode()
+            # No line: the server's session process was killed, and the child's status with it. A worker that left no
+            # exit record reads as lost (retried), which is what a vanished process is.
+            self.returncode = int(line.split()[1]) if line.startswith("exit ") else -signal.SIGKILL
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def spawn(path: str | os.PathLike, module: str, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None = None,
+          fds: tuple[int, int, int] = (0, 1, 2)) -> ForkedProcess | None:
+    """`python -m MODULE ARGV` forked from the server at `path`; None where it must start cold (no server there, or
+    the server cannot stand in for a fresh interpreter for this request)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    received = b""
+    try:
+        conn.settimeout(30)
+        conn.connect(os.fspath(path))
+        payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.fspath(cwd or os.getcwd())}).encode()
+        socket.send_fds(conn, [b"%08d" % len(payload)], list(fds))
+        conn.sendall(payload)
+        while b"\n" not in received:
+            chunk = conn.recv(64)
+            if not chunk:
+                break
+            received += chunk
+    except OSError:
+        conn.close()
+        return None
+    first, _, pending = received.partition(b"\n")
+    if not first.startswith(b"pid "):
+        conn.close()
+        return None
+    conn.settimeout(None)
+    return ForkedProcess([sys.executable, "-m", module, *argv], conn, int(first.split()[1]), pending)
+
+
+if __name__ == "__main__":
+    sys.path[0] = os.getcwd()  # a `python -m` child sees its working directory first; each request sets its own
+    serve(sys.argv[1], sys.argv[2:])
