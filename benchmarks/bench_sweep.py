@@ -3,8 +3,9 @@ itself does is benchmarks/bench_search.py's question.
 
 1. Parallelism: the wall time of 8 trials run by `trainforge sweep` (real local jobs) two at a time against one
    at a time, same sampler and seed, no pruning.
-2. Trial start-up: the time from a trial's submission to its first training step, split into process start,
-   imports and the run's set-up (from its log), for short trials where it dominates.
+2. Trial start-up: the time from a trial's submission to its first training step, for short trials where it
+   dominates: through torchrun, its one worker launched directly (cold), and forked from the warm interpreter a local
+   sweep starts.
 
     .venv/bin/python benchmarks/bench_sweep.py [--startup] [--quick]
 """
@@ -32,13 +33,17 @@ def trial_startup(workdir: Path, repeats: int = 3) -> dict[str, list[float]]:
     import statistics as stats
     base = yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())
     base["hyperparameters"] = {**base["hyperparameters"], "max_steps": 20, "log_every": 1, "eval_every": 1000}
-    found: dict[str, list[float]] = {"torchrun": [], "direct": []}
+    from trainforge.trainer import forkserver
+    from trainforge.trainer.launch import VIA_TORCHRUN_ENV, WORKER_FORKSERVER_ENV, WORKER_FORKSERVER_OFF, WORKER_MODULES
+    warm, server = forkserver.start(WORKER_MODULES, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # what a local sweep starts
+    found: dict[str, list[float]] = {"torchrun": [], "direct": [], "forked": []}
     for attempt in range(repeats):
         for mode in found:
             name = f"startup-{mode}-{attempt}"
             path = workdir / f"{name}.yaml"
             path.write_text(yaml.safe_dump({**base, "name": name}))
-            env = {**os.environ, "TRAINFORGE_HOME": str(workdir / "home-startup"), "TRAINFORGE_LAUNCH_VIA_TORCHRUN": "1" if mode == "torchrun" else "0"}
+            env = {**os.environ, "TRAINFORGE_HOME": str(workdir / "home-startup"), VIA_TORCHRUN_ENV: "1" if mode == "torchrun" else "0",
+                   WORKER_FORKSERVER_ENV: warm if mode == "forked" else WORKER_FORKSERVER_OFF}
             env.pop("MLFLOW_TRACKING_URI", None)
             done = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "submit", str(path)], env=env, capture_output=True, text=True)
             if done.returncode != 0:
@@ -47,9 +52,11 @@ def trial_startup(workdir: Path, repeats: int = 3) -> dict[str, list[float]]:
             submitted = json.loads((job / "state.json").read_text())["submitted_at"]
             first = json.loads((job / "run" / "metrics.jsonl").read_text().splitlines()[0])
             found[mode].append(first["t"] - first["step_s"] * first["step"] - submitted)
+    server.kill()
     for mode, values in found.items():
         print(f"trial start-up ({mode}): median {stats.median(values):.2f} s over {len(values)} jobs (submit to first step)")
-    print(f"start-up, torchrun / direct: {stats.median(found['torchrun']) / stats.median(found['direct']):.2f}x")
+    print(f"start-up, torchrun / direct: {stats.median(found['torchrun']) / stats.median(found['direct']):.2f}x; "
+          f"direct / forked from the warm interpreter: {stats.median(found['direct']) / stats.median(found['forked']):.2f}x")
     return found
 
 

@@ -10,24 +10,27 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from support import training
+from support.lanes import ITSELF, full
+from support.repo import REPO
 
 from trainforge import exits
 from trainforge.trainer import forkserver
-from trainforge.trainer.launch import WORKER_FORKSERVER_ENV, start_worker_forkserver
+from trainforge.trainer.launch import WORKER_FORKSERVER_ENV, WORKER_MODULES
 
 pytestmark = pytest.mark.slow
 FORKED = "forked from the warm interpreter"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("workers") / "workers.sock")
-    process = start_worker_forkserver(path, wait=True)
-    yield path
+def server():
+    address, process = forkserver.start(WORKER_MODULES)
+    yield address
     process.kill()
     process.wait()
 
@@ -83,8 +86,11 @@ def test_a_users_error_ends_a_forked_worker_as_it_ends_a_cold_one(tmp_path, serv
     assert without_times(forked_log) == without_times(cold_log)
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, exits.EXIT_PREEMPTED), (signal.SIGKILL, exits.EXIT_WORKER_LOST)],
-                         ids=["sigterm-preempted", "sigkill-lost"])
+@pytest.mark.parametrize("signum, code", [
+    (signal.SIGTERM, exits.EXIT_PREEMPTED),
+    pytest.param(signal.SIGKILL, exits.EXIT_WORKER_LOST, marks=full(
+        "the other signal: the launcher learns a forked worker's end from the server either way", kept_by=ITSELF)),
+], ids=["sigterm-preempted", "sigkill-lost"])
 def test_a_signal_ends_a_forked_worker_with_the_code_a_cold_one_gets(tmp_path, server, signum, code):
     """SIGTERM to the launcher reaches the forked worker (an emergency checkpoint, 143); a worker SIGKILLed reads as
     lost (137), though the launcher learns of its end from the server, not from waitpid."""
@@ -108,7 +114,7 @@ def test_another_import_time_environment_or_no_server_runs_cold(tmp_path, server
     """OpenMP read its thread count when the server imported torch: a request with another one cannot be forked."""
     other, out = finish(launch(tmp_path / "other-threads", server, "max_steps=30", env={"OMP_NUM_THREADS": "2"}))
     assert other == 0 and FORKED not in out, out[-2000:]
-    gone, out = finish(launch(tmp_path / "no-server", str(tmp_path / "nobody.sock"), "max_steps=30"))
+    gone, out = finish(launch(tmp_path / "no-server", "@trainforge-forkserver-nobody", "max_steps=30"))
     assert gone == 0 and FORKED not in out, out[-2000:]
 
 
@@ -128,8 +134,7 @@ def test_the_server_forks_only_what_it_imported_and_ends_children_as_the_interpr
         "        raise ValueError('the child failed')\n"
         "    sys.exit(int(sys.argv[2]))\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    path = str(tmp_path / "s.sock")
-    process = forkserver.start(path, ["ending"], env=env)
+    path, process = forkserver.start(["ending"], env=env)
     try:
         assert forkserver.spawn(path, "json.tool", [], env) is None, "json.tool was never imported by the server"
         for argument, expected in (("7", 7), ("raise", 1)):
@@ -144,3 +149,40 @@ def test_the_server_forks_only_what_it_imported_and_ends_children_as_the_interpr
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_another_user_cannot_make_the_server_run_anything(server):
+    """The socket is abstract (no file permissions): the server itself refuses a peer that is not its own user."""
+
+    def asked_as(uid: int) -> bool:
+        child = os.fork()
+        if child == 0:  # only socket calls here, then out: nothing of pytest's runs in the fork
+            try:
+                os.setuid(uid)
+                forked = forkserver.spawn(server, "trainforge.trainer.runtime", ["--help"], dict(os.environ), "/",
+                                          (0, os.open(os.devnull, os.O_WRONLY), 2))
+                os._exit(0 if forked is not None else 1)
+            finally:
+                os._exit(2)
+        return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+
+    assert not asked_as(65534), "nobody's request was forked"
+    assert asked_as(os.getuid()), "the server's own user is served"
+
+
+def test_a_local_sweep_forks_its_trials_from_its_own_warm_interpreter(tmp_path):
+    """`trainforge sweep` (local, one-process trials) starts the server itself: its trials' logs say they were forked."""
+    base = yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())
+    base["hyperparameters"] = {**base["hyperparameters"], "max_steps": 60}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    sweep = yaml.safe_load((REPO / "examples" / "sweeps" / "classifier-lr.yaml").read_text())
+    sweep.update(name="warm", base=str(tmp_path / "base.yaml"), sampler="random", pruner={"type": "none"}, max_trials=2,
+                 max_parallel=1, seed=3)
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    env = {k: v for k, v in os.environ.items() if k not in (WORKER_FORKSERVER_ENV, "MLFLOW_TRACKING_URI")}
+    done = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(tmp_path / "sweep.yaml"), "--poll", "0.2"],
+                          env={**env, "TRAINFORGE_HOME": str(tmp_path / "home")}, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    logs = sorted((tmp_path / "home" / "jobs").glob("warm-t*/job.log"))
+    assert len(logs) == 2 and all(FORKED in log.read_text() for log in logs), [log.read_text()[-1500:] for log in logs]

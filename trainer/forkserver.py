@@ -17,11 +17,16 @@ environment differs from the server's in any such variable (IMPORT_TIME_ENV), or
 not imported (itself or as another's import), is answered `cold`, and the caller starts a fresh interpreter as it would without a server. So is every
 request when the server is not there: a fork server only ever saves time, it never decides what runs.
 
+A server listens on an abstract Unix socket (Linux: no file to leave behind when it is killed, no path length limit),
+named `@trainforge-...` in the environment and in this module's functions; a filesystem path works too. An abstract
+socket has no file permissions, so the server serves only connections from its own user (SO_PEERCRED): anyone else
+could otherwise run code as that user.
+
 Protocol, per connection: 8 ASCII digits of JSON length with three file descriptors attached (stdin, stdout, stderr),
 then the JSON request {module, argv, env, cwd}; the answer is `cold\\n`, or `pid <n>\\n` once the child exists and
 `exit <code>\\n` when it has ended.
 
-    python -m trainforge.trainer.forkserver SOCKET MODULE [MODULE ...]
+    python -m trainforge.trainer.forkserver ADDRESS MODULE [MODULE ...]
 
 prints `ready` once it listens and serves until its stdin closes (whoever started it has ended) or it is terminated.
 It must not touch CUDA or start threads before forking (both are lost in a fork): it only imports.
@@ -34,12 +39,16 @@ import json
 import os
 import runpy
 import select
+import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
+
+from trainforge.exits import EXIT_OK
 
 # Read by the interpreter or by a library at import, so fixed in every child by the server's own start.
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "LD_", "MALLOC_", "TORCH_LOGS", "TORCHDYNAMO_", "TORCHINDUCTOR_")
@@ -49,6 +58,22 @@ COLD = "cold"
 
 def import_time_env(environment: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in environment.items() if k.startswith(IMPORT_TIME_ENV)}
+
+
+def supported() -> bool:
+    """Linux only: abstract sockets, and a fork after importing torch is what Linux's multiprocessing does every day
+    (macOS's system libraries refuse work in a forked child)."""
+    return sys.platform == "linux"
+
+
+def _socket_address(address: str) -> str:
+    """`@name` is the abstract socket `\\0name` (an environment variable cannot hold a NUL); anything else a path."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
+def _same_user(conn: socket.socket) -> bool:
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid == os.getuid()
 
 
 # ---------------------------------------------------------------------------------------------------------- server
@@ -123,7 +148,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket, at_start: dict[str,
         request, fds = _receive(conn)
         if request["module"] not in sys.modules or import_time_env(request["env"]) != at_start or len(fds) != 3:
             _answer_cold(conn, fds)
-            os._exit(0)
+            os._exit(EXIT_OK)
         child = os.fork()
         if child == 0:
             conn.close()
@@ -135,7 +160,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket, at_start: dict[str,
         conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
     except OSError:
         pass  # the caller went away (killed): its worker still ran to its end, and nobody is left to tell
-    os._exit(0)
+    os._exit(EXIT_OK)
 
 
 def _reap() -> None:
@@ -159,10 +184,10 @@ def serve(path: str, modules: list[str]) -> None:
     # would put there too: each child gets it unless its caller set it.
     added = {k: v for k, v in os.environ.items() if k not in before}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(_socket_address(path))
     listener.listen(64)
     print(READY, flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(EXIT_OK))
     while True:
         readable, _, _ = select.select([listener, sys.stdin], [], [], 5.0)
         _reap()
@@ -170,24 +195,29 @@ def serve(path: str, modules: list[str]) -> None:
             return  # whoever started us is gone: nobody will ask again
         if listener in readable:
             conn, _ = listener.accept()
+            if not _same_user(conn):
+                conn.close()
+                continue
             if os.fork() == 0:
                 _serve_one(conn, listener, at_start, added)
             conn.close()
 
 
-def start(path: str, modules: list[str], env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen:
-    """Start a server on `path` that lives as long as this process (it reads EOF on its stdin, a pipe only we hold,
-    when we end, however we end). With `wait`, return once it listens; without, at once: a request made before it
-    is ready finds no socket and is run cold."""
-    server = subprocess.Popen([sys.executable, "-m", __spec__.name, path, *modules], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def start(modules: list[str], env: dict[str, str] | None = None, wait: bool = True) -> tuple[str, subprocess.Popen]:
+    """Start a server that lives as long as this process (it reads EOF on its stdin, a pipe only we hold, when we
+    end, however we end); return its address and process. With `wait`, return once it listens; without, at once: a
+    request made before it listens finds nobody there and is run cold."""
+    address = f"@trainforge-forkserver-{os.getpid()}-{secrets.token_hex(8)}"
+    server = subprocess.Popen([sys.executable, "-m", __spec__.name, address, *modules], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env)
     if wait:
+        assert server.stdout is not None
         ready, _, _ = select.select([server.stdout], [], [], 300)
-        line = server.stdout.readline() if ready else ""  # type: ignore[union-attr]
+        line = server.stdout.readline() if ready else ""
         if line.strip() != READY:
             server.kill()
             raise RuntimeError(f"the fork server for {modules} did not start (said {line!r}, exit {server.poll()})")
-    return server
+    return address, server
 
 
 # ---------------------------------------------------------------------------------------------------------- client
@@ -250,7 +280,7 @@ def spawn(path: str | os.PathLike, module: str, argv: list[str], env: dict[str, 
     received = b""
     try:
         conn.settimeout(30)
-        conn.connect(os.fspath(path))
+        conn.connect(_socket_address(os.fspath(path)))
         payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.fspath(cwd or os.getcwd())}).encode()
         socket.send_fds(conn, [b"%08d" % len(payload)], list(fds))
         conn.sendall(payload)

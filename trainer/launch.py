@@ -143,9 +143,10 @@ class SignalForwarder:
 
 STANDALONE = ["--standalone", "--nnodes=1"]
 VIA_TORCHRUN_ENV = "TRAINFORGE_LAUNCH_VIA_TORCHRUN"  # 1: always through torchrun (the benchmark's baseline)
-# A fork server's socket (trainer/forkserver.py) that has imported the runtime: a worker launched directly is forked
+# A fork server's address (trainer/forkserver.py) that has imported the runtime: a worker launched directly is forked
 # from it instead of paying torch's import; without one, or where it answers `cold`, the worker starts as before.
 WORKER_FORKSERVER_ENV = "TRAINFORGE_WORKER_FORKSERVER"
+WORKER_FORKSERVER_OFF = "off"  # every worker cold (to rule the server out when something looks odd)
 # What a bundled task's worker imports before its first step (python -X importtime over a run), imported once by the
 # worker fork server. mlflow is left out: its import starts a native allocator thread (jemalloc's), which no fork keeps.
 # Not the runtime's __main__ itself: runpy warns when the module it is to run as __main__ was imported before.
@@ -162,17 +163,34 @@ def worker_directly(torchrun_args: list[str], nproc_per_node: int) -> list[str] 
     return [sys.executable, *torchrun_args[2:]]
 
 
-def start_worker_forkserver(path: str, wait: bool = False) -> subprocess.Popen:
-    """A worker fork server on `path` for as long as this process lives; launchers find it by WORKER_FORKSERVER_ENV.
-    Only the workers launched directly use it (one process on a standalone node: a local job's or a sweep trial's)."""
-    return forkserver.start(path, WORKER_MODULES, wait=wait)
+def serve_workers_warm(wait: bool = True) -> subprocess.Popen | None:
+    """From now on, a worker that this process or its children launch directly (one process on a standalone node: a
+    local job's, a local sweep's trial) is forked from a server that has imported the runtime once, for as long as
+    this process lives: it is named in this process's environment (WORKER_FORKSERVER_ENV), which children inherit.
+    With `wait`, return once it listens (the import a first worker would have paid anyway); without, at once, and a
+    worker launched before it listens starts cold. Nothing where the environment already names one (or says `off`),
+    the platform has none (forkserver.supported) or it cannot start (said on stderr: workers then start cold)."""
+    if os.environ.get(WORKER_FORKSERVER_ENV) or not forkserver.supported():
+        return None
+    try:
+        # The supervisor gives every worker PYTHONUNBUFFERED=1, which a fork cannot change: the server starts with it.
+        address, server = forkserver.start(WORKER_MODULES, env={**os.environ, "PYTHONUNBUFFERED": "1"}, wait=wait)
+    except RuntimeError as exc:
+        print(f"trainforge: workers start cold: {exc}", file=sys.stderr)
+        return None
+    _WARM_SERVERS.append(server)  # its stdin pipe is its lifeline: held open for as long as this process lives
+    os.environ[WORKER_FORKSERVER_ENV] = address
+    return server
+
+
+_WARM_SERVERS: list[subprocess.Popen] = []
 
 
 def forked_worker(command: list[str], env: dict[str, str]) -> ForkedProcess | None:
     """`command` (`python -m MODULE ...`) forked from the worker fork server the environment names, if there is one
     and it can stand in for a fresh interpreter; None: start it cold."""
     server = env.get(WORKER_FORKSERVER_ENV)
-    if not server or command[1:2] != ["-m"] or len(command) < 3:
+    if not server or server == WORKER_FORKSERVER_OFF or command[1:2] != ["-m"] or len(command) < 3:
         return None
     forked = forkserver.spawn(server, command[2], command[3:], env)
     if forked is not None:  # said, so that "why did my import-time setting not apply?" has an answer in the log

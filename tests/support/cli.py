@@ -9,12 +9,9 @@ call cold (to rule the server out when something looks odd).
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from support.forked import run_forked
@@ -49,13 +46,10 @@ PRELOAD = [MODULE, "trainforge.trainer.cli.sweep_cluster", "trainforge.trainer.c
 
 class _ForkServer:
     def __init__(self) -> None:
-        self.directory = tempfile.mkdtemp(prefix="trainforge-cli-")
-        atexit.register(shutil.rmtree, self.directory, True)  # the server itself exits when our end of its stdin closes
-        self.socket = os.path.join(self.directory, "cli.sock")
-        self.process = forkserver.start(self.socket, PRELOAD)
+        self.address, self.process = forkserver.start(PRELOAD)  # it exits when our end of its stdin closes
 
     def run(self, argv: list[str], env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-        forked = run_forked(self.socket, MODULE, argv, env, cwd, timeout)
+        forked = run_forked(self.address, MODULE, argv, env, cwd, timeout)
         # None: the server cannot stand in for a fresh interpreter here
         return forked if forked is not None else cold_cli(*argv, env=env, cwd=cwd, timeout=timeout)
 

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from support.waiting import wait_until
 from support.forked import run_forked
-from trainforge.trainer.launch import STANDALONE, WORKER_FORKSERVER_ENV, start_worker_forkserver
+from trainforge.trainer.launch import STANDALONE, WORKER_FORKSERVER_ENV, WORKER_FORKSERVER_OFF, serve_workers_warm
 
 RUNTIME = "trainforge.trainer.runtime"
 
@@ -21,22 +18,12 @@ RUNTIME = "trainforge.trainer.runtime"
 BASE = ["max_steps=60", "checkpoint.interval_steps=10", "eval_every=20", "batch_size=32", "checkpoint.keep_last=3"]
 
 
-_SERVERS: list[subprocess.Popen] = []
-
-
 def fork_workers_from_a_warm_interpreter() -> None:
-    """From now on, a worker that this process or its children launch directly (one process on a standalone node: a
-    local job, a sweep trial, `run(nproc=1)`) is forked from a server that imported torch and the runtime once
-    (trainer/forkserver.py; tests/test_worker_forkserver.py proves a forked worker trains and ends as a cold one).
-    Started in the background: a worker launched before it listens starts cold. TRAINFORGE_TEST_COLD_RUNTIME=1 keeps
-    every worker cold."""
-    if _SERVERS or os.environ.get("TRAINFORGE_TEST_COLD_RUNTIME") == "1":
-        return
-    directory = tempfile.mkdtemp(prefix="trainforge-workers-")
-    atexit.register(shutil.rmtree, directory, True)  # the server exits when this process does (its stdin closes)
-    path = os.path.join(directory, "workers.sock")
-    _SERVERS.append(start_worker_forkserver(path))
-    os.environ[WORKER_FORKSERVER_ENV] = path
+    """The product's warm worker interpreter (launch.serve_workers_warm) for this test process and what it starts: a
+    worker launched directly (`run(nproc=1)`, a local job, a sweep trial) or a bare runtime (`run(nproc=None)`) is
+    forked instead of importing torch again. tests/test_worker_forkserver.py proves a forked worker trains and ends as
+    a cold one. TRAINFORGE_WORKER_FORKSERVER=off keeps every worker cold."""
+    serve_workers_warm(wait=False)  # collection goes on meanwhile; a worker launched before it listens starts cold
 
 
 def command(workdir: Path, overrides: list[str], nproc: int | None = 2) -> list[str]:
@@ -53,7 +40,8 @@ def run(workdir: Path, *overrides: str, nproc: int | None = 2, check: bool = Tru
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = command(workdir, list(overrides), nproc)
     server = os.environ.get(WORKER_FORKSERVER_ENV)
-    result = run_forked(server, RUNTIME, cmd[3:], dict(os.environ), workdir, 300) if server and nproc is None else None
+    forkable = server and server != WORKER_FORKSERVER_OFF and nproc is None
+    result = run_forked(server, RUNTIME, cmd[3:], dict(os.environ), workdir, 300) if forkable else None
     if result is None:
         result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300)
     if check:

@@ -107,6 +107,9 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
             raise TrainforgeError(str(sweep_file), [f"max_parallel: {sweep.spec.max_parallel} trials x {processes // sweep.spec.max_parallel} "
                                                     f"worker processes need {processes} cores; this machine has {os.cpu_count()}. "
                                                     f"Fix: max_parallel: {max(1, (os.cpu_count() or 1) // (processes // sweep.spec.max_parallel))}"])
+        if processes == sweep.spec.max_parallel:  # one-process trials, each launched directly: forked, not imported again
+            from trainforge.trainer.launch import serve_workers_warm
+            serve_workers_warm()
     target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre(sweep.base, platform))
     url = storage or sweep_record(sweep.name).get("storage") or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
     directory = paths.sweep_dir(sweep.name)
