@@ -13,8 +13,9 @@ from typer.core import TyperGroup
 
 from trainforge.errors import EXIT_FAILED, EXIT_NOT_ADMITTED
 from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S
+from trainforge.trainer.sweeps.record import SweepRecord
 from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, KIND_OPTION, Kind, Output, output_option, valid_spend
-from trainforge.trainer.cli.sweep_cluster import (cancel_in_cluster, cluster_study, extend_in_cluster, in_cluster, sweep_record,
+from trainforge.trainer.cli.sweep_cluster import (cancel_in_cluster, cluster_study, extend_in_cluster, in_cluster,
                                                   resume_in_cluster, start_in_cluster)
 
 
@@ -54,7 +55,7 @@ def _storage(name: str, storage: Optional[str]) -> str:
     """Where the study lives: as given, else as recorded when this machine started the sweep, else the local default."""
     from trainforge import paths
     from trainforge.errors import TrainforgeError
-    found = storage or sweep_record(name).get("storage")
+    found = storage or SweepRecord.load(name).storage
     if found:
         return found
     local = paths.sweep_dir(name) / "study.db"
@@ -111,12 +112,9 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
             from trainforge.trainer.launch import serve_workers_warm
             serve_workers_warm()
     target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre(sweep.base, platform))
-    url = storage or sweep_record(sweep.name).get("storage") or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
-    directory = paths.sweep_dir(sweep.name)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sweep.json").write_text(json.dumps({"storage": url, "backend": backend_name.value, "kind": kind.value,
-                                                      "team": sweep.base.team, "source": str(sweep_file.resolve()),
-                                                      "stack": str(stack.resolve()) if stack else None, "context": context}, indent=2))
+    url = storage or SweepRecord.load(sweep.name).storage or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
+    SweepRecord(backend=backend_name.value, kind=kind.value, team=sweep.base.team, context=context, source=str(sweep_file.resolve()),
+                stack=str(stack.resolve()) if stack else None, storage=url).save(sweep.name)
 
     deployed = target.deployed_image(sweep.base.team)
 
@@ -252,10 +250,10 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
                                        + f" (it holds {[number_of(t) for t in front]}). Fix: one of those"])
         trial, picked_by = chosen[0], f"--trial {pick}"
     job = trial.user_attrs.get("job")
-    record = sweep_record(name)
-    team = cluster[0].team if cluster is not None else record.get("team")
+    record = SweepRecord.load(name)
+    team = cluster[0].team if cluster is not None else record.team
     checkpoint = None  # a trial with no job of its own (warm-started from an earlier sweep) has no checkpoint here
-    if job is not None and cluster is None and record.get("backend", "local") == "local":
+    if job is not None and cluster is None and not record.in_cluster:
         checkpoint = str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR)
     elif job is not None and team is not None:
         checkpoint = contract.fsx_job_paths(team, job)["checkpoint_dir"]
@@ -273,11 +271,11 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
         if cluster is not None:
             from trainforge.trainer.sweeps.cluster import payload_of, sweep_of
             sweep = sweep_of(payload_of(cluster[1]))  # the base as the controller ran it
-        elif not record.get("source"):
+        elif record.source is None:
             raise TrainforgeError("", [f"--write/--promote: this machine did not start sweep {name!r}, so its base spec is unknown here. "
                                        f"Fix: run it where the sweep was started, or --backend kubernetes --team T for a cluster sweep"])
         else:
-            sweep = load_sweep(record["source"])
+            sweep = load_sweep(record.source)
         spec = trial_job(sweep.base, f"{name}-best", trial.params, None)
         if promote:
             from trainforge.trainer.sweeps.promotion import promoted
@@ -331,8 +329,8 @@ def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name:
         raise TrainforgeError("", [f"sweep {name!r} already finished ({study.user_attrs['finished_because']}); nothing to cancel. "
                                    f"`trainforge sweep status {name}` shows its trials"], exit_code=EXIT_FAILED)
     study.set_user_attr("cancelled", True)  # a running controller stops launching and exits
-    record = sweep_record(name)
-    target = backend(BackendName(record.get("backend", "local")), team=record.get("team"), kind=Kind(record.get("kind", "trainjob")))
+    record = SweepRecord.load(name)
+    target = backend(BackendName(record.backend), team=record.team, kind=Kind(record.kind))
     for trial in running:
         job = trial.user_attrs.get("job")
         if job:
@@ -356,15 +354,15 @@ def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds bet
     if cluster is not None:
         resume_in_cluster(name, *cluster)
         return
-    record = sweep_record(name)
-    if not record.get("source"):
+    record = SweepRecord.load(name)
+    if record.source is None:
         raise TrainforgeError("", [f"no sweep named {name!r} was started on this machine. Fix: check the name "
                                    "(`ls $TRAINFORGE_HOME/sweeps`), or `trainforge sweep SPEC.yaml --resume` with its spec"])
-    if not Path(record["source"]).exists():
-        raise TrainforgeError("", [f"sweep {name!r} was started from {record['source']}, which is gone. Fix: "
+    if not Path(record.source).exists():
+        raise TrainforgeError("", [f"sweep {name!r} was started from {record.source}, which is gone. Fix: "
                                    "`trainforge sweep SPEC.yaml --resume` with the same spec"])
-    _run(Path(record["source"]), BackendName(record.get("backend", "local")), Path(record["stack"]) if record.get("stack") else None,
-         record.get("storage"), Kind(record.get("kind", "trainjob")), record.get("context"), poll, True)
+    _run(Path(record.source), BackendName(record.backend), Path(record.stack) if record.stack else None,
+         record.storage, Kind(record.kind), record.context, poll, True)
 
 
 @app.command()

@@ -3,7 +3,6 @@ TrainJob, find it, read its status object, and ask it to cancel, extend or resum
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -11,18 +10,12 @@ import typer
 
 from trainforge.errors import EXIT_FAILED
 from trainforge.trainer.cli.common import BackendName, Kind
-
-
-def sweep_record(name: str) -> dict:
-    from trainforge import paths
-    path = paths.sweep_dir(name) / "sweep.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
+from trainforge.trainer.sweeps.record import KUBERNETES, SweepRecord
 
 
 def start_in_cluster(sweep, stack: Path, kind: Kind, context: Optional[str], resume: bool) -> None:
     """Submit the sweep's controller as a TrainJob of the team's, admitted like `submit`; return once it exists."""
-    from trainforge import contract, paths
+    from trainforge import contract
     from trainforge.trainer.admission import NotAdmitted
     from trainforge.trainer.submission import admit_now
     from trainforge.trainer.cli.common import backend, cost_centre, load_platform
@@ -44,10 +37,8 @@ def start_in_cluster(sweep, stack: Path, kind: Kind, context: Optional[str], res
         raise NotAdmitted(sweep.base.name, trial.problems)
     spec = with_image(controller_spec(sweep, stack=stack_payload(stack), trial_kind=kind.value, resume=resume), platform, deployed)
     report = target.submit(spec, admit_now(spec, platform, target, live_queue=live))
-    directory = paths.sweep_dir(sweep.name)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sweep.json").write_text(json.dumps({"backend": "kubernetes", "kind": kind.value, "team": team, "context": context,
-                                                      "source": str(Path(sweep.source).resolve()), "stack": str(stack.resolve())}, indent=2))
+    SweepRecord(backend=KUBERNETES, kind=kind.value, team=team, context=context, source=str(Path(sweep.source).resolve()),
+                stack=str(stack.resolve())).save(sweep.name)
     typer.echo(report.summary)
     typer.echo(f"sweep {sweep.name}: its controller runs in the cluster as TrainJob {contract.namespace_name(team)}/{job}; "
                f"`trainforge sweep status {sweep.name}` follows it (a kubeconfig is all it needs)")
@@ -86,14 +77,14 @@ def in_cluster(name: str, backend_name: Optional[BackendName], team: Optional[st
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.cli.common import backend
     from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND
-    record = sweep_record(name)
-    chosen = backend_name or BackendName(record.get("backend", "local"))
+    record = SweepRecord.load(name)
+    chosen = backend_name or BackendName(record.backend)
     if chosen is not BackendName.kubernetes:
         return None
-    team = team or record.get("team")
+    team = team or record.team
     if team is None:
         raise TrainforgeError("", ["--team: a cluster sweep lives in its team's namespace. Fix: --team <team>"])
-    target = backend(BackendName.kubernetes, team=team, kind=Kind(record.get("kind", "trainjob")), context=context or record.get("context"))
+    target = backend(BackendName.kubernetes, team=team, kind=Kind(record.kind), context=context or record.context)
     job = target.cluster.get(CONTROLLER_KIND, team, contract.sweep_controller_job(name))
     if job is None:
         raise TrainforgeError("", [f"no sweep named {name!r} in namespace {contract.namespace_name(team)} (no TrainJob "
