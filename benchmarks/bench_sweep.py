@@ -33,9 +33,11 @@ def trial_startup(workdir: Path, repeats: int = 3) -> dict[str, list[float]]:
     import statistics as stats
     base = yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())
     base["hyperparameters"] = {**base["hyperparameters"], "max_steps": 20, "log_every": 1, "eval_every": 1000}
-    from trainforge.trainer import forkserver
-    from trainforge.trainer.launch import VIA_TORCHRUN_ENV, WORKER_FORKSERVER_ENV, WORKER_FORKSERVER_OFF, WORKER_MODULES
-    warm, server = forkserver.start(WORKER_MODULES, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # what a local sweep starts
+    from trainforge.trainer.launch import VIA_TORCHRUN_ENV, WORKER_FORKSERVER_ENV, WORKER_FORKSERVER_OFF, serve_workers_warm
+    server = serve_workers_warm()  # what a local sweep starts
+    if server is None:
+        raise SystemExit(f"no warm worker interpreter: {WORKER_FORKSERVER_ENV} is set already, or this is not Linux")
+    warm = os.environ[WORKER_FORKSERVER_ENV]
     found: dict[str, list[float]] = {"torchrun": [], "direct": [], "forked": []}
     for attempt in range(repeats):
         for mode in found:

@@ -17,7 +17,8 @@ import pytest
 from support.evaluated import evaluation_of, typed_config
 from support.repo import STACK_FILES
 from support.servers import mlflow_server_starting
-from support import training, typecheck
+from support import typecheck
+from trainforge.trainer.launch import serve_workers_warm
 
 # One intra-op thread per training process the tests start: two workers, each with up to two ranks or two trials at
 # once, on two cores. Left at torch's default (a thread per core), their OpenMP pools spin against each other. torchrun
@@ -53,8 +54,13 @@ def full_lane_problems(items) -> list[str]:
 
 
 def pytest_collection_finish(session):
-    if any(item.get_closest_marker("slow") for item in session.items):  # the inner loop trains nothing
-        training.fork_workers_from_a_warm_interpreter()
+    # The product's warm worker interpreter for this test process and what it starts: a worker launched directly (a
+    # local job, a sweep trial, support.training's `run(nproc=1)`) or a bare runtime (`run(nproc=None)`) is forked
+    # instead of importing torch again (tests/test_worker_forkserver.py proves forked = cold;
+    # TRAINFORGE_WORKER_FORKSERVER=off keeps every worker cold). Not waited for: a worker launched before it listens
+    # starts cold. The inner loop trains nothing and starts none.
+    if any(item.get_closest_marker("slow") for item in session.items):
+        serve_workers_warm(wait=False)
 
 
 def pytest_collection_modifyitems(config, items):

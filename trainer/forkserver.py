@@ -173,7 +173,7 @@ def _reap() -> None:
             return
 
 
-def serve(path: str, modules: list[str]) -> None:
+def serve(address: str, modules: list[str]) -> None:
     at_start = import_time_env(dict(os.environ))
     before = dict(os.environ)
     for module in modules:
@@ -184,7 +184,7 @@ def serve(path: str, modules: list[str]) -> None:
     # would put there too: each child gets it unless its caller set it.
     added = {k: v for k, v in os.environ.items() if k not in before}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(_socket_address(path))
+    listener.bind(_socket_address(address))
     listener.listen(64)
     print(READY, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(EXIT_OK))
@@ -272,15 +272,15 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def spawn(path: str | os.PathLike, module: str, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None = None,
+def spawn(address: str, module: str, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None = None,
           fds: tuple[int, int, int] = (0, 1, 2)) -> ForkedProcess | None:
-    """`python -m MODULE ARGV` forked from the server at `path`; None where it must start cold (no server there, or
+    """`python -m MODULE ARGV` forked from the server at `address`; None where it must start cold (no server there, or
     the server cannot stand in for a fresh interpreter for this request)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     received = b""
     try:
         conn.settimeout(30)
-        conn.connect(_socket_address(os.fspath(path)))
+        conn.connect(_socket_address(address))
         payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.fspath(cwd or os.getcwd())}).encode()
         socket.send_fds(conn, [b"%08d" % len(payload)], list(fds))
         conn.sendall(payload)

@@ -186,11 +186,17 @@ def serve_workers_warm(wait: bool = True) -> subprocess.Popen | None:
 _WARM_SERVERS: list[subprocess.Popen] = []
 
 
+def worker_forkserver(env: dict[str, str]) -> str | None:
+    """The address of the worker fork server `env` names; None where it names none or says `off`."""
+    server = env.get(WORKER_FORKSERVER_ENV)
+    return server if server and server != WORKER_FORKSERVER_OFF else None
+
+
 def forked_worker(command: list[str], env: dict[str, str]) -> ForkedProcess | None:
     """`command` (`python -m MODULE ...`) forked from the worker fork server the environment names, if there is one
     and it can stand in for a fresh interpreter; None: start it cold."""
-    server = env.get(WORKER_FORKSERVER_ENV)
-    if not server or server == WORKER_FORKSERVER_OFF or command[1:2] != ["-m"] or len(command) < 3:
+    server = worker_forkserver(env)
+    if server is None or command[1:2] != ["-m"] or len(command) < 3:
         return None
     forked = forkserver.spawn(server, command[2], command[3:], env)
     if forked is not None:  # said, so that "why did my import-time setting not apply?" has an answer in the log

@@ -10,20 +10,12 @@ from pathlib import Path
 
 from support.waiting import wait_until
 from support.forked import run_forked
-from trainforge.trainer.launch import STANDALONE, WORKER_FORKSERVER_ENV, WORKER_FORKSERVER_OFF, serve_workers_warm
+from trainforge.trainer.launch import STANDALONE, worker_forkserver
 
 RUNTIME = "trainforge.trainer.runtime"
 
 
 BASE = ["max_steps=60", "checkpoint.interval_steps=10", "eval_every=20", "batch_size=32", "checkpoint.keep_last=3"]
-
-
-def fork_workers_from_a_warm_interpreter() -> None:
-    """The product's warm worker interpreter (launch.serve_workers_warm) for this test process and what it starts: a
-    worker launched directly (`run(nproc=1)`, a local job, a sweep trial) or a bare runtime (`run(nproc=None)`) is
-    forked instead of importing torch again. tests/test_worker_forkserver.py proves a forked worker trains and ends as
-    a cold one. TRAINFORGE_WORKER_FORKSERVER=off keeps every worker cold."""
-    serve_workers_warm(wait=False)  # collection goes on meanwhile; a worker launched before it listens starts cold
 
 
 def command(workdir: Path, overrides: list[str], nproc: int | None = 2) -> list[str]:
@@ -39,9 +31,8 @@ def run(workdir: Path, *overrides: str, nproc: int | None = 2, check: bool = Tru
     forked from the warm interpreter where there is one, as the launcher would)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = command(workdir, list(overrides), nproc)
-    server = os.environ.get(WORKER_FORKSERVER_ENV)
-    forkable = server and server != WORKER_FORKSERVER_OFF and nproc is None
-    result = run_forked(server, RUNTIME, cmd[3:], dict(os.environ), workdir, 300) if forkable else None
+    server = worker_forkserver(dict(os.environ)) if nproc is None else None
+    result = run_forked(server, RUNTIME, cmd[3:], dict(os.environ), workdir, 300) if server else None
     if result is None:
         result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300)
     if check:
