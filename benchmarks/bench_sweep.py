@@ -34,9 +34,12 @@ def trial_startup(workdir: Path, repeats: int = 3) -> dict[str, list[float]]:
     base = yaml.safe_load((REPO / "examples" / "sweep-base.yaml").read_text())
     base["hyperparameters"] = {**base["hyperparameters"], "max_steps": 20, "log_every": 1, "eval_every": 1000}
     from trainforge.trainer.launch import VIA_TORCHRUN_ENV, WORKER_FORKSERVER_ENV, WORKER_FORKSERVER_OFF, serve_workers_warm
-    server = serve_workers_warm()  # what a local sweep starts
+    # Its own server, started as a local sweep starts one: one that the environment names already (a sweep's, the
+    # test suite's) may have been started with other settings, and is not the thing measured.
+    os.environ.pop(WORKER_FORKSERVER_ENV, None)
+    server = serve_workers_warm()
     if server is None:
-        raise SystemExit(f"no warm worker interpreter: {WORKER_FORKSERVER_ENV} is set already, or this is not Linux")
+        raise SystemExit("no warm worker interpreter: this is not Linux, or it could not start (said above)")
     warm = os.environ[WORKER_FORKSERVER_ENV]
     found: dict[str, list[float]] = {"torchrun": [], "direct": [], "forked": []}
     for attempt in range(repeats):
