@@ -40,7 +40,7 @@ def _changes_interpreter_start(environment: dict) -> bool:
 
 
 # Imported once by the server; commands import the others lazily, and a child that needs them finds them loaded.
-PRELOAD = [MODULE, "trainforge.trainer.cli.sweep_cluster", "trainforge.trainer.cli.sweep_views", "trainforge.trainer.spec",
+PRELOAD = [MODULE, "trainforge.trainer.sweeps.targets", "trainforge.trainer.cli.sweep_views", "trainforge.trainer.spec",
            "trainforge.trainer.sweeps.spec", "trainforge.stackconfig"]
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import typer
 from typer.core import TyperGroup
@@ -15,8 +14,7 @@ from trainforge.errors import EXIT_FAILED, EXIT_NOT_ADMITTED
 from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S
 from trainforge.trainer.sweeps.record import SweepRecord
 from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, KIND_OPTION, Kind, Output, output_option, valid_spend
-from trainforge.trainer.cli.sweep_cluster import (cancel_in_cluster, cluster_study, extend_in_cluster, in_cluster,
-                                                  resume_in_cluster, start_in_cluster)
+from trainforge.trainer.sweeps.targets import SweepTarget, locate
 
 
 class RunByDefault(TyperGroup):
@@ -30,40 +28,6 @@ class RunByDefault(TyperGroup):
 
 app = typer.Typer(cls=RunByDefault, no_args_is_help=True,
                   help="Hyperparameter sweeps: `trainforge sweep sweep.yaml` runs (or continues) one; status, report, best, cancel.")
-
-
-@contextlib.contextmanager
-def _extension_lock(name: str) -> Iterator[None]:
-    """This machine's extends of one sweep, one at a time (an advisory lock beside its record): two at once would each
-    read the same limits and the second write would drop the first's extension. A cluster sweep's are guarded by the
-    API's resourceVersion instead (sweeps/cluster.ask_extension)."""
-    import fcntl
-
-    from trainforge import paths
-    directory = paths.sweep_dir(name)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "extend.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            typer.echo(f"waiting for another `trainforge sweep extend {name}` to finish", err=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _storage(name: str, storage: Optional[str]) -> str:
-    """Where the study lives: as given, else as recorded when this machine started the sweep, else the local default."""
-    from trainforge import paths
-    from trainforge.errors import TrainforgeError
-    found = storage or SweepRecord.load(name).storage
-    if found:
-        return found
-    local = paths.sweep_dir(name) / "study.db"
-    if not local.exists():
-        raise TrainforgeError("", [f"no sweep named {name!r} was started on this machine ({paths.sweep_dir(name)} holds none). "
-                                   "Fix: check the name, `trainforge sweep SPEC.yaml` to start it, or --storage URL for a "
-                                   "sweep started elsewhere"])
-    return f"sqlite:///{local.resolve()}"
 
 
 @app.command()
@@ -87,10 +51,11 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
     from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.admission import unchecked
-    from trainforge.trainer.cli.common import backend, cost_centre, load_platform
+    from trainforge.trainer.cli.common import backend, load_platform
     from trainforge.trainer.spec import with_image
     from trainforge.trainer.submission import admit_now
     from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.targets import cost_centre_of
 
     sweep = load_sweep(sweep_file)  # every problem of the spec, before anything is created
     platform = load_platform(stack) if stack is not None else None
@@ -100,7 +65,9 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
         if storage is not None:
             raise TrainforgeError("", ["--storage: a cluster sweep's controller runs in the cluster and reads the team's study "
                                        f"database from its {contract.SWEEP_STORAGE_SECRET} Secret. Fix: leave --storage out"])
-        start_in_cluster(sweep, stack, kind, context, resume)
+        from trainforge.trainer.sweeps.targets import ClusterSweep
+        for line in ClusterSweep.start(sweep, stack, kind.value, context, resume):
+            typer.echo(line)
         return
     else:
         processes = sweep.base.workers.nodes * sweep.base.workers.procs_per_node * sweep.spec.max_parallel
@@ -111,7 +78,7 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
         if processes == sweep.spec.max_parallel:  # one-process trials, each launched directly: forked, not imported again
             from trainforge.trainer.launch import serve_workers_warm
             serve_workers_warm()
-    target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre(sweep.base, platform))
+    target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre_of(sweep.base, platform))
     url = storage or SweepRecord.load(sweep.name).storage or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
     SweepRecord(backend=backend_name.value, kind=kind.value, team=sweep.base.team, context=context, source=str(sweep_file.resolve()),
                 stack=str(stack.resolve()) if stack else None, storage=url).save(sweep.name)
@@ -144,6 +111,11 @@ BACKEND_OPTION = typer.Option(None, "--backend", help="default: where this machi
 SWEEP_TEAM_OPTION = typer.Option(None, "--team", help="kubernetes: the sweep's team (default: as recorded on this machine)")
 
 
+def _target(name: str, backend_name: Optional[BackendName], team: Optional[str], context: Optional[str],
+            storage: Optional[str] = None) -> SweepTarget:
+    return locate(name, backend_name.value if backend_name else None, team=team, context=context, storage=storage)
+
+
 @app.command(hidden=True)
 def controller(storage: str = typer.Option(None, help="default: the team's study database, mounted from its Secret"),
                poll: float = typer.Option(5.0, min=0.1),
@@ -166,17 +138,10 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
     from dataclasses import asdict
 
     from trainforge.trainer.cli import sweep_views
-    from trainforge.trainer.sweeps.study import load_existing, primary_direction, rows
-    cluster = in_cluster(name, backend_name, team, context)
-    extra = {}
-    if cluster is not None:
-        from trainforge.trainer.backends.kubernetes import job_state
-        study, document = cluster_study(name, cluster[1])
-        extra = {"controller": job_state("trainjob", cluster[1]), "spent_usd": document["spent_usd"], "planned": document["planned"],
-                 "trials_total": document.get("trials_total", len(document.get("trials", []))), "counts": document.get("counts"),
-                 "holds": study.user_attrs.get("status_holds")}
-    else:
-        study = load_existing(name, _storage(name, storage))
+    from trainforge.trainer.sweeps.study import primary_direction, rows
+    target = _target(name, backend_name, team, context, storage)
+    study = target.study()
+    extra = target.facts()
     found = rows(study)
     if output is Output.json:
         typer.echo(json.dumps({"sweep": name, "direction": primary_direction(study), "directions": [d.name.lower() for d in study.directions],
@@ -196,11 +161,9 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
            team: Optional[str] = SWEEP_TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Plots: optimisation history, parameter importances, parallel coordinates, intermediate values (PNG and HTML)."""
     from trainforge import paths
-    from trainforge.trainer.sweeps.study import load_existing
     from trainforge.trainer.sweeps.report import write_report
     directory = out or paths.sweep_dir(name) / "report"
-    cluster = in_cluster(name, backend_name, team, context)
-    study = cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
+    study = _target(name, backend_name, team, context, storage).study()
     done = write_report(study, directory)
     if study.user_attrs.get("status_holds"):
         typer.echo(f"the plots show {study.user_attrs['status_holds']} (the controller's status object; every trial: --storage URL)")
@@ -224,13 +187,11 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     """The best trial (with a second objective, the Pareto front): its value, parameters, job, checkpoint and MLflow run."""
     import yaml
 
-    from trainforge import contract, paths
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, knee_of, load_existing, number_of, second_objective_name
-    from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.study import best_trials, is_multi_objective, knee_of, number_of, second_objective_name
     from trainforge.trainer.sweeps.trials import trial_job
-    cluster = in_cluster(name, backend_name, team, context)
-    study = cluster_study(name, cluster[1])[0] if cluster is not None else load_existing(name, _storage(name, storage))
+    target = _target(name, backend_name, team, context, storage)
+    study = target.study()
     front = best_trials(study)
     if not front:
         raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=EXIT_FAILED)
@@ -250,14 +211,8 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
                                        + f" (it holds {[number_of(t) for t in front]}). Fix: one of those"])
         trial, picked_by = chosen[0], f"--trial {pick}"
     job = trial.user_attrs.get("job")
-    record = SweepRecord.load(name)
-    team = cluster[0].team if cluster is not None else record.team
-    checkpoint = None  # a trial with no job of its own (warm-started from an earlier sweep) has no checkpoint here
-    if job is not None and cluster is None and not record.in_cluster:
-        checkpoint = str(paths.job_dir(job) / paths.JOB_CHECKPOINT_DIR)
-    elif job is not None and team is not None:
-        checkpoint = contract.fsx_job_paths(team, job)["checkpoint_dir"]
-    found = {"trial": number_of(trial), "picked_by": picked_by, "value": trial.values[0], "params": trial.params, "job": job, "checkpoint": checkpoint,
+    found = {"trial": number_of(trial), "picked_by": picked_by, "value": trial.values[0], "params": trial.params, "job": job,
+             "checkpoint": target.checkpoint_of(job),
              "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
              "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
     if is_multi_objective(study):
@@ -268,14 +223,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     if promote and steps is None:
         raise TrainforgeError("", ["--promote: how long the full job trains. Fix: --steps N (beyond the trial's own max_steps)"])
     if write is not None or promote:
-        if cluster is not None:
-            from trainforge.trainer.sweeps.cluster import payload_of, sweep_of
-            sweep = sweep_of(payload_of(cluster[1]))  # the base as the controller ran it
-        elif record.source is None:
-            raise TrainforgeError("", [f"--write/--promote: this machine did not start sweep {name!r}, so its base spec is unknown here. "
-                                       f"Fix: run it where the sweep was started, or --backend kubernetes --team T for a cluster sweep"])
-        else:
-            sweep = load_sweep(record.source)
+        sweep = target.base()
         spec = trial_job(sweep.base, f"{name}-best", trial.params, None)
         if promote:
             from trainforge.trainer.sweeps.promotion import promoted
@@ -286,61 +234,19 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
             write.write_text(yaml.safe_dump(raw, sort_keys=False))
             found["written"] = str(write)
         if promote:
-            found["promoted"]["submitted"] = _submit_promoted(spec, cluster, stack)
+            from trainforge.trainer.spec import parse_spec
+            spec = parse_spec(spec.model_dump(mode="json", exclude_none=True), "the promoted job")  # validated whole, like a file
+            found["promoted"]["submitted"] = target.submit(spec, stack)
     typer.echo(json.dumps(found, indent=2, default=str) if output is Output.json else
                "\n".join(f"{k}: {v}" for k, v in found.items()))
-
-
-def _submit_promoted(spec, cluster, stack: Optional[Path]) -> str:
-    """Submit the promoted job where the sweep ran, admitted like `submit`."""
-    from trainforge.trainer.admission import unchecked
-    from trainforge.trainer.spec import parse_spec, with_image
-    from trainforge.trainer.submission import admit_now
-    spec = parse_spec(spec.model_dump(mode="json", exclude_none=True), "the promoted job")  # validated whole, like a file
-    if cluster is None:
-        from trainforge.trainer.backends.local import LocalBackend
-        return LocalBackend().submit(spec, unchecked(spec), detach=True).summary
-    from trainforge.trainer.cli.common import load_platform
-    from trainforge.trainer.sweeps.cluster import payload_of, platform_of
-    target, job = cluster
-    platform = load_platform(stack) if stack is not None else platform_of(payload_of(job))
-    spec = with_image(spec, platform, target.deployed_image(target.team))
-    return target.submit(spec, admit_now(spec, platform, target)).summary
 
 
 @app.command()
 def cancel(name: str, storage: Optional[str] = typer.Option(None), backend_name: Optional[BackendName] = BACKEND_OPTION,
            team: Optional[str] = SWEEP_TEAM_OPTION, context: Optional[str] = CONTEXT_OPTION) -> None:
     """Stop the sweep: its controller stops launching and cancels running trials (each checkpoints first)."""
-    from optuna.trial import TrialState
-
-    from trainforge.errors import TrainforgeError
-    from trainforge.trainer.cli.common import backend
-    from trainforge.trainer.sweeps.study import load_existing
-    cluster = in_cluster(name, backend_name, team, context)
-    if cluster is not None:
-        cancel_in_cluster(name, *cluster)
-        return
-    study = load_existing(name, _storage(name, storage))
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    if study.user_attrs.get("cancelled"):
-        raise TrainforgeError("", [f"sweep {name!r} is already cancelled; nothing to cancel"], exit_code=EXIT_FAILED)
-    if study.user_attrs.get("finished_because") and not running:
-        raise TrainforgeError("", [f"sweep {name!r} already finished ({study.user_attrs['finished_because']}); nothing to cancel. "
-                                   f"`trainforge sweep status {name}` shows its trials"], exit_code=EXIT_FAILED)
-    study.set_user_attr("cancelled", True)  # a running controller stops launching and exits
-    record = SweepRecord.load(name)
-    target = backend(BackendName(record.backend), team=record.team, kind=Kind(record.kind))
-    for trial in running:
-        job = trial.user_attrs.get("job")
-        if job:
-            study.set_user_attr(f"trial.{trial.number}.stopped", "cancelled by `trainforge sweep cancel`")
-            try:
-                typer.echo(target.cancel(job).summary)
-            except TrainforgeError as exc:
-                typer.echo(f"{job}: {exc}")
-    typer.echo(f"sweep {name}: cancelled ({len(running)} running trial(s) stopped, each checkpointed first); "
-               f"`trainforge sweep status {name}` shows what finished")
+    for line in _target(name, backend_name, team, context, storage).cancel():
+        typer.echo(line)
 
 
 @app.command()
@@ -349,20 +255,12 @@ def resume(name: str, poll: float = typer.Option(1.0, min=0.1, help="seconds bet
            context: Optional[str] = CONTEXT_OPTION) -> None:
     """Continue a sweep this machine started, as it was started: a cancelled one on purpose (its stopped trials run
     again), one stopped by its budget or wall time after `extend`."""
-    from trainforge.errors import TrainforgeError
-    cluster = in_cluster(name, backend_name, team, context)
-    if cluster is not None:
-        resume_in_cluster(name, *cluster)
-        return
-    record = SweepRecord.load(name)
-    if record.source is None:
-        raise TrainforgeError("", [f"no sweep named {name!r} was started on this machine. Fix: check the name "
-                                   "(`ls $TRAINFORGE_HOME/sweeps`), or `trainforge sweep SPEC.yaml --resume` with its spec"])
-    if not Path(record.source).exists():
-        raise TrainforgeError("", [f"sweep {name!r} was started from {record.source}, which is gone. Fix: "
-                                   "`trainforge sweep SPEC.yaml --resume` with the same spec"])
-    _run(Path(record.source), BackendName(record.backend), Path(record.stack) if record.stack else None,
-         record.storage, Kind(record.kind), record.context, poll, True)
+    def run_here(record: SweepRecord, poll: float) -> None:
+        _run(Path(record.source or ""), BackendName(record.backend), Path(record.stack) if record.stack else None,
+             record.storage, Kind(record.kind), record.context, poll, True)
+
+    for line in _target(name, backend_name, team, context).resume(poll, run_here):
+        typer.echo(line)
 
 
 @app.command()
@@ -376,34 +274,9 @@ def extend(name: str,
     """Raise a sweep's limits: more trials, budget or wall time (its search stays the same). A running controller takes
     them up at its next look; a finished one continues with `trainforge sweep resume NAME`."""
     from trainforge.errors import TrainforgeError
-    from trainforge.trainer.sweeps.limits import controller_running, extend as raise_limits
-    from trainforge.trainer.sweeps.study import load_existing
     from trainforge.trainer.sweeps.spec import parse_duration
     seconds = parse_duration(wall_time.lstrip("+"), "--wall-time") if wall_time else 0
     if not (trials or usd or seconds):
         raise TrainforgeError("", ["nothing to extend. Fix: --trials +N, --usd +X or --wall-time +2h"])
-    cluster = in_cluster(name, backend_name, team, context)
-    if cluster is not None:
-        extend_in_cluster(name, *cluster, trials=trials, usd=usd, wall_time_s=seconds)
-        return
-    with _extension_lock(name):  # the limits are read, raised and written back: one extend at a time
-        study = load_existing(name, _storage(name, storage))
-        before, after = raise_limits(study, trials=trials, usd=usd, wall_time_s=seconds)
-    from trainforge.trainer.sweeps.spec import duration
-
-    def shown(limits) -> str:
-        return (f"{limits.max_trials} trials, " + (f"${limits.usd:,.2f}" if limits.usd is not None else "no USD limit") + ", "
-                + (duration(limits.wall_time_s) if limits.wall_time_s is not None else "no wall time"))
-    typer.echo(f"sweep {name}: {shown(before)} -> {shown(after)}")
-    if usd and before.usd is None:
-        typer.echo("  (--usd ignored: the sweep has no USD limit)")
-    if seconds and before.wall_time_s is None:
-        typer.echo("  (--wall-time ignored: the sweep has no wall time)")
-    if study.user_attrs.get("cancelled"):
-        typer.echo(f"it is cancelled: `trainforge sweep resume {name}` continues it")
-    elif controller_running(study):
-        typer.echo("its running controller takes it up at its next look")
-    else:
-        typer.echo(f"no controller is running it: `trainforge sweep resume {name}` continues it")
-
-
+    for line in _target(name, backend_name, team, context, storage).extend(trials=trials, usd=usd, wall_time_s=seconds):
+        typer.echo(line)
