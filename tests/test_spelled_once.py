@@ -31,7 +31,7 @@ COINCIDENCES = {
     ("kube-prometheus-stack", "platform/manifests/charts.py"): "the upstream chart's own name",
     ("spent_usd", "trainer/cli/sweep.py"): "a key of the sweep status document, not the team settings' key",
     ("spent_usd", "trainer/sweeps/tracking.py"): "an MLflow metric of the sweep's run",
-    ("spent_usd", "trainer/controllers/sweep.py"): "a key of the sweep status document",
+    ("spent_usd", "trainer/sweeps/targets.py"): "a key of `sweep status -o json` for a cluster sweep, not the team settings' key",
     ("trainforge-sweeps", "platform/manifests/sweeps.py"): "the app label of the database bootstrap objects",
 }
 

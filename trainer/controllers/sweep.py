@@ -5,6 +5,7 @@ study's state published into an annotation, a member's cancel and extend taken u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -12,7 +13,8 @@ from typing import Any
 
 from trainforge import contract
 from trainforge.errors import TrainforgeError
-from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, encode, platform_of, sweep_of
+from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, platform_of, sweep_of
+from trainforge.trainer.sweeps.status_document import ControllerFailed, Selection, ShownTrial, StatusDocument, encode
 from trainforge.trainer.sweeps.faults import kill_point
 from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S, ServicesDown, is_transient
 
@@ -26,13 +28,13 @@ STATUS_FRONT = 200
 STATUS_NEWEST = 200  # ... the running and waiting ones, and the newest
 
 
-def status_document(controller) -> dict[str, Any]:
+def status_document(controller) -> StatusDocument:
     """What `status`, `best` and `report` show without the database: the sweep's figures and its trials, each with its
     parameters and evaluations."""
     return document_of(controller.study, controller.sweep, running=len(controller.running), spent_usd=controller.spent_usd())
 
 
-def document_of(study, sweep, *, running: int, spent_usd: float) -> dict[str, Any]:
+def document_of(study, sweep, *, running: int, spent_usd: float) -> StatusDocument:
     """The status document of a study. Up to STATUS_EVERY_TRIAL trials it holds every one; beyond, a bounded summary
     (the study database stays the record): every trial counted by state, and in full the best (or the Pareto front),
     the running and waiting ones and the newest, so `best` and `promote` always read the chosen trial's own
@@ -59,38 +61,39 @@ def document_of(study, sweep, *, running: int, spent_usd: float) -> dict[str, An
         newest = [t.number for t in every[-STATUS_NEWEST:]]
         keep = set(best) | set(alive) | set(newest)
         found = [r for r in found if r.number in keep]
-        shown = {"best": len(best), "alive": len(alive), "newest": len(newest)}
+        shown = Selection(best=len(best), alive=len(alive), newest=len(newest))
     curves = {t.number: t.intermediate_values for t in every}
-    trials = [{**asdict(r), "intermediate": {str(k): v for k, v in curves.get(r.number, {}).items()}} for r in found]
+    trials = [ShownTrial(**asdict(r), intermediate={str(k): v for k, v in curves.get(r.number, {}).items()}) for r in found]
     second = sweep.spec.second_objective
-    return {"sweep": sweep.name, "direction": sweep.direction, "metric": sweep.spec.objective.metric,
-            "directions": [d.name.lower() for d in study.directions], "second_metric": second.metric if second else None,
-            "space": {k: v.model_dump(mode="json") for k, v in sweep.spec.space.items()},
-            "planned": sweep.planned_trials, "counted": counted(study, every), "running": running,
-            "spent_usd": round(spent_usd, 6), "budget_usd": sweep.spec.budget.usd,
-            "wall_time": sweep.spec.budget.wall_time, "finished_because": study.user_attrs.get("finished_because"),
-            "mlflow_run_id": study.user_attrs.get("mlflow_run_id"), "updated_at": time.time(),
-            "trials_total": len(every), "counts": counts, "best": best, "shown": shown, "trials": trials}
+    return StatusDocument(
+        sweep=sweep.name, direction=sweep.direction, metric=sweep.spec.objective.metric,
+        directions=[d.name.lower() for d in study.directions], second_metric=second.metric if second else None,
+        space={k: v.model_dump(mode="json") for k, v in sweep.spec.space.items()},
+        planned=sweep.planned_trials, counted=counted(study, every), running=running,
+        spent_usd=round(spent_usd, 6), budget_usd=sweep.spec.budget.usd,
+        wall_time=sweep.spec.budget.wall_time, finished_because=study.user_attrs.get("finished_because"),
+        mlflow_run_id=study.user_attrs.get("mlflow_run_id"), updated_at=time.time(),
+        trials_total=len(every), counts=counts, best=best, shown=shown, trials=trials)
 
 
-def fitted(document: dict[str, Any]) -> str:
+def fitted(document: StatusDocument) -> str:
     """Encoded within the annotation's room. What gives way, in turn: the evaluation curves of all but the best
     trials, then the oldest of the newest trials (never the best, nor the running ones). No trial shown loses its
     parameters: `best` and `promote` run them."""
     text = encode(document)
     if len(text) <= STATUS_MAX_CHARS:
         return text
-    best = set(document.get("best") or [])
-    trials = [t if t["number"] in best else {**t, "intermediate": {}} for t in document["trials"]]
-    document = {**document, "trials": trials, "truncated": "evaluation curves of all but the best trials"}
+    best = set(document.best)
+    trials = [t if t.number in best else dataclasses.replace(t, intermediate={}) for t in document.trials]
+    document = dataclasses.replace(document, trials=trials, truncated="evaluation curves of all but the best trials")
     text = encode(document)
     while len(text) > STATUS_MAX_CHARS:
-        expendable = [t for t in trials if t["number"] not in best and t["state"] not in ("running", "waiting")]
+        expendable = [t for t in trials if t.number not in best and t.state not in ("running", "waiting")]
         if not expendable:
             break
-        drop = {t["number"] for t in expendable[:max(1, len(expendable) // 2)]}  # the oldest half
-        trials = [t for t in trials if t["number"] not in drop]
-        document = {**document, "trials": trials, "truncated": "evaluation curves of all but the best trials; older trials"}
+        drop = {t.number for t in expendable[:max(1, len(expendable) // 2)]}  # the oldest half
+        trials = [t for t in trials if t.number not in drop]
+        document = dataclasses.replace(document, trials=trials, truncated="evaluation curves of all but the best trials; older trials")
         text = encode(document)
     return text
 
@@ -110,7 +113,7 @@ class StatusObject:
 
     def failed(self, message: str) -> None:
         """The controller could not start (the study refused the spec): said where `status` looks."""
-        self._annotate({contract.SWEEP_STATUS_ANNOTATION: encode({"error": message, "updated_at": time.time()})})
+        self._annotate({contract.SWEEP_STATUS_ANNOTATION: encode(ControllerFailed(message, time.time()))})
 
     def _annotate(self, annotations: dict[str, str]) -> None:
         self.cluster.patch(CONTROLLER_KIND, self.team, self.job, {"metadata": {"annotations": annotations}})

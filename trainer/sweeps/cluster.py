@@ -9,18 +9,16 @@ reconcile loop as on a laptop (controller.py), so a pod restarted after a node l
 jobs alone.
 
 The controller's own TrainJob is the sweep's status object: the study's state (trials, values, costs, the best, why it
-ended) as gzip + base64 JSON in an annotation, written at most every STATUS_SAVE_S and when the sweep ends. `status`,
+ended; status_document.py) as gzip + base64 JSON in an annotation, written at most every STATUS_SAVE_S and when the sweep ends. `status`,
 `best` and `report` rebuild an in-memory study from it, so they need no database access; `cancel` and `extend` are
 requests a member writes as annotations of the same object, which the controller takes up at its next look.
 
-This module is both sides' shared knowledge (the controller's job, the status document's encoding) and the member's
-side; what runs in the controller's pod is trainer/controllers/sweep.py.
+This module is both sides' shared knowledge of the controller's job and the member's side (the status document is
+status_document.py); what runs in the controller's pod is trainer/controllers/sweep.py.
 """
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
 import os
 import tempfile
@@ -32,6 +30,7 @@ from trainforge import contract
 from trainforge.errors import TrainforgeError
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.spec import Sweep, parse_sweep
+from trainforge.trainer.sweeps.status_document import StatusDocument
 
 CONTROLLER_COMMAND = ["python", "-m", "trainforge.trainer.cli", "sweep", "controller"]
 CONTROLLER_KIND = "TrainJob"
@@ -89,37 +88,12 @@ def sweep_of(payload: dict[str, Any]) -> Sweep:
     return parse_sweep(payload["sweep_spec"], f"sweep {payload['sweep_spec'].get('name')} (its controller's TrainJob)")
 
 
-# ---- the status object ------------------------------------------------------------------------------------------
-
-def encode(document: dict[str, Any]) -> str:
-    return base64.b64encode(gzip.compress(json.dumps(document, separators=(",", ":"), default=str).encode(), mtime=0)).decode()
-
-
-def decode(text: str) -> dict[str, Any]:
-    return json.loads(gzip.decompress(base64.b64decode(text)))
-
-
 # ---- a member's side ----------------------------------------------------------------------------------------------
 
-def status_of(job: dict[str, Any]) -> dict[str, Any] | None:
-    text = ((job.get("metadata") or {}).get("annotations") or {}).get(contract.SWEEP_STATUS_ANNOTATION)
-    return decode(text) if text else None
-
-
-def holds(document: dict[str, Any]) -> str | None:
-    """Which trials a bounded status document holds (controllers/sweep.document_of), for a person; None: every one."""
-    shown, total = document.get("shown"), document.get("trials_total")
-    if not shown:
-        return None
-    counts = ", ".join(f"{n} {state}" for state, n in sorted((document.get("counts") or {}).items()))
-    return (f"{len(document['trials'])} of {total} trials ({counts}): the best {shown['best']}, the {shown['alive']} running "
-            f"or waiting and the newest {shown['newest']}"
-            + (f"; {document['truncated']} left out to fit" if document.get("truncated") else ""))
-
-
-def study_from(document: dict[str, Any]):
+def study_from(document: StatusDocument):
     """An in-memory Optuna study holding what the status object says: the views and the report run on it unchanged."""
     import optuna
+    from optuna.study import StudyDirection
     from optuna.trial import TrialState, create_trial
 
     from trainforge.trainer.sweeps.run_clock import queued_key
@@ -127,40 +101,39 @@ def study_from(document: dict[str, Any]):
     from trainforge.trainer.sweeps.spec import SweepSpec
     quiet_optuna()
     from trainforge.trainer.sweeps.study import distributions_of
-    space = SweepSpec.model_validate({"name": document["sweep"], "base": "-", "space": document["space"],
-                                      "objective": {"metric": document["metric"]}, "max_trials": 1}).space
+    space = SweepSpec.model_validate({"name": document.sweep, "base": "-", "space": document.space,
+                                      "objective": {"metric": document.metric}, "max_trials": 1}).space
     every = distributions_of(space)
-    directions = document.get("directions") or [document["direction"]]
-    study = optuna.create_study(study_name=document["sweep"], directions=directions)
+    directions = [StudyDirection[d.upper()] for d in document.directions]
+    study = optuna.create_study(study_name=document.sweep, directions=directions)
     # What the views and the report read of the spec: the metrics' names.
-    study.set_user_attr("spec", json.dumps({"objective": {"metric": document["metric"]},
-                                            "second_objective": {"metric": document["second_metric"]} if document.get("second_metric") else None}))
+    study.set_user_attr("spec", json.dumps({"objective": {"metric": document.metric},
+                                            "second_objective": {"metric": document.second_metric} if document.second_metric else None}))
     states = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "fail": TrialState.FAIL, "cancelled": TrialState.FAIL,
               "running": TrialState.RUNNING, "waiting": TrialState.WAITING}
-    for row in document["trials"]:
-        state = states[row["state"]]
-        params = row["params"]
-        curve = {int(k): v for k, v in row.get("intermediate", {}).items()}  # empty where it did not fit
+    for row in document.trials:
+        state = states[row.state]
+        curve = {int(k): v for k, v in row.intermediate.items()}  # empty where it did not fit
         complete = state is TrialState.COMPLETE
-        values = ([row["value"], row.get("second")] if len(directions) > 1 else [row["value"]]) if complete else None
-        study.add_trial(create_trial(state=state, values=values, params=params,
-                                     distributions={k: every[k] for k in params}, intermediate_values=curve,
-                                     user_attrs={k: v for k, v in (("job", row["job"]), ("retry_of", row["retry_of"]),
-                                                                   ("trial_number", row["number"]),
-                                                                   (TRANSFERRED_ATTR, row.get("transferred_from"))) if v is not None}))
+        values = [v for v in (row.value, row.second)[:len(directions)] if v is not None] if complete else None
+        study.add_trial(create_trial(state=state, values=values, params=row.params,
+                                     distributions={k: every[k] for k in row.params}, intermediate_values=curve,
+                                     user_attrs={k: v for k, v in (("job", row.job), ("retry_of", row.retry_of),
+                                                                   ("trial_number", row.number),
+                                                                   (TRANSFERRED_ATTR, row.transferred_from)) if v is not None}))
         number = study.trials[-1].number
-        if row.get("cost_usd") is not None:
-            study.set_user_attr(f"trial.{number}.cost_usd", row["cost_usd"])
-        if row.get("duration_s") is not None:
-            study.set_user_attr(f"trial.{number}.run_s", row["duration_s"])
-        if row.get("queued_s") is not None:
-            study.set_user_attr(queued_key(number), row["queued_s"])
-        if row.get("stopped"):
-            study.set_user_attr(f"trial.{number}.stopped", row["stopped"])
-    for key in ("finished_because", "mlflow_run_id"):
-        if document.get(key) is not None:
-            study.set_user_attr(key, document[key])
-    study.set_user_attr("status_holds", holds(document))
+        if row.cost_usd is not None:
+            study.set_user_attr(f"trial.{number}.cost_usd", row.cost_usd)
+        if row.duration_s is not None:
+            study.set_user_attr(f"trial.{number}.run_s", row.duration_s)
+        if row.queued_s is not None:
+            study.set_user_attr(queued_key(number), row.queued_s)
+        if row.stopped:
+            study.set_user_attr(f"trial.{number}.stopped", row.stopped)
+    for key, value in (("finished_because", document.finished_because), ("mlflow_run_id", document.mlflow_run_id)):
+        if value is not None:
+            study.set_user_attr(key, value)
+    study.set_user_attr("status_holds", document.holds())
     return study
 
 

@@ -17,13 +17,15 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol, get_args
 
 from trainforge import contract, paths
 from trainforge.errors import EXIT_FAILED, TrainforgeError
+from trainforge.trainer.render import Kind as JobKind
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.record import KUBERNETES, TRAINJOB, SweepRecord
 from trainforge.trainer.sweeps.spec import Sweep
+from trainforge.trainer.sweeps.status_document import ControllerFailed, StatusDocument, published
 
 RunHere = Callable[[SweepRecord, float], None]  # runs a sweep on this machine from its record (the CLI's loop and views)
 
@@ -70,7 +72,7 @@ def locate(name: str, where: Optional[str] = None, *, team: Optional[str] = None
         raise TrainforgeError("", ["--team: a cluster sweep lives in its team's namespace. Fix: --team <team>"])
     from trainforge.trainer.backends.kubernetes import KubernetesBackend
     from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND
-    backend = KubernetesBackend(team, record.kind, context or record.context)
+    backend = KubernetesBackend(team, job_kind(record.kind), context or record.context)
     job = backend.cluster.get(CONTROLLER_KIND, team, contract.sweep_controller_job(name))
     if job is None:
         raise TrainforgeError("", [f"no sweep named {name!r} in namespace {contract.namespace_name(team)} (no TrainJob "
@@ -82,9 +84,19 @@ def locate(name: str, where: Optional[str] = None, *, team: Optional[str] = None
 def _backend(where: str, team: Optional[str], kind: str, context: Optional[str] = None, cost_centre: Optional[str] = None):
     if where == KUBERNETES:
         from trainforge.trainer.backends.kubernetes import KubernetesBackend
-        return KubernetesBackend(team, kind, context, cost_centre)
+        return KubernetesBackend(team, job_kind(kind), context, cost_centre)
     from trainforge.trainer.backends.local import LocalBackend
     return LocalBackend()
+
+
+def job_kind(kind: str) -> JobKind:
+    """A recorded job kind as the backends take it (sweep.json is a file a person may edit)."""
+    for known in get_args(JobKind):
+        if kind == known:
+            return known
+    raise TrainforgeError("", [f"kind: {kind!r} is not a job kind (one of {', '.join(get_args(JobKind))}). Fix: the sweep's record "
+                               "(sweep.json) was edited; start the sweep again from its spec (`trainforge sweep SPEC.yaml --resume`)"],
+                          exit_code=EXIT_FAILED)
 
 
 def cost_centre_of(spec: JobSpec, platform: Any) -> Optional[str]:
@@ -265,16 +277,15 @@ class ClusterSweep:
                 f"`trainforge sweep status {sweep.name}` follows it (a kubeconfig is all it needs)"]
 
     @cached_property
-    def document(self) -> dict[str, Any]:
+    def document(self) -> StatusDocument:
         """The controller's status document; exits 1 saying why where there is none."""
         from trainforge.trainer.backends.kubernetes import job_state
-        from trainforge.trainer.sweeps.cluster import status_of
-        document = status_of(self.job)
+        document = published(self.job)
         if document is None:
             raise TrainforgeError("", [f"sweep {self.name!r}: its controller has not reported yet (its TrainJob is "
                                        f"{job_state('trainjob', self.job)}). Fix: wait for Kueue to admit it, then ask again"], exit_code=EXIT_FAILED)
-        if document.get("error"):
-            raise TrainforgeError("", [f"sweep {self.name!r}: its controller could not start: {document['error']}"], exit_code=EXIT_FAILED)
+        if isinstance(document, ControllerFailed):
+            raise TrainforgeError("", [f"sweep {self.name!r}: its controller could not start: {document.error}"], exit_code=EXIT_FAILED)
         return document
 
     def study(self) -> Any:
@@ -283,11 +294,9 @@ class ClusterSweep:
 
     def facts(self) -> dict[str, Any]:
         from trainforge.trainer.backends.kubernetes import job_state
-        from trainforge.trainer.sweeps.cluster import holds
         document = self.document
-        return {"controller": job_state("trainjob", self.job), "spent_usd": document["spent_usd"], "planned": document["planned"],
-                "trials_total": document.get("trials_total", len(document.get("trials", []))), "counts": document.get("counts"),
-                "holds": holds(document)}
+        return {"controller": job_state("trainjob", self.job), "spent_usd": document.spent_usd, "planned": document.planned,
+                "trials_total": document.total, "counts": document.counts, "holds": document.holds()}
 
     def checkpoint_of(self, job: Optional[str]) -> Optional[str]:
         return contract.fsx_job_paths(self.backend.team, job)["checkpoint_dir"] if job is not None else None
@@ -309,10 +318,10 @@ class ClusterSweep:
         """Asked through the controller's TrainJob; the controller stops its trials at its next look."""
         from trainforge.trainer.backends import JobPhase
         from trainforge.trainer.backends.kubernetes import job_state
-        from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, status_of
-        document = status_of(self.job) or {}
-        if document.get("finished_because") or job_state("trainjob", self.job) in (JobPhase.SUCCEEDED, JobPhase.FAILED):
-            raise TrainforgeError("", [f"sweep {self.name!r} already finished ({document.get('finished_because') or 'its controller ended'}); "
+        from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND
+        finished = _finished_because(self.job)
+        if finished or job_state("trainjob", self.job) in (JobPhase.SUCCEEDED, JobPhase.FAILED):
+            raise TrainforgeError("", [f"sweep {self.name!r} already finished ({finished or 'its controller ended'}); "
                                        f"nothing to cancel. `trainforge sweep status {self.name}` shows its trials"], exit_code=EXIT_FAILED)
         asked = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.backend.cluster.patch(CONTROLLER_KIND, self.team, self.job["metadata"]["name"],
@@ -359,15 +368,19 @@ class ClusterSweep:
 def _refuse_second_controller(name: str, team: str, existing: dict[str, Any], resume: bool) -> None:
     from trainforge.trainer.backends import JobPhase
     from trainforge.trainer.backends.kubernetes import job_state
-    from trainforge.trainer.sweeps.cluster import status_of
     state = job_state("trainjob", existing)
-    document = status_of(existing) or {}
     if state not in (JobPhase.SUCCEEDED, JobPhase.FAILED):
         raise TrainforgeError("", [f"sweep {name!r} already has a controller in the cluster ({state}). Fix: `trainforge sweep "
                                    f"status {name} --backend kubernetes --team {team}` follows it; `extend` raises its limits"], exit_code=EXIT_FAILED)
-    if document.get("finished_because") == "cancelled" and not resume:
+    if _finished_because(existing) == "cancelled" and not resume:
         raise TrainforgeError("", [f"sweep {name!r} was cancelled by `trainforge sweep cancel`. Fix: `trainforge sweep resume {name}` "
                                    "continues it on purpose, or give a new sweep another name"], exit_code=EXIT_FAILED)
+
+
+def _finished_because(job: dict[str, Any]) -> Optional[str]:
+    """Why the sweep ended, as its controller last reported; None while it runs (or before it reported)."""
+    document = published(job)
+    return document.finished_because if isinstance(document, StatusDocument) else None
 
 
 def _wait_gone(target: Any, team: str, job: str, timeout_s: float = 120.0) -> None:
