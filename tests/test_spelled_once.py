@@ -201,3 +201,58 @@ def test_the_phase_check_sees_a_string(tmp_path):
                       "class R:\n    state: str = 'running'\nself._finish('cancelled', 1, '')\ndef effective_state():\n    return 'lost'\n"
                       "if t['state'] not in ('running', 'waiting'):\n    pass\nif outcome == 'failed':\n    pass\n")
     assert sorted(phase for phase, _ in phase_literals(module)) == ["cancelled", "failed", "lost", "pending", "running"]
+
+
+KEYS_HOME = REPO / "trainer" / "sweeps" / "keys.py"
+
+
+def study_key_literals(path: Path):
+    """(key, line) of every key of an Optuna study's or trial's user attrs written as a string where the code stores or
+    reads one: `set_user_attr("k", ...)`, `...attrs.get("k")`, `...attrs["k"]`, `"k" in ...attrs`, `user_attrs={"k": ...}`,
+    and a per-trial key built by hand (`f"trial.{n}.cost_usd"`)."""
+    def attrs(node: ast.AST) -> bool:
+        return ast.unparse(node).endswith("attrs")
+
+    def text(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            return ast.unparse(node)
+        return None
+    for node in ast.walk(ast.parse(path.read_text())):
+        found: list[str | None] = []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr == "set_user_attr" or (node.func.attr == "get" and attrs(node.func.value)):
+                found = [text(node.args[0])]
+        if isinstance(node, ast.Call):
+            found += [text(k) for kw in node.keywords if kw.arg == "user_attrs" and isinstance(kw.value, ast.Dict)
+                      for k in kw.value.keys if k is not None]
+        elif isinstance(node, ast.Subscript) and attrs(node.value):
+            found = [text(node.slice)]
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) \
+                and any(attrs(c) for c in node.comparators):
+            found = [text(node.left)]
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
+                and str(node.values[0].value).startswith("trial."):
+            found = [ast.unparse(node)]
+        for key in found:
+            if key is not None:
+                yield key, node.lineno
+
+
+def test_every_key_a_sweep_stores_in_its_study_is_named_in_sweeps_keys():
+    """Issue 40: what a sweep stores beside Optuna's own fields (the study's state, each trial's job and retry, the
+    controller's per-trial facts) was spelled as strings at about 60 sites in 13 modules. Every sweep's database holds
+    these names, so each is named once, in trainer/sweeps/keys.py."""
+    found = [f"{path.relative_to(REPO)}:{line} spells the study key {key}" for folder in PRODUCT
+             for path in sorted((REPO / folder).rglob("*.py")) if path != KEYS_HOME for key, line in study_key_literals(path)]
+    assert found == [], "use trainforge.trainer.sweeps.keys (StudyKey, TrialKey, fact_key):\n" + "\n".join(found)
+
+
+def test_the_study_key_check_sees_a_string(tmp_path):
+    module = tmp_path / "sweep.py"
+    module.write_text("study.set_user_attr('spec', s)\nattrs = study.user_attrs\nattrs.get('cancelled')\nt.user_attrs['job']\n"
+                      "if 'retry_of' in t.user_attrs:\n    pass\nstudy.enqueue_trial(p, user_attrs={'warm_start': o})\n"
+                      "study.set_user_attr(f'trial.{n}.cost_usd', c)\nkey = f'trial.{n}.stopped'\nconfig.get('spec')\n")
+    assert sorted({key for key, _ in study_key_literals(module)}) == \
+        ["cancelled", "f'trial.{n}.cost_usd'", "f'trial.{n}.stopped'", "job", "retry_of", "spec", "warm_start"]

@@ -644,6 +644,38 @@ def test_two_local_extends_at_once_are_both_applied(tmp_path):
     assert recorded_limits(load_existing("both", url)).max_trials == 4 + 3 + 5, said
 
 
+def test_two_machines_extending_one_shared_study_at_once_are_both_applied_exactly_once(tmp_path):
+    """Issue 40, item 5, across machines: two members whose machines share the study's database (each with its own
+    $TRAINFORGE_HOME, so no lock between them) extend at once. Extend A is held between its read of the limits and its
+    write; B runs to its end meanwhile; then A writes over B's limits from its stale read, as a lost update would.
+    Each request is a key of its own, so B's is pending again, and A's look after its write applies it: both, once."""
+    from trainforge.trainer.sweeps.faults import PAUSE_AT_ENV
+    from trainforge.trainer.sweeps.keys import StudyKey, extension_of
+    from trainforge.trainer.sweeps.limits import recorded_limits
+    from trainforge.trainer.sweeps.spec import load_sweep
+    from trainforge.trainer.sweeps.study import load_existing, open_study
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    open_study(load_sweep(write_sweep(tmp_path, name="shared", max_trials=4)), url)
+    gate = tmp_path / "gate"
+
+    def extend(machine: str, trials: int, **extra) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", "extend", "shared", "--trials", str(trials),
+                                 "--storage", url], env={**os.environ, "TRAINFORGE_HOME": str(tmp_path / machine), **extra},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = extend("a", 3, **{PAUSE_AT_ENV: f"extend-read:{gate}"})
+    wait_until(lambda: Path(f"{gate}.reached").exists() or first.poll() is not None, 120, what="extend A to read the limits")
+    assert first.poll() is None, first.communicate()
+    second = extend("b", 5)
+    assert second.wait(timeout=120) == 0, second.communicate()
+    assert recorded_limits(load_existing("shared", url)).max_trials == 4 + 3 + 5, "B applied its own and A's pending one"
+    gate.write_text("go")
+    assert first.wait(timeout=120) == 0, first.communicate()
+    study = load_existing("shared", url)
+    asked = sorted(r for k in study.user_attrs if (r := extension_of(k)) is not None)
+    assert recorded_limits(study).max_trials == 4 + 3 + 5, "A's stale write lost B's, and A's second look applied it again"
+    assert sorted(study.user_attrs[StudyKey.EXTENDED]["taken"]) == asked and len(asked) == 2, "each request taken once"
+
+
 def test_extension_limits_are_floors_over_the_spec(tmp_path):
     """`extend` raises the limits of the latest start; a later spec asking for more raises them further, one asking
     for less keeps the extension; a limit the sweep never had stays unlimited."""

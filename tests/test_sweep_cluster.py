@@ -480,7 +480,7 @@ def test_two_members_extending_at_once_are_both_taken_up_exactly_once_across_a_c
     overwrite B's, losing it). The controller, SIGKILLed right after taking up the first request and started again with
     both still asked, applies each exactly once: 1 planned + 2 + 3 trials."""
     from trainforge.trainer.sweeps.faults import KILL_AT_ENV
-    from trainforge.trainer.sweeps.limits import EXTENDED
+    from trainforge.trainer.sweeps.keys import StudyKey
     cluster.submit_sweep("crowded", max_trials=1, max_parallel=1)
     controller_job = contract.sweep_controller_job("crowded")
     others: list[subprocess.CompletedProcess] = []
@@ -505,13 +505,13 @@ def test_two_members_extending_at_once_are_both_taken_up_exactly_once_across_a_c
     log = cluster.tmp / "controller.log"
     killed = cluster.start_controller("crowded", log=log, extra_env={KILL_AT_ENV: "extended:1"})
     assert killed.wait(120) == -signal.SIGKILL, log.read_text()[-3000:]
-    assert load_existing("crowded", cluster.url).user_attrs[EXTENDED]["max_trials"] in (3, 4), "one request taken up, then killed"
+    assert load_existing("crowded", cluster.url).user_attrs[StudyKey.EXTENDED]["max_trials"] in (3, 4), "one request taken up, then killed"
     controller = cluster.start_controller("crowded", log=log)
     cluster.play_until_it_ends("crowded", controller, "the restarted controller to finish the extended sweep")
     assert controller.returncode == 0, log.read_text()[-3000:]
     study = load_existing("crowded", cluster.url)
-    assert study.user_attrs[EXTENDED]["max_trials"] == 6 and counted(study) == 6
-    assert sorted(study.user_attrs[EXTENDED]["taken"]) == sorted(r["id"] for r in asked)
+    assert study.user_attrs[StudyKey.EXTENDED]["max_trials"] == 6 and counted(study) == 6
+    assert sorted(study.user_attrs[StudyKey.EXTENDED]["taken"]) == sorted(r["id"] for r in asked)
 
 
 def test_a_ten_thousand_trial_sweeps_status_fits_the_api_and_best_reads_the_right_trial(cluster, monkeypatch):

@@ -57,3 +57,12 @@ def test_a_damaged_record_is_refused_with_the_fix(home, content):
         SweepRecord.load("bad")
     assert refused.value.exit_code == EXIT_FAILED
     assert "damaged" in str(refused.value) and "--resume" in str(refused.value)
+
+
+def test_a_trials_facts_keep_the_keys_earlier_sweeps_stored():
+    """Every sweep's database holds these keys: a sweep continued by this version reads what an earlier one wrote."""
+    from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, fact_key, fact_of
+    assert fact_key(7, TrialFact.STOPPED) == "trial.7.stopped" and fact_key(12, TrialFact.COST_USD) == "trial.12.cost_usd"
+    assert StudyKey.FINISHED_BECAUSE == "finished_because" and StudyKey.EXTENDED == "extended"
+    assert all(fact_of(fact_key(n, fact)) == (n, fact) for n in (0, 9_999) for fact in TrialFact)
+    assert [fact_of(k) for k in ("spec", "trial.x.cost_usd", "trial.3.unknown", "trial.3", "trials.3.ran_s")] == [None] * 5

@@ -89,11 +89,11 @@ def test_a_controller_that_could_not_start_says_why():
 @pytest.mark.parametrize("text", [
     "not base64 !",
     base64.b64encode(b"not gzip").decode(),
-    base64.b64encode(gzip.compress(b"[1, 2]")).decode(),
-    base64.b64encode(gzip.compress(json.dumps({"direction": "maximize", "trials": []}).encode())).decode(),  # no sweep, metric, space
+    base64.b64encode(gzip.compress(b"[1, 2]", mtime=0)).decode(),
+    base64.b64encode(gzip.compress(json.dumps({"direction": "maximize", "trials": []}).encode(), mtime=0)).decode(),  # no sweep, metric, space
     base64.b64encode(gzip.compress(json.dumps({"sweep": "s", "direction": "maximize", "metric": "m", "space": {},
-                                               "trials": [{"number": 0}]}).encode())).decode(),  # a trial without its row
-])
+                                               "trials": [{"number": 0}]}).encode(), mtime=0)).decode(),  # a trial without its row
+], ids=["not-base64", "not-gzip", "not-an-object", "no-sweep-metric-space", "a-trial-without-its-row"])
 def test_a_damaged_status_annotation_is_refused_with_the_fix(text):
     with pytest.raises(TrainforgeError) as refused:
         decode(text)

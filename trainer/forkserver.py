@@ -186,7 +186,11 @@ def serve(address: str, modules: list[str]) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(_socket_address(address))
     listener.listen(64)
-    print(READY, flush=True)
+    try:
+        print(READY, flush=True)
+    except BrokenPipeError:  # whoever started us is gone before we were ready: nobody will ask
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a traceback at exit for the unflushed line
+        return
     signal.signal(signal.SIGTERM, lambda *_: os._exit(EXIT_OK))
     while True:
         readable, _, _ = select.select([listener, sys.stdin], [], [], 5.0)

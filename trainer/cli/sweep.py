@@ -15,6 +15,7 @@ from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S
 from trainforge.trainer.sweeps.record import SweepRecord
 from trainforge.trainer.cli.common import BackendName, CONTEXT_OPTION, KIND_OPTION, Kind, Output, output_option, valid_spend
 from trainforge.trainer.sweeps.targets import SweepTarget, locate
+from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, TrialKey, fact_key
 
 
 class RunByDefault(TyperGroup):
@@ -146,7 +147,7 @@ def status(name: str, storage: Optional[str] = typer.Option(None, help="default:
     if output is Output.json:
         typer.echo(json.dumps({"sweep": name, "direction": primary_direction(study), "directions": [d.name.lower() for d in study.directions],
                                "trials": [asdict(r) for r in found],
-                               "finished_because": study.user_attrs.get("finished_because"), **extra}, indent=2, default=str))
+                               "finished_because": study.user_attrs.get(StudyKey.FINISHED_BECAUSE), **extra}, indent=2, default=str))
         return
     sweep_views.sweep_table(name, study, found)
     if extra:
@@ -165,8 +166,8 @@ def report(name: str, out: Optional[Path] = typer.Option(None, help="directory (
     directory = out or paths.sweep_dir(name) / "report"
     study = _target(name, backend_name, team, context, storage).study()
     done = write_report(study, directory)
-    if study.user_attrs.get("status_holds"):
-        typer.echo(f"the plots show {study.user_attrs['status_holds']} (the controller's status object; every trial: --storage URL)")
+    if study.user_attrs.get(StudyKey.STATUS_HOLDS):
+        typer.echo(f"the plots show {study.user_attrs[StudyKey.STATUS_HOLDS]} (the controller's status object; every trial: --storage URL)")
     for file in done["written"]:
         typer.echo(f"wrote {directory / file}")
     for why in done["skipped"]:
@@ -196,7 +197,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
     if not front:
         raise TrainforgeError("", [f"sweep {name!r} has no complete trial yet. Fix: `trainforge sweep status {name}`"], exit_code=EXIT_FAILED)
     trial = front[0]  # the best, or on a Pareto front the best primary value
-    primary = json.loads(study.user_attrs.get("spec") or "{}").get("objective", {}).get("metric", "the objective")
+    primary = json.loads(study.user_attrs.get(StudyKey.SPEC) or "{}").get("objective", {}).get("metric", "the objective")
     picked_by = f"the best {primary}" + (" on the Pareto front" if is_multi_objective(study) else "")
     if knee and pick is not None:
         raise TrainforgeError("", ["--knee and --trial each choose the trial. Fix: one of them"])
@@ -210,16 +211,16 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
             raise TrainforgeError("", [f"--trial {pick}: not " + ("on the Pareto front" if is_multi_objective(study) else "the best trial")
                                        + f" (it holds {[number_of(t) for t in front]}). Fix: one of those"])
         trial, picked_by = chosen[0], f"--trial {pick}"
-    job = trial.user_attrs.get("job")
+    job = trial.user_attrs.get(TrialKey.JOB)
     found = {"trial": number_of(trial), "picked_by": picked_by, "value": trial.values[0], "params": trial.params, "job": job,
              "checkpoint": target.checkpoint_of(job),
-             "mlflow_run": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
-             "mlflow_parent_run": study.user_attrs.get("mlflow_run_id")}
+             "mlflow_run": study.user_attrs.get(fact_key(trial.number, TrialFact.MLFLOW_RUN_ID)),
+             "mlflow_parent_run": study.user_attrs.get(StudyKey.MLFLOW_RUN_ID)}
     if is_multi_objective(study):
         second = second_objective_name(study) or "second"
         found[second] = trial.values[1]
         found["pareto_front"] = [{"trial": number_of(t), "value": t.values[0], second: t.values[1], "params": t.params,
-                                  "job": t.user_attrs.get("job")} for t in front]
+                                  "job": t.user_attrs.get(TrialKey.JOB)} for t in front]
     if promote and steps is None:
         raise TrainforgeError("", ["--promote: how long the full job trains. Fix: --steps N (beyond the trial's own max_steps)"])
     if write is not None or promote:

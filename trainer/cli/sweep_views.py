@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from trainforge.trainer.sweeps.keys import StudyKey, TrialKey
 
 
 class SweepProgress:
@@ -57,7 +58,7 @@ def sweep_table(name: str, study, found) -> None:
     title = f"sweep {name} ({direction}" + (f"; {second} minimised: the Pareto front in green" if second else "") + ")"
     if second == "cost_usd":
         second = None  # the cost column shows it already
-    table = Table(title=title + (f": {study.user_attrs['finished_because']}" if study.user_attrs.get("finished_because") else ""),
+    table = Table(title=title + (f": {study.user_attrs[StudyKey.FINISHED_BECAUSE]}" if study.user_attrs.get(StudyKey.FINISHED_BECAUSE) else ""),
                   title_justify="left")
     queued = any(r.queued_s is not None for r in found)  # a cluster sweep's trials: their queue time apart from their run
     for column in ("trial", "state", "value", *([second] if second else []), "params", "last step", "cost $", "run s",
@@ -92,7 +93,7 @@ def sweep_summary(controller, why: str) -> None:
         console.print("no complete trial")
     elif sweep.spec.second_objective is None:
         best = front[0]
-        where = best.user_attrs.get("job") or f"told from {transferred(best)} by the warm start"
+        where = best.user_attrs.get(TrialKey.JOB) or f"told from {transferred(best)} by the warm start"
         console.print(f"best: trial {number_of(best)} ({where}) {sweep.spec.objective.metric} = {best.values[0]:.5g} "
                       f"with {best.params}. `trainforge sweep best {sweep.name} --write best.yaml` gives its job spec")
     else:

@@ -17,6 +17,7 @@ from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, platform_of, swee
 from trainforge.trainer.sweeps.status_document import ControllerFailed, Selection, ShownTrial, StatusDocument, encode
 from trainforge.trainer.sweeps.faults import kill_point
 from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S, ServicesDown, is_transient
+from trainforge.trainer.sweeps.keys import StudyKey
 
 STATUS_SAVE_S = 5.0
 STATUS_MAX_CHARS = 200_000  # of the 256 KiB the API server allows for all of an object's annotations
@@ -71,8 +72,8 @@ def document_of(study, sweep, *, running: int, spent_usd: float) -> StatusDocume
         space={k: v.model_dump(mode="json") for k, v in sweep.spec.space.items()},
         planned=sweep.planned_trials, counted=counted(study, every), running=running,
         spent_usd=round(spent_usd, 6), budget_usd=sweep.spec.budget.usd,
-        wall_time=sweep.spec.budget.wall_time, finished_because=study.user_attrs.get("finished_because"),
-        mlflow_run_id=study.user_attrs.get("mlflow_run_id"), updated_at=time.time(),
+        wall_time=sweep.spec.budget.wall_time, finished_because=study.user_attrs.get(StudyKey.FINISHED_BECAUSE),
+        mlflow_run_id=study.user_attrs.get(StudyKey.MLFLOW_RUN_ID), updated_at=time.time(),
         trials_total=len(every), counts=counts, best=best, shown=shown, trials=trials)
 
 
@@ -124,10 +125,10 @@ class StatusObject:
         job = self.cluster.get(CONTROLLER_KIND, self.team, self.job) or {}
         asked = (job.get("metadata") or {}).get("annotations") or {}
         study = controller.study
-        if asked.get(contract.SWEEP_CANCEL_ANNOTATION) and not study.user_attrs.get("cancelled") \
-                and not study.user_attrs.get("cancel_taken") == asked[contract.SWEEP_CANCEL_ANNOTATION]:
-            study.set_user_attr("cancel_taken", asked[contract.SWEEP_CANCEL_ANNOTATION])  # a resumed sweep is not cancelled again
-            study.set_user_attr("cancelled", True)
+        if asked.get(contract.SWEEP_CANCEL_ANNOTATION) and not study.user_attrs.get(StudyKey.CANCELLED) \
+                and not study.user_attrs.get(StudyKey.CANCEL_TAKEN) == asked[contract.SWEEP_CANCEL_ANNOTATION]:
+            study.set_user_attr(StudyKey.CANCEL_TAKEN, asked[contract.SWEEP_CANCEL_ANNOTATION])  # a resumed sweep is not cancelled again
+            study.set_user_attr(StudyKey.CANCELLED, True)
         for wanted in json.loads(asked.get(contract.SWEEP_EXTEND_ANNOTATION) or "[]"):
             if take_up(study, wanted["id"], trials=int(wanted.get("trials", 0)), usd=float(wanted.get("usd", 0.0)),
                        wall_time_s=float(wanted.get("wall_time_s", 0.0))):

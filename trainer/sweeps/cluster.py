@@ -31,6 +31,7 @@ from trainforge.errors import TrainforgeError
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.spec import Sweep, parse_sweep
 from trainforge.trainer.sweeps.status_document import StatusDocument
+from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, TrialKey, fact_key
 
 CONTROLLER_COMMAND = ["python", "-m", "trainforge.trainer.cli", "sweep", "controller"]
 CONTROLLER_KIND = "TrainJob"
@@ -96,8 +97,7 @@ def study_from(document: StatusDocument):
     from optuna.study import StudyDirection
     from optuna.trial import TrialState, create_trial
 
-    from trainforge.trainer.sweeps.run_clock import queued_key
-    from trainforge.trainer.sweeps.study import TRANSFERRED_ATTR, quiet_optuna
+    from trainforge.trainer.sweeps.study import quiet_optuna
     from trainforge.trainer.sweeps.spec import SweepSpec
     quiet_optuna()
     from trainforge.trainer.sweeps.study import distributions_of
@@ -107,7 +107,7 @@ def study_from(document: StatusDocument):
     directions = [StudyDirection[d.upper()] for d in document.directions]
     study = optuna.create_study(study_name=document.sweep, directions=directions)
     # What the views and the report read of the spec: the metrics' names.
-    study.set_user_attr("spec", json.dumps({"objective": {"metric": document.metric},
+    study.set_user_attr(StudyKey.SPEC, json.dumps({"objective": {"metric": document.metric},
                                             "second_objective": {"metric": document.second_metric} if document.second_metric else None}))
     states = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "fail": TrialState.FAIL, "cancelled": TrialState.FAIL,
               "running": TrialState.RUNNING, "waiting": TrialState.WAITING}
@@ -118,22 +118,22 @@ def study_from(document: StatusDocument):
         values = [v for v in (row.value, row.second)[:len(directions)] if v is not None] if complete else None
         study.add_trial(create_trial(state=state, values=values, params=row.params,
                                      distributions={k: every[k] for k in row.params}, intermediate_values=curve,
-                                     user_attrs={k: v for k, v in (("job", row.job), ("retry_of", row.retry_of),
-                                                                   ("trial_number", row.number),
-                                                                   (TRANSFERRED_ATTR, row.transferred_from)) if v is not None}))
+                                     user_attrs={k: v for k, v in ((TrialKey.JOB, row.job), (TrialKey.RETRY_OF, row.retry_of),
+                                                                   (TrialKey.TRIAL_NUMBER, row.number),
+                                                                   (TrialKey.TRANSFERRED_FROM, row.transferred_from)) if v is not None}))
         number = study.trials[-1].number
         if row.cost_usd is not None:
-            study.set_user_attr(f"trial.{number}.cost_usd", row.cost_usd)
+            study.set_user_attr(fact_key(number, TrialFact.COST_USD), row.cost_usd)
         if row.duration_s is not None:
-            study.set_user_attr(f"trial.{number}.run_s", row.duration_s)
+            study.set_user_attr(fact_key(number, TrialFact.RUN_S), row.duration_s)
         if row.queued_s is not None:
-            study.set_user_attr(queued_key(number), row.queued_s)
+            study.set_user_attr(fact_key(number, TrialFact.QUEUED_S), row.queued_s)
         if row.stopped:
-            study.set_user_attr(f"trial.{number}.stopped", row.stopped)
-    for key, value in (("finished_because", document.finished_because), ("mlflow_run_id", document.mlflow_run_id)):
+            study.set_user_attr(fact_key(number, TrialFact.STOPPED), row.stopped)
+    for key, value in ((StudyKey.FINISHED_BECAUSE, document.finished_because), (StudyKey.MLFLOW_RUN_ID, document.mlflow_run_id)):
         if value is not None:
             study.set_user_attr(key, value)
-    study.set_user_attr("status_holds", document.holds())
+    study.set_user_attr(StudyKey.STATUS_HOLDS, document.holds())
     return study
 
 

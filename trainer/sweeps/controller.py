@@ -29,7 +29,7 @@ from trainforge.trainer.runtime.pruning import OBJECTIVE_VALUE_ATTR
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps import optuna_access as access
 from trainforge.trainer.sweeps import run_clock
-from trainforge.trainer.sweeps.limits import EXTENDED, in_effect
+from trainforge.trainer.sweeps.limits import in_effect, take_up_asked
 from trainforge.trainer.sweeps.spec import Sweep
 from trainforge.trainer.sweeps.trials import trial_job
 from trainforge.trainer.sweeps.study import HEARTBEAT_S, counted, distributions, is_multi_objective, open_study
@@ -37,6 +37,7 @@ from trainforge.trainer.sweeps.costs import trial_cost, trial_estimate
 from trainforge.trainer.sweeps.faults import kill_point
 from trainforge.trainer.sweeps.outages import GIVE_UP_AFTER_S, Outage, is_transient
 from trainforge.trainer.sweeps.tracking import SweepTracking
+from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, TrialKey, fact_key, fact_of
 
 log = logging.getLogger("trainforge.sweeps")
 TERMINAL = frozenset(s for s in JobPhase if s.ended)  # whoever reports it: local (lost: its supervisor gone) or cluster
@@ -61,7 +62,7 @@ class SweepController:
         self.outage = Outage(give_up_after_s)
         self.study = open_study(sweep, storage_url, resume=resume)
         self.sweep = in_effect(sweep, self.study)
-        self._extension = self.study.user_attrs.get(EXTENDED)
+        self._extension = self.study.user_attrs.get(StudyKey.EXTENDED)
         self.running: dict[int, tuple[int, str]] = {}  # trial number -> (trial id, job name)
         # The run clocks' study attributes (run_clock), mirrored: this controller alone writes them, and reading the
         # study's attributes each look is a query over all of them (thousands of rows in a large sweep).
@@ -71,7 +72,7 @@ class SweepController:
         self.tracking = SweepTracking(tracking_uri, sweep, self.study) if tracking_uri else None
         # The wall time counts the time a controller ran the sweep, over every start: time with no controller up (a
         # crash, a laptop asleep) is not the sweep's. Kept in the study, saved every RAN_SAVE_S.
-        self.ran_s = float(self.study.user_attrs.get("ran_s", 0.0))
+        self.ran_s = float(self.study.user_attrs.get(StudyKey.RAN_S, 0.0))
         self._clock = time.monotonic()
         self._saved_ran_s = self.ran_s
 
@@ -83,18 +84,18 @@ class SweepController:
             self._save_ran_s()
 
     def _save_ran_s(self) -> None:
-        self.study.set_user_attr("ran_s", self.ran_s)
-        self.study.set_user_attr("controller_seen_at", time.time())  # `extend` tells whether a controller will take it up
+        self.study.set_user_attr(StudyKey.RAN_S, self.ran_s)
+        self.study.set_user_attr(StudyKey.CONTROLLER_SEEN_AT, time.time())  # `extend` tells whether a controller will take it up
         self._saved_ran_s = self.ran_s
 
     def take_extension(self, attrs: dict[str, Any]) -> None:
         """Limits raised by `trainforge sweep extend` while this controller runs: in effect from this look on; a sweep
         that had stopped launching for its budget launches again."""
-        if attrs.get(EXTENDED) == self._extension:
+        if attrs.get(StudyKey.EXTENDED) == self._extension:
             return
-        self._extension = attrs.get(EXTENDED)
+        self._extension = attrs.get(StudyKey.EXTENDED)
         self.sweep = in_effect(self.given, self.study)
-        self.study.set_user_attr("planned_trials", self.sweep.planned_trials)
+        self.study.set_user_attr(StudyKey.PLANNED_TRIALS, self.sweep.planned_trials)
         if self.stopped_because.startswith("the USD budget"):
             self.stopped_because = ""
         log.info("extended: %d trials, budget %s, wall time %s", self.sweep.spec.max_trials, self.sweep.spec.budget.usd,
@@ -127,8 +128,8 @@ class SweepController:
             time.sleep(self.poll_s)
 
     def _start(self) -> None:
-        self.study.set_user_attr("finished_because", None)  # running (again): an extended sweep is not finished
-        self.study.set_user_attr("planned_trials", self.sweep.planned_trials)
+        self.study.set_user_attr(StudyKey.FINISHED_BECAUSE, None)  # running (again): an extended sweep is not finished
+        self.study.set_user_attr(StudyKey.PLANNED_TRIALS, self.sweep.planned_trials)
         self._save_ran_s()
         self.reconcile()
         self.requeue_stopped()
@@ -145,8 +146,10 @@ class SweepController:
         if self.on_look:
             self.on_look(self)
         attrs = self.study.user_attrs
+        if take_up_asked(self.study, attrs):  # extensions asked of a sweep on this machine (or its shared database)
+            attrs = self.study.user_attrs
         self.take_extension(attrs)
-        if attrs.get("cancelled"):
+        if attrs.get(StudyKey.CANCELLED):
             self.stop_all("cancelled by `trainforge sweep cancel`")
             return self.finish(CANCELLED)
         if self.out_of_time():
@@ -167,14 +170,14 @@ class SweepController:
         attrs = self.study.user_attrs
         self.clocks = run_clock.clocks_of(attrs)
         for trial in self.study.get_trials(deepcopy=False):
-            if attrs.get(f"trial.{trial.number}.settled") or trial.state is TrialState.WAITING:
+            if attrs.get(fact_key(trial.number, TrialFact.SETTLED)) or trial.state is TrialState.WAITING:
                 continue
-            job = trial.user_attrs.get("job")
+            job = trial.user_attrs.get(TrialKey.JOB)
             if job is None and trial.state is not TrialState.RUNNING:
                 continue  # a record from before jobs were named first: nothing to settle
             report = self._job_report(job) if job else None
             state = report.state if report else "missing"
-            if state == "missing" and trial.state is TrialState.RUNNING and trial.user_attrs.get("launch") != "submitted":
+            if state == "missing" and trial.state is TrialState.RUNNING and trial.user_attrs.get(TrialKey.LAUNCH) != "submitted":
                 log.warning("trial %d: asked for, but its job was never created: its parameters go back to the queue", trial.number)
                 self._give_back(self.study, trial.number, trial.params)
                 self._mark_settled(trial.number)
@@ -190,11 +193,11 @@ class SweepController:
         """Trials an earlier start stopped on purpose (a cancel since resumed, a wall time since extended) were no fault
         of their own: continuing the sweep runs their parameters again, and the stopped ones no longer count."""
         trials, attrs = self.study.get_trials(deepcopy=False), self.study.user_attrs
-        retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+        retried = {t.user_attrs[TrialKey.RETRY_OF] for t in trials if TrialKey.RETRY_OF in t.user_attrs}
         for t in trials:
-            if t.state is TrialState.FAIL and attrs.get(f"trial.{t.number}.stopped") and t.number not in retried:
-                log.info("trial %d was stopped (%s): its parameters run again", t.number, attrs[f"trial.{t.number}.stopped"])
-                self.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+            if t.state is TrialState.FAIL and attrs.get(fact_key(t.number, TrialFact.STOPPED)) and t.number not in retried:
+                log.info("trial %d was stopped (%s): its parameters run again", t.number, attrs[fact_key(t.number, TrialFact.STOPPED)])
+                self.study.enqueue_trial(t.params, user_attrs={TrialKey.RETRY_OF: t.number})
 
     def poll(self) -> None:
         for number, (trial_id, job) in list(self.running.items()):
@@ -233,8 +236,8 @@ class SweepController:
         kill_point("asked")
         name = f"{self.sweep.name}-t{trial.number:03d}"
         # The intent first: a controller killed from here on leaves a trial that names its job, which a restart settles.
-        trial.set_user_attr("job", name)
-        trial.set_user_attr("launch", "intended")
+        trial.set_user_attr(TrialKey.JOB, name)
+        trial.set_user_attr(TrialKey.LAUNCH, "intended")
         kill_point("intended")
         link = {"storage": self.trial_storage, "study": self.sweep.name, "trial_id": access.trial_id(trial), "trial_number": trial.number,
                 "metric": self.sweep.spec.objective.metric, "heartbeat_s": HEARTBEAT_S}
@@ -248,7 +251,7 @@ class SweepController:
             self._give_back(self.study, trial.number, trial.params)
             self._mark_settled(trial.number)
             return False
-        trial.set_user_attr("estimate_usd", round(estimate, 6))
+        trial.set_user_attr(TrialKey.ESTIMATE_USD, round(estimate, 6))
         kill_point("admitted")
         try:
             self.backend.submit(spec, decision, detach=True)
@@ -270,7 +273,7 @@ class SweepController:
         """Its job exists. The trial may already have run and told the study how it ended (a trial that fails at once,
         a controller slowed between the create and this line): a finished trial was submitted, nothing to record."""
         try:
-            trial.set_user_attr("launch", "submitted")
+            trial.set_user_attr(TrialKey.LAUNCH, "submitted")
         except UpdateFinishedTrialError:
             log.info("trial %d: its job ended and told the study before its launch was recorded", trial.number)
 
@@ -279,10 +282,10 @@ class SweepController:
         """A trial asked for but never started: its parameters go back to the queue (WAITING), so a later run of the
         sweep (a raised budget) starts exactly these; the asked one is failed and, being retried, not counted."""
         study.tell(number, state=TrialState.FAIL)
-        study.enqueue_trial(params, user_attrs={"retry_of": number, "never_started": True})
+        study.enqueue_trial(params, user_attrs={TrialKey.RETRY_OF: number, TrialKey.NEVER_STARTED: True})
 
     def _mark_settled(self, number: int) -> None:
-        self.study.set_user_attr(f"trial.{number}.settled", True)
+        self.study.set_user_attr(fact_key(number, TrialFact.SETTLED), True)
 
     # ---- settling a trial --------------------------------------------------------------------------------------
 
@@ -310,7 +313,7 @@ class SweepController:
                 report: JobReport | None = None) -> None:
         """Once per trial, whoever sees its job end: state, cost, MLflow. `settled`: whether it is, where the caller
         has just read it (else it is read here); `report`: the look at its job that saw it end (else one is taken)."""
-        if settled if settled is not None else self.study.user_attrs.get(f"trial.{number}.settled"):
+        if settled if settled is not None else self.study.user_attrs.get(fact_key(number, TrialFact.SETTLED)):
             return
         trial = access.stored_trial(self.study, trial_id)
         kill_point("settling")
@@ -329,13 +332,13 @@ class SweepController:
                 # still running (stop_all cancels it) may tell it first: its word stands.
                 self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
                 log.warning("trial %d: job %s ended %s without reporting an outcome: failed", number, job, job_state)
-        self.study.set_user_attr(f"trial.{number}.cost_usd", round(cost, 6))
+        self.study.set_user_attr(fact_key(number, TrialFact.COST_USD), round(cost, 6))
         if seconds is not None:
-            self.study.set_user_attr(f"trial.{number}.run_s", round(seconds, 3))
+            self.study.set_user_attr(fact_key(number, TrialFact.RUN_S), round(seconds, 3))
         if self.tracking:
             run_id = self.tracking.trial_finished(access.stored_trial(self.study, trial_id), job, cost)
             if run_id:
-                self.study.set_user_attr(f"trial.{number}.mlflow_run_id", run_id)
+                self.study.set_user_attr(fact_key(number, TrialFact.MLFLOW_RUN_ID), run_id)
         self._mark_settled(number)
 
     def _second_value(self, cost: float, seconds: float | None, trial: optuna.trial.FrozenTrial) -> float:
@@ -351,20 +354,20 @@ class SweepController:
         study's attributes where the caller has just read them."""
         trials = self.study.get_trials(deepcopy=False)
         attrs = self.study.user_attrs if attrs is None else attrs
-        retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+        retried = {t.user_attrs[TrialKey.RETRY_OF] for t in trials if TrialKey.RETRY_OF in t.user_attrs}
         for t in trials:
-            if t.state is TrialState.FAIL and "retry_of" not in t.user_attrs and t.number not in retried and "job" in t.user_attrs \
-                    and not attrs.get(f"trial.{t.number}.stopped"):
+            if t.state is TrialState.FAIL and TrialKey.RETRY_OF not in t.user_attrs and t.number not in retried and TrialKey.JOB in t.user_attrs \
+                    and not attrs.get(fact_key(t.number, TrialFact.STOPPED)):
                 log.warning("trial %d failed: retrying it once with the same parameters", t.number)
-                self.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+                self.study.enqueue_trial(t.params, user_attrs={TrialKey.RETRY_OF: t.number})
 
     # ---- limits ------------------------------------------------------------------------------------------------
 
     def spent_usd(self) -> float:
-        return sum(v for k, v in self.study.user_attrs.items() if k.startswith("trial.") and k.endswith(".cost_usd"))
+        return sum(v for k, v in self.study.user_attrs.items() if (fact := fact_of(k)) is not None and fact[1] is TrialFact.COST_USD)
 
     def committed_usd(self) -> float:
-        return sum(float(access.stored_trial(self.study, tid).user_attrs.get("estimate_usd", 0.0)) for tid, _ in self.running.values())
+        return sum(float(access.stored_trial(self.study, tid).user_attrs.get(TrialKey.ESTIMATE_USD, 0.0)) for tid, _ in self.running.values())
 
     def per_trial_usd(self) -> float:
         """A trial's most: its max_runtime on the dearest instance type and capacity it could draw (the base's, unless
@@ -397,7 +400,7 @@ class SweepController:
     def stop_all(self, why: str) -> None:
         self.stopped_because = why
         for number, (trial_id, job) in list(self.running.items()):
-            self.study.set_user_attr(f"trial.{number}.stopped", why)  # stopped on purpose: not retried
+            self.study.set_user_attr(fact_key(number, TrialFact.STOPPED), why)  # stopped on purpose: not retried
             self._cancel(job)
             self._settle(number, trial_id, job, "cancelled")
             del self.running[number]
@@ -411,7 +414,7 @@ class SweepController:
     def finish(self, why: str) -> str:
         self.account_time()
         self._save_ran_s()
-        self.study.set_user_attr("finished_because", why)
+        self.study.set_user_attr(StudyKey.FINISHED_BECAUSE, why)
         if self.tracking:
             self.tracking.sweep_finished(self.study, self.spent_usd(), why)
         self._changed()

@@ -9,6 +9,7 @@ import optuna
 from trainforge.trainer.admission import Admission
 from trainforge.trainer.backends import JobReport, LocalRun
 from trainforge.trainer.spec import JobSpec
+from trainforge.trainer.sweeps.keys import TrialKey
 
 
 def trial_estimate(spec: JobSpec, decision: Admission) -> float:
@@ -34,7 +35,7 @@ def trial_cost(report: JobReport | None, trial: optuna.trial.FrozenTrial, max_ru
     suspension excluded), else by its trial's start to end (a job nothing dated)."""
     if report is not None and isinstance(report.details, LocalRun) and report.details.cost.get("cost_usd") is not None:
         return float(report.details.cost["cost_usd"]), report.details.run_seconds
-    estimate = float(trial.user_attrs.get("estimate_usd", 0.0))
+    estimate = float(trial.user_attrs.get(TrialKey.ESTIMATE_USD, 0.0))
     ran = ran_s
     if ran is None:
         ended = trial.datetime_complete or (datetime.datetime.now() if trial.datetime_start else None)  # a trial the controller tells

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, TrialKey, fact_key
+
 def rewarm_for(hyperparameters: dict, trial_steps: int, steps: int) -> dict:
     """The promoted job's climb back (runtime RewarmConfig): from the trial's last step and the factor its schedule
     ended at, over its own warmup (at most a tenth of the steps it adds)."""
@@ -36,10 +38,10 @@ def promoted(spec, sweep, trial, steps: int, study, name: str):
     limits = spec.limits.model_copy(update={"max_runtime": f"{minutes // 60}h{minutes % 60}m" if minutes >= 60 else f"{minutes}m",
                                             "max_cost_usd": None if spec.limits.max_cost_usd is None else round(spec.limits.max_cost_usd * scale, 2)})
     rewarm = rewarm_for(spec.hyperparameters, trial_steps, steps)
-    lineage = {"sweep": name, "trial": str(trial.number), "trial_job": str(trial.user_attrs.get("job")),
-               "trial_run_id": study.user_attrs.get(f"trial.{trial.number}.mlflow_run_id"),
-               "parent_run_id": study.user_attrs.get("mlflow_run_id")}
+    lineage = {"sweep": name, "trial": str(trial.number), "trial_job": str(trial.user_attrs.get(TrialKey.JOB)),
+               "trial_run_id": study.user_attrs.get(fact_key(trial.number, TrialFact.MLFLOW_RUN_ID)),
+               "parent_run_id": study.user_attrs.get(StudyKey.MLFLOW_RUN_ID)}
     return spec.model_copy(update={
         "hyperparameters": {**spec.hyperparameters, "max_steps": steps, "rewarm": rewarm}, "limits": limits,
-        "checkpoint": spec.checkpoint.model_copy(update={"start_from": trial.user_attrs.get("job")}),
+        "checkpoint": spec.checkpoint.model_copy(update={"start_from": trial.user_attrs.get(TrialKey.JOB)}),
         "tracking": spec.tracking.model_copy(update={"lineage": {k: v for k, v in lineage.items() if v}})})

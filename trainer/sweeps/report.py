@@ -13,6 +13,7 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, fact_key
 
 PLOTS = ("optimization_history", "param_importances", "parallel_coordinate", "intermediate_values")
 TARGET_NAMED = {"optimization_history", "param_importances", "parallel_coordinate"}  # the plots that take target_name
@@ -23,7 +24,7 @@ PARETO_FRONT = "pareto_front"  # a sweep with a second objective: the trade-off,
 def objective_name(study: optuna.Study) -> str:
     """The metric the sweep optimises, from the spec the controller recorded in the study."""
     try:
-        return json.loads(study.user_attrs["spec"])["objective"]["metric"]
+        return json.loads(study.user_attrs[StudyKey.SPEC])["objective"]["metric"]
     except (KeyError, TypeError, ValueError):
         return "objective"
 
@@ -46,7 +47,7 @@ def plot_cost_and_time(study: optuna.Study, path: Path) -> bool:
     ys_best: list[float | None] = []
     points: list[tuple[float, float, float, bool]] = []
     for t in finished:
-        cost += float(study.user_attrs.get(f"trial.{t.number}.cost_usd") or 0.0)
+        cost += float(study.user_attrs.get(fact_key(t.number, TrialFact.COST_USD)) or 0.0)
         value = t.values[0] if t.state is TrialState.COMPLETE else (t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
         if t.state is TrialState.COMPLETE and value is not None:
             best = value if best is None else (max if maximize else min)(best, value)

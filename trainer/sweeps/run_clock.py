@@ -20,30 +20,19 @@ import datetime
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainforge.trainer.sweeps.keys import TrialFact, fact_key, fact_of
+
 if TYPE_CHECKING:  # the backends (and admission under them) only where a job is looked at: study.py reads the keys
     from trainforge.trainer.backends import JobReport
+
 ADMITTED_CONDITIONS = ("Running",)  # PyTorchJob; a TrainJob's admission is its Suspended condition turning False
 END_CONDITIONS = ("Complete", "Succeeded", "Failed")
-
-
-def running_since_key(number: int) -> str:
-    return f"trial.{number}.running_since"
-
-
-def ran_key(number: int) -> str:
-    return f"trial.{number}.ran_s"
-
-
-def queued_key(number: int) -> str:
-    return f"trial.{number}.queued_s"
-
-
-CLOCK_KEYS = (".running_since", ".ran_s", ".queued_s")
+CLOCK_FACTS = (TrialFact.RUNNING_SINCE, TrialFact.RAN_S, TrialFact.QUEUED_S)
 
 
 def clocks_of(attrs: dict[str, Any]) -> dict[str, Any]:
     """The run clocks among a study's attributes."""
-    return {k: v for k, v in attrs.items() if k.startswith("trial.") and k.endswith(CLOCK_KEYS)}
+    return {k: v for k, v in attrs.items() if (fact := fact_of(k)) is not None and fact[1] in CLOCK_FACTS}
 
 
 @dataclass(frozen=True)
@@ -92,15 +81,15 @@ def seen(report: JobReport | None, now: float) -> Seen:
 def observe(attrs: dict[str, Any], number: int, look: Seen, started: float | None) -> dict[str, Any]:
     """The study attributes to write after a look (empty when nothing changed). `attrs`: the study's attributes as
     read; `started`: when the trial started (its job's creation), for the queue time."""
-    since = attrs.get(running_since_key(number))
+    since = attrs.get(fact_key(number, TrialFact.RUNNING_SINCE))
     if look.running and since is None:
-        out: dict[str, Any] = {running_since_key(number): look.at}
-        if queued_key(number) not in attrs and started is not None:
-            out[queued_key(number)] = round(max(0.0, look.at - started), 3)
+        out: dict[str, Any] = {fact_key(number, TrialFact.RUNNING_SINCE): look.at}
+        if fact_key(number, TrialFact.QUEUED_S) not in attrs and started is not None:
+            out[fact_key(number, TrialFact.QUEUED_S)] = round(max(0.0, look.at - started), 3)
         return out
     if not look.running and since is not None:
-        ran = float(attrs.get(ran_key(number)) or 0.0) + max(0.0, look.at - float(since))
-        return {ran_key(number): round(ran, 3), running_since_key(number): None}
+        ran = float(attrs.get(fact_key(number, TrialFact.RAN_S)) or 0.0) + max(0.0, look.at - float(since))
+        return {fact_key(number, TrialFact.RAN_S): round(ran, 3), fact_key(number, TrialFact.RUNNING_SINCE): None}
     return {}
 
 
@@ -109,8 +98,8 @@ def ran_s(attrs: dict[str, Any], number: int, last: Seen) -> float | None:
     look saw running (it ran and ended between looks, or while no controller was up) ran from its last admission to
     its end where its conditions date both. None where nothing dates it: the caller falls back to the trial's own
     start and end."""
-    if ran_key(number) in attrs:
-        return float(attrs[ran_key(number)])
+    if fact_key(number, TrialFact.RAN_S) in attrs:
+        return float(attrs[fact_key(number, TrialFact.RAN_S)])
     if last.admitted_at is not None and last.ended:
         return round(max(0.0, last.at - last.admitted_at), 3)
     return None

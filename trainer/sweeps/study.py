@@ -16,8 +16,8 @@ from optuna.trial import TrialState
 from trainforge.errors import EXIT_BAD_INPUT, EXIT_FAILED, TrainforgeError
 from trainforge.trainer.runtime.pruning import PrunerSettings, engine_kwargs, make_pruner
 from trainforge.trainer.sweeps import optuna_access as access
-from trainforge.trainer.sweeps.run_clock import queued_key
 from trainforge.trainer.sweeps.spec import Sweep
+from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, TrialKey, fact_key
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 HEARTBEAT_S = 10.0
@@ -83,7 +83,7 @@ def primary_direction(study: optuna.Study) -> str:
 def second_objective_name(study: optuna.Study) -> str | None:
     """The second objective's metric, as the spec recorded in the study says."""
     try:
-        return (json.loads(study.user_attrs["spec"]).get("second_objective") or {}).get("metric")
+        return (json.loads(study.user_attrs[StudyKey.SPEC]).get("second_objective") or {}).get("metric")
     except (KeyError, TypeError, ValueError):
         return "second" if is_multi_objective(study) else None
 
@@ -191,35 +191,35 @@ def open_study(sweep: Sweep, storage_url: str, *, resume: bool = False) -> optun
     seeds = WarmStart() if exists else warm_start_seeds(sweep, storage, storage_url)  # refused before anything is created
     study = optuna.create_study(study_name=sweep.name, storage=storage, sampler=sampler_for(sweep),
                                 pruner=make_pruner(pruner_config(sweep)), directions=directions_of(sweep), load_if_exists=True)
-    recorded = study.user_attrs.get("search")
+    recorded = study.user_attrs.get(StudyKey.SEARCH)
     adopted = with_recorded_pruner_defaults(sweep, recorded)
     if adopted is not sweep:
         sweep = adopted
         study.pruner = make_pruner(pruner_config(sweep))
     fingerprint = search_fingerprint(sweep)
-    if recorded is None and study.user_attrs.get("spec") is not None:  # a study from before searches were fingerprinted
-        recorded = fingerprint if _same_search_as_recorded_spec(study.user_attrs["spec"], sweep) else "{}"
+    if recorded is None and study.user_attrs.get(StudyKey.SPEC) is not None:  # a study from before searches were fingerprinted
+        recorded = fingerprint if _same_search_as_recorded_spec(study.user_attrs[StudyKey.SPEC], sweep) else "{}"
     if recorded is None:
-        study.set_user_attr("search", fingerprint)
-        study.set_user_attr("started_at", time.time())
-        study.set_user_attr("pruner", pruner_config(sweep))
+        study.set_user_attr(StudyKey.SEARCH, fingerprint)
+        study.set_user_attr(StudyKey.STARTED_AT, time.time())
+        study.set_user_attr(StudyKey.PRUNER, pruner_config(sweep))
         for frozen in seeds.transferred:
             study.add_trial(frozen)
         for params, origin in seeds.rerun:
-            study.enqueue_trial(params, user_attrs={"warm_start": origin}, skip_if_exists=True)
+            study.enqueue_trial(params, user_attrs={TrialKey.WARM_START: origin}, skip_if_exists=True)
     elif recorded != fingerprint:
         raise SweepError(f"a sweep named {sweep.name!r} already exists in {storage_url} searching otherwise (changed: "
                          f"{', '.join(_changes(recorded, fingerprint)) or 'the spec'}). Fix: give the new sweep another name "
                          "(a changed search space, objective, sampler, pruner, seed or base job is a new study); max_trials, "
                          "max_parallel and the budget may change to extend it")
-    if study.user_attrs.get("cancelled"):
+    if study.user_attrs.get(StudyKey.CANCELLED):
         if not resume:
             raise SweepCancelled(sweep.name)
-        study.set_user_attr("cancelled", False)
-        study.set_user_attr("resumed", [*study.user_attrs.get("resumed", []), time.time()])
-    study.set_user_attr("search", fingerprint)
-    study.set_user_attr("spec", sweep.spec.model_dump_json())  # the limits as given this time
-    study.set_user_attr("planned_trials", sweep.planned_trials)
+        study.set_user_attr(StudyKey.CANCELLED, False)
+        study.set_user_attr(StudyKey.RESUMED, [*study.user_attrs.get(StudyKey.RESUMED, []), time.time()])
+    study.set_user_attr(StudyKey.SEARCH, fingerprint)
+    study.set_user_attr(StudyKey.SPEC, sweep.spec.model_dump_json())  # the limits as given this time
+    study.set_user_attr(StudyKey.PLANNED_TRIALS, sweep.planned_trials)
     if study.trials:
         study.sampler = sampler_for(sweep, len(study.trials))
     return study
@@ -241,9 +241,6 @@ def with_recorded_pruner_defaults(sweep: Sweep, recorded: str | None) -> Sweep:
 
 
 WARM_START_BEST = 3  # trials taken from each earlier sweep
-
-
-TRANSFERRED_ATTR = "transferred_from"  # a trial told to this study from an earlier sweep's: it never ran here
 
 
 @dataclass
@@ -281,7 +278,7 @@ def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage
             if single and t.params and all(k in space and access.fits(space[k], v) for k, v in t.params.items()):
                 found.transferred.append(optuna.trial.create_trial(
                     params=dict(t.params), distributions={k: space[k] for k in t.params}, value=t.values[0],
-                    intermediate_values=dict(t.intermediate_values), user_attrs={TRANSFERRED_ATTR: f"{name}#{t.number}"}))
+                    intermediate_values=dict(t.intermediate_values), user_attrs={TrialKey.TRANSFERRED_FROM: f"{name}#{t.number}"}))
             else:
                 others.append(t)
         for t in others[:WARM_START_BEST]:
@@ -293,7 +290,7 @@ def warm_start_seeds(sweep: Sweep, storage: optuna.storages.BaseStorage, storage
 
 def transferred(trial: optuna.trial.FrozenTrial) -> str | None:
     """The earlier sweep's trial this one was told from ("sweep#number"), or None for a trial that ran in this sweep."""
-    return trial.user_attrs.get(TRANSFERRED_ATTR)
+    return trial.user_attrs.get(TrialKey.TRANSFERRED_FROM)
 
 
 # How often a trial is measured and logged, not what it measures: an earlier sweep that differs only here compares.
@@ -304,7 +301,7 @@ def incomparable(name: str, earlier: optuna.Study, sweep: Sweep) -> list[str]:
     """Why an earlier sweep's values cannot seed this one: another objective (metric or direction), or its trials
     trained on another base (task, task arguments, workers, or a hyperparameter this sweep does not search), where the
     same parameters would score otherwise. Empty where they compare (or the earlier study predates the record)."""
-    recorded = json.loads(earlier.user_attrs.get("search") or "{}")
+    recorded = json.loads(earlier.user_attrs.get(StudyKey.SEARCH) or "{}")
     if not recorded:
         return []
     problems = []
@@ -375,23 +372,23 @@ def rows(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = No
     attrs = study.user_attrs
     out = []
     for t in study.get_trials(deepcopy=False) if trials is None else trials:
-        duration = attrs.get(f"trial.{t.number}.run_s")
+        duration = attrs.get(fact_key(t.number, TrialFact.RUN_S))
         if duration is None and t.datetime_complete and t.datetime_start:
             duration = (t.datetime_complete - t.datetime_start).total_seconds()
-        stopped = attrs.get(f"trial.{t.number}.stopped")
+        stopped = attrs.get(fact_key(t.number, TrialFact.STOPPED))
         state = "cancelled" if stopped and t.state is TrialState.FAIL else t.state.name.lower()
         values = t.values if t.state is TrialState.COMPLETE and t.values else [None, None]
         out.append(TrialRow(number_of(t), state, values[0], dict(t.params),
-                            attrs.get(f"trial.{t.number}.cost_usd"), duration, t.user_attrs.get("job"), t.user_attrs.get("retry_of"),
+                            attrs.get(fact_key(t.number, TrialFact.COST_USD)), duration, t.user_attrs.get(TrialKey.JOB), t.user_attrs.get(TrialKey.RETRY_OF),
                             max(t.intermediate_values) if t.intermediate_values else None, stopped,
-                            values[1] if len(values) > 1 else None, attrs.get(queued_key(t.number)), transferred(t)))
+                            values[1] if len(values) > 1 else None, attrs.get(fact_key(t.number, TrialFact.QUEUED_S)), transferred(t)))
     return out
 
 
 def number_of(trial: optuna.trial.FrozenTrial) -> int:
     """The trial's number in its sweep. A study rebuilt from a bounded status object (sweeps/cluster.study_from) holds a
     selection of the trials, each keeping its own number."""
-    return int(trial.user_attrs.get("trial_number", trial.number))
+    return int(trial.user_attrs.get(TrialKey.TRIAL_NUMBER, trial.number))
 
 
 def counted(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None) -> int:
@@ -399,7 +396,7 @@ def counted(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None =
     trials transferred from an earlier sweep (they never ran here).
     `trials`: the study's, where the caller has just read them."""
     trials = study.get_trials(deepcopy=False) if trials is None else trials
-    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    retried = {t.user_attrs[TrialKey.RETRY_OF] for t in trials if TrialKey.RETRY_OF in t.user_attrs}
     return sum(1 for t in trials if t.state in FINISHED and not (t.state is TrialState.FAIL and t.number in retried)
                and transferred(t) is None)
 

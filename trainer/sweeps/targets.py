@@ -26,6 +26,7 @@ from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.record import KUBERNETES, TRAINJOB, SweepRecord
 from trainforge.trainer.sweeps.spec import Sweep
 from trainforge.trainer.sweeps.status_document import ControllerFailed, StatusDocument, published
+from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, TrialKey, fact_key
 
 RunHere = Callable[[SweepRecord, float], None]  # runs a sweep on this machine from its record (the CLI's loop and views)
 
@@ -162,18 +163,18 @@ class LocalSweep:
 
         study = self.study()
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if study.user_attrs.get("cancelled"):
+        if study.user_attrs.get(StudyKey.CANCELLED):
             raise TrainforgeError("", [f"sweep {self.name!r} is already cancelled; nothing to cancel"], exit_code=EXIT_FAILED)
-        if study.user_attrs.get("finished_because") and not running:
-            raise TrainforgeError("", [f"sweep {self.name!r} already finished ({study.user_attrs['finished_because']}); nothing to cancel. "
+        if study.user_attrs.get(StudyKey.FINISHED_BECAUSE) and not running:
+            raise TrainforgeError("", [f"sweep {self.name!r} already finished ({study.user_attrs[StudyKey.FINISHED_BECAUSE]}); nothing to cancel. "
                                        f"`trainforge sweep status {self.name}` shows its trials"], exit_code=EXIT_FAILED)
-        study.set_user_attr("cancelled", True)  # a running controller stops launching and exits
+        study.set_user_attr(StudyKey.CANCELLED, True)  # a running controller stops launching and exits
         target = _backend(self.record.backend, self.record.team, self.record.kind, self.record.context)
         said = []
         for trial in running:
-            job = trial.user_attrs.get("job")
+            job = trial.user_attrs.get(TrialKey.JOB)
             if job:
-                study.set_user_attr(f"trial.{trial.number}.stopped", "cancelled by `trainforge sweep cancel`")
+                study.set_user_attr(fact_key(trial.number, TrialFact.STOPPED), "cancelled by `trainforge sweep cancel`")
                 try:
                     said.append(target.cancel(job).summary)
                 except TrainforgeError as exc:
@@ -182,11 +183,14 @@ class LocalSweep:
                        f"`trainforge sweep status {self.name}` shows what finished"]
 
     def extend(self, *, trials: int, usd: float, wall_time_s: float) -> list[str]:
-        from trainforge.trainer.sweeps.limits import controller_running, extend as raise_limits
+        from trainforge.trainer.sweeps.limits import ask, controller_running, recorded_limits, take_up_asked
         from trainforge.trainer.sweeps.spec import duration
-        with _extension_lock(self.name):  # the limits are read, raised and written back: one extend at a time
+        with _extension_lock(self.name):  # this machine's extends one at a time (each says what it raised from and to)
             study = self.study()
-            before, after = raise_limits(study, trials=trials, usd=usd, wall_time_s=wall_time_s)
+            before = recorded_limits(study)
+            ask(study, trials=trials, usd=usd, wall_time_s=wall_time_s)  # its own key: kept whoever else writes
+            take_up_asked(study)  # applied once, with any another machine asked meanwhile
+            after = recorded_limits(study)
 
         def shown(limits) -> str:
             return (f"{limits.max_trials} trials, " + (f"${limits.usd:,.2f}" if limits.usd is not None else "no USD limit") + ", "
@@ -196,7 +200,7 @@ class LocalSweep:
             said.append("  (--usd ignored: the sweep has no USD limit)")
         if wall_time_s and before.wall_time_s is None:
             said.append("  (--wall-time ignored: the sweep has no wall time)")
-        if study.user_attrs.get("cancelled"):
+        if study.user_attrs.get(StudyKey.CANCELLED):
             said.append(f"it is cancelled: `trainforge sweep resume {self.name}` continues it")
         elif controller_running(study):
             said.append("its running controller takes it up at its next look")
@@ -218,9 +222,9 @@ class LocalSweep:
 
 @contextlib.contextmanager
 def _extension_lock(name: str) -> Iterator[None]:
-    """This machine's extends of one sweep, one at a time (an advisory lock beside its record): two at once would each
-    read the same limits and the second write would drop the first's extension. A cluster sweep's are guarded by the
-    API's resourceVersion instead (sweeps/cluster.ask_extension)."""
+    """This machine's extends of one sweep, one at a time (an advisory lock beside its record), so each says the limits
+    it raised from and to. Exactly once does not rest on it (members on other machines share the study's database):
+    limits.take_up_asked. A cluster sweep's requests are guarded by the API's resourceVersion (sweeps/cluster.ask_extension)."""
     import fcntl
     directory = paths.sweep_dir(name)
     directory.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from trainforge.trainer.runtime.config import UserError
 from trainforge.trainer.runtime.tracking import ForeignExperiment, owned_experiment
 from trainforge.trainer.sweeps.spec import Sweep
 from trainforge.trainer.sweeps.study import best_trials
+from trainforge.trainer.sweeps.keys import StudyKey, TrialKey
 
 
 class SweepTracking:
@@ -21,7 +22,7 @@ class SweepTracking:
         from mlflow.tracking import MlflowClient
         self.client = MlflowClient(uri)
         self.team = sweep.base.team
-        parent_run_id = study.user_attrs.get("mlflow_run_id")
+        parent_run_id = study.user_attrs.get(StudyKey.MLFLOW_RUN_ID)
         if parent_run_id is None:
             name = run_tags.team_experiment(sweep.base.team, sweep.base.tracking.experiment)  # where its trials' runs are
             try:  # the trials' own runs check the same before logging
@@ -31,7 +32,7 @@ class SweepTracking:
             run = self.client.create_run(experiment_id, run_name=sweep.name,
                                          tags={run_tags.SWEEP: sweep.name, run_tags.TEAM: sweep.base.team})
             parent_run_id = run.info.run_id
-            study.set_user_attr("mlflow_run_id", parent_run_id)
+            study.set_user_attr(StudyKey.MLFLOW_RUN_ID, parent_run_id)
             spec = sweep.spec
             params = {"sampler": spec.sampler, "pruner": spec.pruner.type, "max_trials": spec.max_trials, "max_parallel": spec.max_parallel,
                       "objective": f"{spec.objective.metric} ({sweep.direction})", "seed": spec.seed,
@@ -63,5 +64,5 @@ class SweepTracking:
             best = front[0]
             self.client.log_metric(self.parent_run_id, "best_value", best.values[0])
             self.client.set_tag(self.parent_run_id, run_tags.SWEEP_BEST_TRIAL, str(best.number))
-            self.client.set_tag(self.parent_run_id, run_tags.SWEEP_BEST_JOB, str(best.user_attrs.get("job")))
+            self.client.set_tag(self.parent_run_id, run_tags.SWEEP_BEST_JOB, str(best.user_attrs.get(TrialKey.JOB)))
         self.client.set_terminated(self.parent_run_id, "FINISHED")
