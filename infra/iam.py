@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
+from trainforge import contract
+
 
 def principal_key(principal_arn: str) -> str:
     """A name for an IAM principal that stays its own whatever else a list holds: account, kind and name from the ARN,
@@ -67,7 +69,7 @@ def irsa_role(name: str, *, oidc_provider_arn: pulumi.Input[str], oidc_issuer_ur
         host = issuer.removeprefix("https://")
         return json.dumps({"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Principal": {"Federated": provider_arn}, "Action": "sts:AssumeRoleWithWebIdentity",
-            "Condition": {"StringEquals": {f"{host}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+            "Condition": {"StringEquals": {f"{host}:sub": contract.service_account_subject(namespace, service_account),
                                            f"{host}:aud": "sts.amazonaws.com"}},
         }]})
 

@@ -93,7 +93,7 @@ def teams_have_their_tenancy(resources: list[StackResource], ctx: Context) -> Vi
             yield f"team {team!r} has no namespace {namespace}. Fix: its tenancy component", None
             continue
         quotas = in_namespace("kubernetes:core/v1:ResourceQuota", namespace)
-        if not any(f"requests.{contract.RESOURCE_GPU}" in ((q.props.get("spec") or {}).get("hard") or {}) for q in quotas):
+        if not any(contract.quota_requests_key(contract.RESOURCE_GPU) in ((q.props.get("spec") or {}).get("hard") or {}) for q in quotas):
             yield f"namespace {namespace} has no ResourceQuota on requests.{contract.RESOURCE_GPU}. Fix: a quota that backstops Kueue", None
         if not in_namespace("kubernetes:core/v1:LimitRange", namespace):
             yield f"namespace {namespace} has no LimitRange: a pod without requests is unbounded. Fix: LimitRange defaults", None
@@ -205,7 +205,7 @@ def team_roles_confined(resources: list[StackResource], ctx: Context) -> Violati
         team = (role.props.get("tags") or {}).get(contract.TAG_TEAM)
         if not team:
             continue
-        own = f"system:serviceaccount:{contract.namespace_name(team)}:{contract.TRAINING_SERVICE_ACCOUNT}"
+        own = contract.service_account_subject(contract.namespace_name(team), contract.TRAINING_SERVICE_ACCOUNT)
         for subject in _trusted_subjects(role.props.get("assumeRolePolicy")):
             if subject != own:
                 yield (f"team {team!r}'s role can be assumed by {subject!r}. Fix: trust only {own}"), role.urn

@@ -256,3 +256,104 @@ def test_the_study_key_check_sees_a_string(tmp_path):
                       "study.set_user_attr(f'trial.{n}.cost_usd', c)\nkey = f'trial.{n}.stopped'\nconfig.get('spec')\n")
     assert sorted({key for key, _ in study_key_literals(module)}) == \
         ["cancelled", "f'trial.{n}.cost_usd'", "f'trial.{n}.stopped'", "job", "retry_of", "spec", "warm_start"]
+
+
+# ---- names built from parts: one function builds each (issue 40) -----------------------------------------------------
+
+# A Pulumi resource's name under its parent's (`{}-mlflow`, `{}-team-{}`): unique within one component, read by no other layer.
+CHILD_RESOURCE_NAME = re.compile(r"^\{\}(-[a-z]+)+(-\{\})?$")
+# skeleton -> why it is built in more than one module.
+SKELETON_COINCIDENCES = {
+    "trainforge-{}": "a PriorityClass's name (contract) and a cluster's default name (stackconfig): two facts",
+    "--nproc-per-node={}": "two programs' flags: the local backend calls trainforge's launcher, the launcher calls torchrun",
+    "has(v.{})": "the policy looks for the clause in the CEL the guardrail wrote (policies import only the core)",
+    "{}.dkr.ecr.{}.amazonaws.com/{}": "the mock engine answers as AWS would; the product builds the address it pulls from",
+}
+
+
+def skeletons(path: Path):
+    """(skeleton, line) of every f-string that builds a name: its text with `{}` for each value, where the text has a
+    separator of names ('-', '.', '/', ':', '_') and no space (a message is not a name)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.JoinedStr) or not any(isinstance(v, ast.FormattedValue) for v in node.values):
+            continue
+        text = "".join(str(v.value) for v in node.values if isinstance(v, ast.Constant))
+        skeleton = "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        if len(text) >= 3 and " " not in skeleton and set(text) & DISTINCTIVE and not CHILD_RESOURCE_NAME.match(skeleton):
+            yield skeleton, node.lineno
+
+
+def test_a_name_built_from_parts_is_built_in_one_place():
+    """Issue 40: a name two modules build with the same f-string (a stack file's, a checkpoint file's, an IRSA
+    subject) is a fact spelled twice: a change to one leaves the other building the old name. Each has one function."""
+    where: dict[str, set[str]] = {}
+    for folder in PRODUCT:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for skeleton, _ in skeletons(path):
+                where.setdefault(skeleton, set()).add(str(path.relative_to(REPO)))
+    twice = {s: sorted(modules) for s, modules in where.items() if len(modules) > 1 and s not in SKELETON_COINCIDENCES}
+    assert twice == {}, "build each in one function, in the fact's home"
+
+
+def test_every_allowed_skeleton_coincidence_is_still_there():
+    built = {s for folder in PRODUCT for path in (REPO / folder).rglob("*.py") for s, _ in skeletons(path)}
+    assert sorted(set(SKELETON_COINCIDENCES) - built) == []
+
+
+def test_the_skeleton_check_sees_a_built_name(tmp_path):
+    module = tmp_path / "names.py"
+    module.write_text("a = f'Pulumi.{stack}.yaml'\nb = f'{name}-mlflow'\nc = f'no {such} name'\nd = f'{x}'\n"
+                      "e = f'system:serviceaccount:{ns}:{sa}'\n")
+    assert sorted(s for s, _ in skeletons(module)) == ["Pulumi.{}.yaml", "system:serviceaccount:{}:{}"]
+
+
+# ---- numbers other code must agree on: a uid, a port, a grace period (issue 40) ----------------------------------------
+
+NUMBER_FIELDS = {"runAsUser", "runAsGroup", "fsGroup", "containerPort", "port", "targetPort", "terminationGracePeriodSeconds"}
+# (module, field, value) -> why the literal is that module's own fact.
+NUMBER_COINCIDENCES = {
+    ("platform/manifests/storage.py", "runAsUser", 0): "root: the Lustre client mounts and chowns as root (this Job alone)",
+    ("platform/manifests/storage.py", "runAsGroup", 0): "root, with runAsUser",
+    ("platform/manifests/sweeps.py", "runAsUser", 70): "the postgres image's own user, for the psql bootstrap Job alone",
+    ("platform/manifests/tenancy.py", "port", 53): "DNS",
+    ("platform/manifests/tenancy.py", "port", 443): "HTTPS to the AWS endpoints",
+    ("platform/manifests/values.py", "runAsUser", 65534): "nobody: the chart's directory Job (busybox) owns no file",
+    ("platform/manifests/values.py", "runAsGroup", 65534): "nobody, with runAsUser",
+}
+
+
+def number_literals(path: Path):
+    """(field, value, line) of every uid, port or grace period written as a number in a manifest (a dict's entry or a
+    keyword argument of that name, in snake case too)."""
+    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", f).lower(): f for f in NUMBER_FIELDS}
+    for node in ast.walk(ast.parse(path.read_text())):
+        pairs: list[tuple[str, ast.AST]] = []
+        if isinstance(node, ast.Dict):
+            pairs = [(k.value, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value in NUMBER_FIELDS]
+        elif isinstance(node, ast.Call):
+            pairs = [(snake.get(kw.arg, kw.arg), kw.value) for kw in node.keywords if kw.arg in snake or kw.arg in NUMBER_FIELDS]
+        for field, value in pairs:
+            if isinstance(value, ast.Constant) and isinstance(value.value, int) and not isinstance(value.value, bool):
+                yield field, value.value, node.lineno
+
+
+def test_a_uid_port_or_grace_period_is_a_named_constant():
+    """Issue 40: `runAsUser: 1000` beside contract.RUNTIME_UID (the image's user), a port the network policies must
+    open written again as a number: each is a fact other code agrees on, named once. A module's own number is allowed
+    above, with why."""
+    found = [f"{path.relative_to(REPO)}:{line} writes {field}: {value}" for folder in PRODUCT for path in sorted((REPO / folder).rglob("*.py"))
+             for field, value, line in number_literals(path) if (str(path.relative_to(REPO)), field, value) not in NUMBER_COINCIDENCES]
+    assert found == [], "name it (contract, or the module that owns it) and use the name:\n" + "\n".join(found)
+
+
+def test_every_allowed_number_is_still_there():
+    written = {(str(path.relative_to(REPO)), field, value) for folder in PRODUCT for path in (REPO / folder).rglob("*.py")
+               for field, value, _ in number_literals(path)}
+    assert sorted(set(NUMBER_COINCIDENCES) - written) == []
+
+
+def test_the_number_check_sees_a_literal(tmp_path):
+    module = tmp_path / "pod.py"
+    module.write_text("pod = {'securityContext': {'runAsUser': 1000}, 'ports': [{'containerPort': 9400, 'name': 'metrics'}]}\n"
+                      "k8s.V1SecurityContext(run_as_user=1000, privileged=False)\nrule = {'port': PORT}\n")
+    assert sorted((f, v) for f, v, _ in number_literals(module)) == [("containerPort", 9400), ("runAsUser", 1000), ("runAsUser", 1000)]

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from trainforge import contract, run_tags
 from trainforge.trainer.placement import Placement
-from trainforge.trainer.spec import JobSpec
+from trainforge.trainer.spec import JobSpec, task_arg_path
 
 Kind = Literal["trainjob", "pytorchjob"]
 CONTAINER = {"trainjob": contract.TRAINJOB_CONTAINER, "pytorchjob": "pytorch"}  # the container name each controller expects
@@ -43,7 +43,7 @@ def runtime_args(spec: JobSpec, *, output_dir: str | None = None, checkpoint_dir
         values["metrics.port"] = metrics_port
     if spec.entry.task:
         values["task"] = spec.entry.task
-        values.update({f"task_args.{k}": v for k, v in spec.entry.args.items()})
+        values.update({task_arg_path(k): v for k, v in spec.entry.args.items()})
     if spec.checkpoint.s3_uri:
         values["checkpoint.s3_uri"] = spec.checkpoint.s3_uri
     if spec.checkpoint.start_from:

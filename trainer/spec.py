@@ -198,6 +198,18 @@ class JobSpec(_Model):
 
 
 # Where a RunConfig field comes from in the job spec.
+TASK_ARG_PATH = "task_args."  # a task argument as a run-config path (`task_args.width`): in overrides and a sweep's space
+
+
+def task_arg_path(name: str) -> str:
+    return f"{TASK_ARG_PATH}{name}"
+
+
+def task_arg_of(path: str) -> str | None:
+    """The task argument a run-config path names (`task_args.width` -> `width`); None for any other field."""
+    return path[len(TASK_ARG_PATH):] if path.startswith(TASK_ARG_PATH) else None
+
+
 _RUN_FIELD_IN_SPEC = {"task": "entry.task", "task_args": "entry.args"}
 RUN_FIXES = {"extra_forbidden": " Fix: remove it or correct the spelling (the fields are trainforge.trainer.runtime.RunConfig's).",
              "missing": " Fix: add it.", "float_parsing": " Fix: a number, e.g. 3e-4.", "int_parsing": " Fix: a whole number.",

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from trainforge import contract
 from trainforge.platform.manifests.charts import Chart
 from trainforge.platform.manifests.images import with_images
 from trainforge.registries import ImageSources
@@ -38,7 +39,7 @@ class CustomObject(pulumi.CustomResource):
     and kind, so the Kubernetes provider applies it the same way."""
 
     def __init__(self, resource_name: str, manifest: dict[str, Any], opts: pulumi.ResourceOptions | None = None):
-        super().__init__(f"kubernetes:{manifest['apiVersion']}:{manifest['kind']}", resource_name, dict(manifest), opts)
+        super().__init__(contract.pulumi_type(manifest["apiVersion"], manifest["kind"]), resource_name, dict(manifest), opts)
 
 
 def apply(manifest: dict[str, Any], *, parent: pulumi.Resource | None, depends_on: Sequence[pulumi.Resource] | None = None,
@@ -70,7 +71,7 @@ def resource_name(manifest: dict[str, Any]) -> str:
 def type_token(manifest: dict[str, Any]) -> str:
     """The Pulumi type of an object, as the Kubernetes provider names it (`v1` is the core group)."""
     api_version = manifest["apiVersion"] if "/" in manifest["apiVersion"] else f"core/{manifest['apiVersion']}"
-    return f"kubernetes:{api_version}:{manifest['kind']}"
+    return contract.pulumi_type(api_version, manifest["kind"])
 
 
 def _snake(key: str) -> str:

@@ -15,7 +15,7 @@ import pulumi
 
 from trainforge.infra.layer import build_aws_layer
 from trainforge.platform.components.kubernetes import build_kubernetes_layer
-from trainforge.stackconfig import (CONFIG_KEY, TEAM_CONFIG_KEY, ConfigError, PlatformConfig, TeamConfig, cohort, from_config_map,
+from trainforge.stackconfig import (CONFIG_KEY, stack_file_name, TEAM_CONFIG_KEY, ConfigError, PlatformConfig, TeamConfig, cohort, from_config_map,
                                     load_cohort, split_stack_name, team_from_config_map)
 
 def project_stacks_dir(project: Path = Path(".")) -> Path:
@@ -43,7 +43,7 @@ def config_from_pulumi() -> PlatformConfig:
     """The stack's `trainforge:platform` object, validated, and checked with the team stacks next to it as one cohort.
     Raises ConfigError naming the field and the fix."""
     stack, stacks_dir = pulumi.get_stack(), STACKS_DIR.get()
-    source = str((stacks_dir or Path("stacks")) / f"Pulumi.{stack}.yaml")
+    source = str((stacks_dir or Path("stacks")) / stack_file_name(stack))
     cfg = from_config_map({CONFIG_KEY: _config_object(CONFIG_KEY)}, environment=stack, source=source)
     if stacks_dir is not None:
         cohort(cfg, stacks_dir, source)  # e.g. node groups too small for the team stacks' quotas are refused
@@ -55,19 +55,19 @@ def team_config_from_pulumi() -> tuple[PlatformConfig, TeamConfig]:
     checked with every other team of the cohort."""
     stack, stacks_dir = pulumi.get_stack(), STACKS_DIR.get()
     team = team_from_config_map({TEAM_CONFIG_KEY: _config_object(TEAM_CONFIG_KEY)}, stack=stack,
-                                source=str((stacks_dir or Path("stacks")) / f"Pulumi.{stack}.yaml"))
+                                source=str((stacks_dir or Path("stacks")) / stack_file_name(stack)))
     if stacks_dir is None:
         raise ConfigError(stack, ["a team stack reads its platform's stack file: evaluate it from its stack file "
                                   "(offline.evaluate_stack_file), not from a config alone"])
     environment, _ = split_stack_name(stack)
-    platform_file = stacks_dir / f"Pulumi.{environment}.yaml"
+    platform_file = stacks_dir / stack_file_name(environment)
     if not platform_file.exists():
         raise ConfigError(str(platform_file), [f"team stack {stack!r} builds on platform stack {environment!r}, whose stack file is "
                                                "not in this checkout. Fix: run it from the project with the platform's stack file"])
     members = load_cohort(platform_file)
     declared = next((t for t in members.teams if t.name == team.name), None)
     if declared != team:
-        raise ConfigError(str(stacks_dir / f"Pulumi.{stack}.yaml"), [
+        raise ConfigError(str(stacks_dir / stack_file_name(stack)), [
             "the team this stack is run with differs from its stack file in this checkout. Fix: commit the stack file, then `pulumi up`"])
     return members.platform, team
 

@@ -54,7 +54,7 @@ def deployment(cfg: PlatformConfig, image: Any) -> dict[str, Any]:
                     "--metrics-port", str(contract.BUDGET_METRICS_PORT)],
         "ports": [{"name": contract.METRICS_PORT_NAME, "containerPort": contract.BUDGET_METRICS_PORT}],
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": contract.RUNTIME_UID, "allowPrivilegeEscalation": False,
                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
     }
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(),

@@ -31,7 +31,7 @@ GRAFANA_PODS = {"app.kubernetes.io/name": "grafana", "app.kubernetes.io/instance
 OPENCOST_PODS = {"app.kubernetes.io/name": "opencost", "app.kubernetes.io/instance": "opencost"}
 BUDGET_PODS = {"app.kubernetes.io/name": contract.BUDGET_CONTROLLER}
 
-PROMETHEUS_PORT = 9090
+PROMETHEUS_PORT = contract.PROMETHEUS_PORT
 ALERTMANAGER_PORT = 9093
 # What the API server calls, by the pods' own ports (a Service's targetPort): Kueue's webhooks and its visibility API
 # (an APIService), the Trainer's and JobSet's webhooks, the Prometheus operator's (PrometheusRule admission).

@@ -47,11 +47,11 @@ def resource_quota(cfg: PlatformConfig, team: TeamConfig) -> dict[str, Any]:
     for quota in kueue.team_quotas(cfg, team):
         for resource, amount in quota.nominal.items():
             total[resource] = total.get(resource, 0) + amount + quota.borrowing.get(resource, 0)
-    hard = {f"requests.{contract.RESOURCE_GPU}": str(total[contract.RESOURCE_GPU]),
-            f"requests.{contract.RESOURCE_EFA}": str(total[contract.RESOURCE_EFA]),
+    hard = {contract.quota_requests_key(contract.RESOURCE_GPU): str(total[contract.RESOURCE_GPU]),
+            contract.quota_requests_key(contract.RESOURCE_EFA): str(total[contract.RESOURCE_EFA]),
             "requests.cpu": kueue.cpu_text(total["cpu"]), "requests.memory": kueue.memory_text(total["memory"]),
             # Scratch disk: Kueue leaves it out (contract.KUEUE_EXCLUDED_RESOURCES); counted here, limits included.
-            f"requests.{contract.RESOURCE_EPHEMERAL_STORAGE}": team.ephemeral_storage_quota,
+            contract.quota_requests_key(contract.RESOURCE_EPHEMERAL_STORAGE): team.ephemeral_storage_quota,
             f"limits.{contract.RESOURCE_EPHEMERAL_STORAGE}": team.ephemeral_storage_quota,
             "pods": "500", "persistentvolumeclaims": "10"}
     return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("trainforge-quota", team, cfg.environment), "spec": {"hard": hard}}

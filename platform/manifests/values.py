@@ -13,7 +13,7 @@ import yaml
 
 from trainforge import contract, durations, versions
 from trainforge.contract import Flavour
-from trainforge.platform.manifests import monitoring, storage, tracking
+from trainforge.platform.manifests import monitoring, network, storage, tracking
 from trainforge.stackconfig import PlatformConfig
 
 CRITICAL_ADDONS = {"key": "CriticalAddonsOnly", "operator": "Exists"}
@@ -106,7 +106,7 @@ def kueue_configuration(cfg: PlatformConfig) -> dict[str, Any]:
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
         "health": {"healthProbeBindAddress": ":8081"},
         "metrics": {"bindAddress": ":8443", "enableClusterQueueResources": True},  # quota and usage per ClusterQueue
-        "webhook": {"port": 9443},
+        "webhook": {"port": network.WEBHOOK_PORT},  # what the control plane may reach (network policies)
         "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
         "controller": {"groupKindConcurrency": {"Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 10, "LocalQueue.kueue.x-k8s.io": 5,
                                                 "ClusterQueue.kueue.x-k8s.io": 5, "ResourceFlavor.kueue.x-k8s.io": 1}},
@@ -287,7 +287,7 @@ def opencost(cfg: PlatformConfig) -> dict[str, Any]:
         "opencost": {
             "exporter": {"defaultClusterId": cfg.cluster_name},
             "prometheus": {"internal": {"enabled": True, "serviceName": contract.PROMETHEUS_SERVICE_NAME,
-                                        "namespaceName": contract.NAMESPACE_MONITORING, "port": 9090}},
+                                        "namespaceName": contract.NAMESPACE_MONITORING, "port": contract.PROMETHEUS_PORT}},
             "metrics": {"serviceMonitor": {"enabled": True, "additionalLabels": {"release": contract.PROMETHEUS_RELEASE}}},
             "nodeSelector": SYSTEM_NODES,
         },

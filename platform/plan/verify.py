@@ -21,7 +21,7 @@ from trainforge.platform.manifests.charts import pinned
 from trainforge.stackconfig import PlatformConfig
 
 PLATFORM_NAMESPACES = contract.PLATFORM_NAMESPACES
-PROMETHEUS_SERVICE = (contract.NAMESPACE_MONITORING, f"{contract.PROMETHEUS_SERVICE_NAME}:9090")
+PROMETHEUS_SERVICE = (contract.NAMESPACE_MONITORING, f"{contract.PROMETHEUS_SERVICE_NAME}:{contract.PROMETHEUS_PORT}")
 # kube-prometheus-stack's always-firing heartbeat and its inhibitor: firing is their healthy state.
 HEARTBEAT_ALERTS = {"Watchdog", "InfoInhibitor"}
 

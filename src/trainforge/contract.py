@@ -30,6 +30,16 @@ def api_group(api_version: str) -> str:
     return api_parts(api_version)[0]
 
 
+def service_account_subject(namespace: str, service_account: str) -> str:
+    """How Kubernetes names a ServiceAccount in a token's `sub` (what an IAM role's IRSA trust matches)."""
+    return f"system:serviceaccount:{namespace}:{service_account}"
+
+
+def quota_requests_key(resource: str) -> str:
+    """A ResourceQuota's `hard` key bounding the requests of `resource` (what tenancy writes and policies look for)."""
+    return f"requests.{resource}"
+
+
 def pulumi_type(api_version: str, kind: str) -> str:
     """The Pulumi Kubernetes provider's type token of a kind (what policies and the engine's records name)."""
     return f"kubernetes:{api_version}:{kind}"
@@ -297,7 +307,8 @@ def team_of_mlflow_user(username: str) -> str | None:
     return username[len("team-"):] or None
 
 
-PROMETHEUS_URL = f"http://{PROMETHEUS_SERVICE_NAME}.{NAMESPACE_MONITORING}.svc.cluster.local:9090"
+PROMETHEUS_PORT = 9090  # the Prometheus server's (what the platform's Service, its network policies and OpenCost use)
+PROMETHEUS_URL = f"http://{PROMETHEUS_SERVICE_NAME}.{NAMESPACE_MONITORING}.svc.cluster.local:{PROMETHEUS_PORT}"
 GRAFANA_URL = f"http://{PROMETHEUS_RELEASE}-grafana.{NAMESPACE_MONITORING}.svc.cluster.local:80"
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 MLFLOW_SERVICE_ACCOUNT = "mlflow"

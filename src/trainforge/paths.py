@@ -24,6 +24,7 @@ PIDS_DIR = "pids"
 # A checkpoint directory: one sub-directory per step, whole once its commit marker exists (runtime/checkpoint.py).
 CHECKPOINT_STEP_PREFIX = "step-"
 CHECKPOINT_COMMIT_MARKER = "COMMITTED"
+SWEEP_STUDY_FILE = "study.db"  # in a sweep's directory: a local sweep's Optuna study (SQLite), beside its record
 # Inside a local job's directory.
 JOB_SPEC_FILE = "spec.yaml"
 JOB_STATE_FILE = "state.json"

@@ -49,14 +49,14 @@ def run(sweep_file: Path = typer.Argument(..., help="sweep spec (YAML)"),
 
 def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], storage: Optional[str], kind: Kind,
          context: Optional[str], poll: float, resume: bool, spent: Optional[float] = None) -> None:
-    from trainforge import contract, paths
+    from trainforge import contract
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.admission import unchecked
     from trainforge.trainer.cli.common import backend, load_platform
     from trainforge.trainer.spec import with_image
     from trainforge.trainer.submission import admit_now
     from trainforge.trainer.sweeps.spec import load_sweep
-    from trainforge.trainer.sweeps.targets import cost_centre_of
+    from trainforge.trainer.sweeps.targets import cost_centre_of, local_study_url
 
     sweep = load_sweep(sweep_file)  # every problem of the spec, before anything is created
     platform = load_platform(stack) if stack is not None else None
@@ -80,7 +80,7 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
             from trainforge.trainer.launch import serve_workers_warm
             serve_workers_warm()
     target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre_of(sweep.base, platform))
-    url = storage or SweepRecord.load(sweep.name).storage or f"sqlite:///{(paths.sweep_dir(sweep.name) / 'study.db').resolve()}"
+    url = storage or SweepRecord.load(sweep.name).storage or local_study_url(sweep.name)
     SweepRecord(backend=backend_name.value, kind=kind.value, team=sweep.base.team, context=context, source=str(sweep_file.resolve()),
                 stack=str(stack.resolve()) if stack else None, storage=url).save(sweep.name)
 

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainforge.trainer.runtime.checkpoint_files import (Committed, SafeLoadPlanner, SafeReader, UnsafeCheckpoint, content_problem, gather_digests,
-                                                         load_data, rng_state, scan, saved_world_size, set_rng_state, start_from,
+                                                         load_data, rng_file_name, rng_state, scan, saved_world_size, set_rng_state, start_from,
                                                          step_dir_name, write_manifest, write_rank_digests)
 from trainforge.trainer.runtime.config import CheckpointConfig, UserError
 from trainforge.trainer.runtime.hooks import Stateful
@@ -200,7 +200,7 @@ class CheckpointManager:
             shutil.rmtree(path)  # an uncommitted leftover of this very step
         dist.barrier(group=self.pg)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(rng_state(), path / f"rng-rank{self.rank}.pt")
+        torch.save(rng_state(), path / rng_file_name(self.rank))
         if self.rank == 0:
             torch.save(trainer_state, path / "trainer.pt")
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -342,7 +342,7 @@ class CheckpointManager:
                 raise unsafe from None
             raise
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rng_file = checkpoint.path / f"rng-rank{self.rank}.pt"
+        rng_file = checkpoint.path / rng_file_name(self.rank)
         same_world = saved_world_size(checkpoint.path) == self.world_size
         if same_world and rng_file.exists():
             set_rng_state(load_data(rng_file))

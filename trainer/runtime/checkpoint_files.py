@@ -100,12 +100,17 @@ def file_digests(path: Path) -> dict[str, str]:
     return _hash_all(_checkpoint_files(path))
 
 
+def rng_file_name(rank: int) -> str:
+    """Rank `rank`'s RNG states in a checkpoint (see the module doc)."""
+    return f"rng-rank{rank}.pt"
+
+
 def own_files(path: Path, rank: int, world_size: int) -> list[Path]:
     """The files rank `rank` wrote: its DCP shards (`__<rank>_<n>.distcp`) and RNG file; rank 0 also DCP's .metadata,
     trainer.pt and anything no rank's name claims."""
     def writer(name: str) -> int:
         for r in range(world_size):
-            if name.startswith(f"__{r}_") or name == f"rng-rank{r}.pt":
+            if name.startswith(f"__{r}_") or name == rng_file_name(r):
                 return r
         return 0
     return [f for f in _checkpoint_files(path) if writer(f.name) == rank]

@@ -9,7 +9,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from trainforge.trainer.runtime.config import BUNDLED_DEFAULT_METRIC, BUNDLED_TASK_METRICS, BUNDLED_TASKS, RunConfig
-from trainforge.trainer.spec import JobSpec, SpecError, run_config_problems
+from trainforge.trainer.spec import JobSpec, SpecError, run_config_problems, task_arg_of
 from trainforge.trainer.sweeps.trials import INFRA_FIELDS, NOT_SEARCHABLE, apply_params, placed_as
 
 if TYPE_CHECKING:
@@ -98,8 +98,8 @@ def space_problems(spec: SweepSpec, base: JobSpec) -> list[str]:
         if name in INFRA_FIELDS:
             problems += _infra_problems(name, param, base)
             continue
-        if name.startswith("task_args."):
-            arg = name.split(".", 1)[1]
+        arg = task_arg_of(name)
+        if arg is not None:
             accepted = BUNDLED_TASKS.get(task)
             if accepted is not None and arg not in accepted:
                 problems.append(f"space.{name}: {arg!r} is not an argument of the bundled task {task!r}. Fix: one of {list(accepted)}")

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from trainforge.errors import EXIT_BAD_INPUT, EXIT_FAILED, TrainforgeError
 from trainforge.trainer.runtime.pruning import PrunerSettings, engine_kwargs, make_pruner
 from trainforge.trainer.sweeps import optuna_access as access
+from trainforge.trainer.spec import task_arg_path
 from trainforge.trainer.sweeps.spec import Sweep
 from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, TrialKey, fact_key
 
@@ -320,7 +321,7 @@ def incomparable(name: str, earlier: optuna.Study, sweep: Sweep) -> list[str]:
                 differ.append(f"{section}.{key} {before.get(key)} vs {after.get(key)}")
     entry_then, entry_now = then.get("entry") or {}, now.get("entry") or {}
     compare("entry", entry_then, entry_now, lambda key: key == "args")
-    compare("entry.args", entry_then.get("args") or {}, entry_now.get("args") or {}, lambda key: f"task_args.{key}" in searched)
+    compare("entry.args", entry_then.get("args") or {}, entry_now.get("args") or {}, lambda key: task_arg_path(key) in searched)
     compare("workers", then.get("workers") or {}, now.get("workers") or {})
     compare("hyperparameters", then.get("hyperparameters") or {}, now.get("hyperparameters") or {},
             lambda key: key in searched or key in NOT_COMPARED_HYPERPARAMETERS)

@@ -82,6 +82,15 @@ def locate(name: str, where: Optional[str] = None, *, team: Optional[str] = None
     return ClusterSweep(name, backend, job)
 
 
+def local_study_file(name: str) -> Path:
+    return paths.sweep_dir(name) / paths.SWEEP_STUDY_FILE
+
+
+def local_study_url(name: str) -> str:
+    """The study of a sweep started on this machine without --storage: SQLite beside its record."""
+    return f"sqlite:///{local_study_file(name).resolve()}"
+
+
 def _backend(where: str, team: Optional[str], kind: str, context: Optional[str] = None, cost_centre: Optional[str] = None):
     if where == KUBERNETES:
         from trainforge.trainer.backends.kubernetes import KubernetesBackend
@@ -125,12 +134,11 @@ class LocalSweep:
         found = self.storage_given or self.record.storage
         if found:
             return found
-        local = paths.sweep_dir(self.name) / "study.db"
-        if not local.exists():
+        if not local_study_file(self.name).exists():
             raise TrainforgeError("", [f"no sweep named {self.name!r} was started on this machine ({paths.sweep_dir(self.name)} holds "
                                        "none). Fix: check the name, `trainforge sweep SPEC.yaml` to start it, or --storage URL for a "
                                        "sweep started elsewhere"])
-        return f"sqlite:///{local.resolve()}"
+        return local_study_url(self.name)
 
     def study(self) -> Any:
         from trainforge.trainer.sweeps.study import load_existing

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainforge.trainer.spec import SUBMITTER_OWNED, JobSpec, parse_spec
+from trainforge.trainer.spec import SUBMITTER_OWNED, JobSpec, parse_spec, task_arg_of
 
 # Where a trial runs, searchable beside its run config: what a trial costs is decided here (categorical only).
 INFRA_FIELDS = {"instance_type": "resources.instance_type", "capacity": "capacity"}
@@ -19,8 +19,9 @@ def apply_params(base: JobSpec, params: dict[str, Any]) -> tuple[dict[str, Any],
     for name, value in params.items():
         if name in INFRA_FIELDS:
             continue  # where it runs, not what it runs (placed_as)
-        if name.startswith("task_args."):
-            args[name.split(".", 1)[1]] = value
+        arg = task_arg_of(name)
+        if arg is not None:
+            args[arg] = value
         else:
             hyper[name] = value
     return args, hyper

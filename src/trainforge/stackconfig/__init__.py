@@ -13,7 +13,7 @@ from trainforge.stackconfig.aws import BucketsConfig, ClusterConfig, DataReposit
 from trainforge.stackconfig.node_groups import NodeGroupConfig
 from trainforge.stackconfig.kubernetes import KubernetesConfig, MlflowConfig, MonitoringConfig
 from trainforge.stackconfig.loader import (CONFIG_KEY, STACK_FILE_PATTERN, TEAM_CONFIG_KEY, ConfigError, StackFile, from_config_map, parse,
-                                           read_stack_file, stack_files)
+                                           read_stack_file, stack_file_name, stack_files)
 from trainforge.stackconfig.platform import PlatformConfig
 from trainforge.stackconfig.teams import TeamConfig
 from trainforge.stackconfig.team_stacks import (Cohort, TeamStack, cohort, is_team_stack_file, load_cohort,
@@ -22,5 +22,5 @@ from trainforge.stackconfig.team_stacks import (Cohort, TeamStack, cohort, is_te
 
 __all__ = ["BucketsConfig", "CONFIG_KEY", "ClusterConfig", "ConfigError", "DataRepositoryConfig", "FsxConfig", "KubernetesConfig", "MlflowConfig", "MonitoringConfig", "NetworkConfig",
            "NodeGroupConfig", "PlatformConfig", "STACK_FILE_PATTERN", "StackFile", "TagsConfig", "TeamConfig", "from_config_map",
-           "load_stack_file", "parse", "read_stack_file", "stack_files", "TEAM_CONFIG_KEY", "Cohort", "TeamStack", "cohort",
+           "load_stack_file", "parse", "read_stack_file", "stack_file_name", "stack_files", "TEAM_CONFIG_KEY", "Cohort", "TeamStack", "cohort",
            "is_team_stack_file", "load_cohort", "read_team_stack_file", "split_stack_name", "team_from_config_map", "team_stack_name"]

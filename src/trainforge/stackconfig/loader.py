@@ -22,6 +22,11 @@ TEAM_STACK_NAMING = ("team stack files are named Pulumi.<env>.team-<team>.yaml (
 STACK_FILE_PATTERN = re.compile(r"^Pulumi\.(?P<env>[a-z0-9][a-z0-9-]*)\.yaml$")
 
 
+def stack_file_name(stack: str) -> str:
+    """The file Pulumi reads stack `stack`'s config from (`prod` -> Pulumi.prod.yaml; a glob works too)."""
+    return f"Pulumi.{stack}.yaml"
+
+
 class ConfigError(errors.TrainforgeError):
     """A stack configuration that must not reach the cloud. str() is the whole user-facing message."""
 
@@ -43,7 +48,7 @@ STACK_FIXES = {
 def stack_path(stack: str, stacks_dir: Path = Path("stacks")) -> Path:
     """A stack name (`prod` -> stacks/Pulumi.prod.yaml) or a stack file's path."""
     path = Path(stack)
-    return path if path.suffix in (".yaml", ".yml") or path.exists() else stacks_dir / f"Pulumi.{stack}.yaml"
+    return path if path.suffix in (".yaml", ".yml") or path.exists() else stacks_dir / stack_file_name(stack)
 
 
 def parse(raw: Any, *, environment: str, source: str) -> PlatformConfig:

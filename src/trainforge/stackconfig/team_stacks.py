@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainforge import errors
-from trainforge.stackconfig.loader import (STACK_FIXES, TEAM_CONFIG_KEY, TEAM_STACK_NAMING, ConfigError, StackFile, from_config_map,
+from trainforge.stackconfig.loader import (STACK_FIXES, stack_file_name, TEAM_CONFIG_KEY, TEAM_STACK_NAMING, ConfigError, StackFile, from_config_map,
                                           read_config_map, read_stack_file)
 from trainforge.stackconfig.platform import PlatformConfig, team_problems
 from trainforge.stackconfig.teams import TeamConfig
@@ -72,7 +72,7 @@ class TeamStack:
 
     @property
     def platform_path(self) -> Path:
-        return self.path.parent / f"Pulumi.{self.environment}.yaml"
+        return self.path.parent / stack_file_name(self.environment)
 
 
 def parse_team(raw: Any, *, team: str, source: str) -> TeamConfig:
@@ -113,7 +113,7 @@ def read_team_stack_file(path: str | Path) -> TeamStack:
     strays = sorted(k for k in config if k.startswith("trainforge:") and k != TEAM_CONFIG_KEY)
     if strays:
         raise TeamConfigError(str(path), [f"{strays}: a team stack holds only {TEAM_CONFIG_KEY} (the platform's settings live in "
-                                      f"Pulumi.{match['env']}.yaml). Fix: remove them"])
+                                      f"{stack_file_name(match['env'])}). Fix: remove them"])
     team = team_from_config_map(config, stack=team_stack_name(match["env"], match["team"]), source=str(path))
     return TeamStack(path, match["env"], team, config)
 
@@ -121,7 +121,7 @@ def read_team_stack_file(path: str | Path) -> TeamStack:
 def team_stack_files(stacks_dir: str | Path, environment: str) -> list[Path]:
     """The platform's team stack files. A file that looks like one of this platform's stacks but is named like neither
     kind is refused: left out silently, its team's quota would escape the cohort's check."""
-    found = sorted(Path(stacks_dir).glob(f"Pulumi.{environment}.*.yaml"))
+    found = sorted(Path(stacks_dir).glob(stack_file_name(f"{environment}.*")))
     strays = [p.name for p in found if not is_team_stack_file(p)]
     if strays:
         raise TeamConfigError(str(Path(stacks_dir)), [f"{strays} are named like neither a platform stack (Pulumi.<env>.yaml) nor a team "
