@@ -1046,6 +1046,19 @@ def test_a_warm_start_from_a_sweep_that_scored_otherwise_is_refused_naming_what_
 
 
 @pytest.mark.slow
+def over_budget_stack(tmp_path: Path, team: str) -> Path:
+    """The dev stack with `team`'s monthly budget at a millionth of a dollar, as stacks/Pulumi.dev.yaml is named."""
+    from trainforge.stackconfig import CONFIG_KEY
+    raw = yaml.safe_load((REPO / "stacks" / "Pulumi.dev.yaml").read_text())
+    for entry in raw["config"][CONFIG_KEY]["teams"]:
+        if entry["name"] == team:
+            entry["monthly_budget_usd"] = 0.000001
+    path = tmp_path / "over-budget" / "Pulumi.dev.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
 def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_path, mlflow_tracking):
     """Issue 25, 'promotion': `sweep best --promote --steps N` submits the best trial's job trained on to N steps
     from the trial's newest checkpoint (weights, optimizer, step), limits scaled, its MLflow run nested under the
@@ -1058,6 +1071,10 @@ def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_p
     assert cli(home, "sweep", str(spec), env=env).returncode == 0
     too_short = cli(home, "sweep", "best", "promo", "--promote", "--steps", "60")
     assert too_short.returncode == 2 and "not beyond the trial's own 60 steps" in too_short.stderr
+    spent = over_budget_stack(tmp_path, BASE["team"])  # the trials' cost this month is over it
+    refused = cli(home, "sweep", "best", "promo", "--promote", "--steps", "100", "--stack", str(spent))
+    assert refused.returncode == 3 and "budget" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    assert not (home / "jobs" / "promo-best").exists(), "admitted as `submit --stack` admits: nothing started"
     promoted = cli(home, "sweep", "best", "promo", "--promote", "--steps", "100", "-o", "json", env=env)
     assert promoted.returncode == 0, promoted.stdout + promoted.stderr
     found = json.loads(promoted.stdout)

@@ -183,7 +183,7 @@ def best(name: str, write: Optional[Path] = typer.Option(None, help="write the b
          knee: bool = typer.Option(False, "--knee", help="with a second objective: the Pareto front's knee (the best trade-off)"),
          promote: bool = typer.Option(False, "--promote", help="continue the trial from its checkpoint as a full job (with --steps)"),
          steps: Optional[int] = typer.Option(None, "--steps", min=1, help="--promote: the full job's max_steps"),
-         stack: Optional[Path] = typer.Option(None, help="--promote on the cluster: the stack it is admitted against "
+         stack: Optional[Path] = typer.Option(None, help="--promote: the stack it is admitted against, as `submit --stack` "
                                               "(default: the one the sweep ran with)")) -> None:
     """The best trial (with a second objective, the Pareto front): its value, parameters, job, checkpoint and MLflow run."""
     import yaml

@@ -162,9 +162,23 @@ class LocalSweep:
         return load_sweep(self.record.source)
 
     def submit(self, spec: JobSpec, stack: Optional[Path]) -> str:
-        from trainforge.trainer.admission import unchecked
+        """As `submit --stack` would: admitted against the stack given, else the one the sweep was started with (the
+        team's month's spend, its budget, the quota); unchecked where the sweep had none, as `submit` without one."""
+        from trainforge.stackconfig import load_stack_file
+        from trainforge.trainer.admission import NotAdmitted, unchecked
         from trainforge.trainer.backends.local import LocalBackend
-        return LocalBackend().submit(spec, unchecked(spec), detach=True).summary
+        from trainforge.trainer.spec import with_image
+        from trainforge.trainer.submission import admit_now
+        target = LocalBackend()
+        stack = stack or (Path(self.record.stack) if self.record.stack else None)
+        if stack is None:
+            return target.submit(spec, unchecked(spec), detach=True).summary
+        platform = load_stack_file(stack)
+        spec = with_image(spec, platform, None)
+        decision = admit_now(spec, platform, target)
+        if not decision.admitted:
+            raise NotAdmitted(spec.name, decision.problems, "started")
+        return target.submit(spec, decision, detach=True).summary
 
     def cancel(self) -> list[str]:
         from optuna.trial import TrialState
