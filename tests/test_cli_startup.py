@@ -6,7 +6,7 @@ import sys
 import pytest
 from support.repo import REPO
 
-HEAVY = ("torch", "pulumi", "pulumi_aws", "mlflow", "boto3")
+HEAVY = ("torch", "pulumi", "pulumi_aws", "mlflow", "boto3", "optuna")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["render", "examples/quickstart.yaml"], ["render", "examples/quickstart.yaml", "--kind", "pytorchjob"]])

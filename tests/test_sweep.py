@@ -1045,7 +1045,6 @@ def test_a_warm_start_from_a_sweep_that_scored_otherwise_is_refused_naming_what_
     assert refused.returncode == 2 and "hyperparameters.max_steps 60 vs 120" in refused.stderr, refused.stderr
 
 
-@pytest.mark.slow
 def over_budget_stack(tmp_path: Path, team: str) -> Path:
     """The dev stack with `team`'s monthly budget at a millionth of a dollar, as stacks/Pulumi.dev.yaml is named."""
     from trainforge.stackconfig import CONFIG_KEY
@@ -1059,6 +1058,7 @@ def over_budget_stack(tmp_path: Path, team: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_path, mlflow_tracking):
     """Issue 25, 'promotion': `sweep best --promote --steps N` submits the best trial's job trained on to N steps
     from the trial's newest checkpoint (weights, optimizer, step), limits scaled, its MLflow run nested under the

@@ -101,3 +101,16 @@ def test_a_damaged_status_annotation_is_refused_with_the_fix(text):
     message = str(refused.value)
     assert "trainforge.io/sweep-status" in message or "status annotation" in message
     assert "Fix:" in message
+
+
+def test_a_damaged_report_does_not_stand_in_the_way_of_cancel_and_resume():
+    """`cancel` and `resume` ask why the sweep ended before they act; a damaged report says nothing (a resumed
+    controller writes it anew), where it used to refuse them with the very fix they are."""
+    from trainforge import contract
+    from trainforge.trainer.sweeps.targets import _finished_because
+    damaged = {"metadata": {"name": "sweep-clf-lr", "annotations": {contract.SWEEP_STATUS_ANNOTATION: "not base64 !"}}}
+    assert _finished_because(damaged) is None
+    sweep = load_sweep(REPO / "examples" / "sweeps" / "classifier-lr.yaml")
+    study = a_study(3)
+    study.set_user_attr("finished_because", "cancelled")
+    assert _finished_because(published_on_a_job(document_of(study, sweep, running=0, spent_usd=0.0))) == "cancelled"

@@ -56,18 +56,25 @@ def in_effect(sweep: Sweep, study: optuna.Study) -> Sweep:
 
 def recorded_limits(study: optuna.Study) -> Limits:
     """The limits of the latest start (its spec), raised by extensions: what `extend` adds to."""
-    spec = json.loads(study.user_attrs.get(StudyKey.SPEC) or "{}")
+    return _recorded(study.user_attrs)
+
+
+def _recorded(attrs: dict[str, Any]) -> Limits:
+    spec = json.loads(attrs.get(StudyKey.SPEC) or "{}")
     budget = spec.get("budget") or {}
     wall = budget.get("wall_time")
     from trainforge.trainer.sweeps.spec import parse_duration
     base = Limits(int(spec.get("max_trials", 0)), budget.get("usd"), None if wall is None else parse_duration(wall, "budget.wall_time"))
-    return base.raised_by(study.user_attrs.get(StudyKey.EXTENDED) or {})
+    return base.raised_by(attrs.get(StudyKey.EXTENDED) or {})
 
 
 def taken_requests(study: optuna.Study) -> set[str]:
     """The ids of the members' extension requests already applied (a study from before they were kept with the
     limits holds them apart)."""
-    attrs = study.user_attrs
+    return _taken(study.user_attrs)
+
+
+def _taken(attrs: dict[str, Any]) -> set[str]:
     return set((attrs.get(StudyKey.EXTENDED) or {}).get("taken") or []) | set(attrs.get(StudyKey.EXTENSIONS_TAKEN) or [])
 
 
@@ -75,23 +82,31 @@ def take_up(study: optuna.Study, request: str, *, trials: int = 0, usd: float = 
     """A member's extension request (a cluster sweep's controller takes them up from its TrainJob), applied once:
     False if it already was. Its id is written in the same attribute as the raised limits, so a controller killed
     after that write has taken it up and one killed before has not: never half, never twice."""
-    if request in taken_requests(study):
-        return False
-    extend(study, trials=trials, usd=usd, wall_time_s=wall_time_s, request=request)
-    return True
+    return _raise(study, study.user_attrs, trials, usd, wall_time_s, request) is not None
 
 
-def extend(study: optuna.Study, *, trials: int = 0, usd: float = 0.0, wall_time_s: float = 0.0,
-           request: str | None = None) -> tuple[Limits, Limits]:
-    """Raise the sweep's limits by these amounts (a limit the sweep never had stays unlimited); (before, after).
-    `request`: the id of the member's request this applies (take_up), recorded with the limits."""
-    taken = list((study.user_attrs.get(StudyKey.EXTENDED) or {}).get("taken") or [])
-    before = recorded_limits(study)
+def extend(study: optuna.Study, *, trials: int = 0, usd: float = 0.0, wall_time_s: float = 0.0) -> tuple[Limits, Limits]:
+    """Raise the sweep's limits by these amounts (a limit the sweep never had stays unlimited); (before, after)."""
+    raised = _raise(study, study.user_attrs, trials, usd, wall_time_s, None)
+    assert raised is not None  # no request id: nothing to find taken
+    return raised
+
+
+def _raise(study: optuna.Study, attrs: dict[str, Any], trials: int, usd: float, wall_time_s: float,
+           request: str | None) -> tuple[Limits, Limits] | None:
+    """The limits raised from one read of the study (`attrs`): whether `request` was applied, the limits and the
+    ids applied all come from that one read and go back in one write. Reading them apart let a write that landed
+    in between pair a request's check with limits that already held it (applied twice), or one request's raise with
+    another's missing id. None where `request` already was applied."""
+    if request is not None and request in _taken(attrs):
+        return None
+    taken = list((attrs.get(StudyKey.EXTENDED) or {}).get("taken") or [])
+    before = _recorded(attrs)
     pause_point("extend-read")  # read, not yet written: where two unguarded writers would lose one's extension
     after = Limits(before.max_trials + trials, None if before.usd is None else before.usd + usd,
                    None if before.wall_time_s is None else before.wall_time_s + wall_time_s)
     study.set_user_attr(StudyKey.EXTENDED, {"max_trials": after.max_trials, "usd": after.usd, "wall_time_s": after.wall_time_s,
-                                   "at": time.time(), "taken": [*taken, *([request] if request else [])]})
+                                            "at": time.time(), "taken": [*taken, *([request] if request else [])]})
     return before, after
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, get_args
 
 from trainforge import contract, paths
 from trainforge.errors import EXIT_FAILED, TrainforgeError
@@ -25,8 +25,10 @@ from trainforge.trainer.render import Kind as JobKind
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.record import KUBERNETES, TRAINJOB, SweepRecord
 from trainforge.trainer.sweeps.spec import Sweep
-from trainforge.trainer.sweeps.status_document import ControllerFailed, StatusDocument, published
 from trainforge.trainer.sweeps.keys import StudyKey, TrialFact, TrialKey, fact_key
+
+if TYPE_CHECKING:  # optuna's import (study.py's rows) only where a command reads a study: `trainforge --help` stays light
+    from trainforge.trainer.sweeps.status_document import StatusDocument
 
 RunHere = Callable[[SweepRecord, float], None]  # runs a sweep on this machine from its record (the CLI's loop and views)
 
@@ -306,6 +308,7 @@ class ClusterSweep:
     def document(self) -> StatusDocument:
         """The controller's status document; exits 1 saying why where there is none."""
         from trainforge.trainer.backends.kubernetes import job_state
+        from trainforge.trainer.sweeps.status_document import ControllerFailed, published
         document = published(self.job)
         if document is None:
             raise TrainforgeError("", [f"sweep {self.name!r}: its controller has not reported yet (its TrainJob is "
@@ -404,8 +407,13 @@ def _refuse_second_controller(name: str, team: str, existing: dict[str, Any], re
 
 
 def _finished_because(job: dict[str, Any]) -> Optional[str]:
-    """Why the sweep ended, as its controller last reported; None while it runs (or before it reported)."""
-    document = published(job)
+    """Why the sweep ended, as its controller last reported; None while it runs, before it reported, or where its
+    report is damaged (cancel and resume must still work: a resumed controller writes it anew)."""
+    from trainforge.trainer.sweeps.status_document import StatusDocument, published
+    try:
+        document = published(job)
+    except TrainforgeError:
+        return None
     return document.finished_because if isinstance(document, StatusDocument) else None
 
 
