@@ -12,6 +12,7 @@ coincidence is allowed below, with why.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -36,6 +37,18 @@ COINCIDENCES = {
 }
 
 
+@functools.cache
+def product_modules() -> list[tuple[Path, str]]:
+    """(path, its name from the repository root) of every product module, in order: what each check below reads."""
+    return [(path, str(path.relative_to(REPO))) for folder in PRODUCT for path in sorted((REPO / folder).rglob("*.py"))]
+
+
+@functools.cache
+def syntax(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the checks."""
+    return ast.parse(path.read_text())
+
+
 def facts() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for home in HOMES:
@@ -49,7 +62,7 @@ def facts() -> dict[str, list[str]]:
 
 def literals(path: Path):
     """(value, line) of every string literal that is not a docstring."""
-    tree = ast.parse(path.read_text())
+    tree = syntax(path)
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body
                   and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
@@ -62,14 +75,12 @@ def test_every_distinctive_fact_is_spelled_in_its_home_only():
     known = facts()
     assert len(known) >= 30, "the homes' facts were read"
     second = []
-    for folder in PRODUCT:
-        for path in sorted((REPO / folder).rglob("*.py")):
-            if path in HOMES:
-                continue
-            module = str(path.relative_to(REPO))
-            for value, line in literals(path):
-                if value in known and (value, module) not in COINCIDENCES:
-                    second.append(f"{module}:{line} spells {value!r}, which is {' / '.join(known[value])}")
+    for path, module in product_modules():
+        if path in HOMES:
+            continue
+        for value, line in literals(path):
+            if value in known and (value, module) not in COINCIDENCES:
+                second.append(f"{module}:{line} spells {value!r}, which is {' / '.join(known[value])}")
     assert second == [], "import the constant instead:\n" + "\n".join(second)
 
 
@@ -83,22 +94,20 @@ def test_an_api_version_is_spelled_once_even_inside_a_path_or_split_in_two():
     versions = {v: homes for v, homes in facts().items() if API_VERSION.match(v)}
     assert len(versions) >= 3, versions
     second = []
-    for folder in PRODUCT:
-        for path in sorted((REPO / folder).rglob("*.py")):
-            if path in HOMES:
-                continue
-            for value, line in literals(path):
-                for api, homes in versions.items():
-                    inside = re.search(rf"(?<![\w.-]){re.escape(api)}(?!\w)", value)  # not kubeflow.org/v1 in trainer.kubeflow.org/v1alpha1
-                    if value != api and (inside or value == api.rpartition("/")[0]):
-                        second.append(f"{path.relative_to(REPO)}:{line} spells {value!r}, which holds {' / '.join(homes)}")
+    for path, module in product_modules():
+        if path in HOMES:
+            continue
+        for value, line in literals(path):
+            for api, homes in versions.items():
+                inside = re.search(rf"(?<![\w.-]){re.escape(api)}(?!\w)", value)  # not kubeflow.org/v1 in trainer.kubeflow.org/v1alpha1
+                if value != api and (inside or value == api.rpartition("/")[0]):
+                    second.append(f"{module}:{line} spells {value!r}, which holds {' / '.join(homes)}")
     assert second == [], "use the constant (contract.api_parts for its group and version):\n" + "\n".join(second)
 
 
 def test_every_allowed_coincidence_is_still_there():
     """An allowance whose literal is gone is stale: it would excuse the next real second spelling."""
-    present = {(value, str(path.relative_to(REPO))) for folder in PRODUCT for path in (REPO / folder).rglob("*.py")
-               for value, _ in literals(path)}
+    present = {(value, module) for path, module in product_modules() for value, _ in literals(path)}
     assert [c for c in COINCIDENCES if c not in present] == []
 
 
@@ -127,7 +136,7 @@ def exit_literals(path: Path):
         elif isinstance(node, ast.IfExp):
             yield from numbers(node.body)
             yield from numbers(node.orelse)
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(syntax(path)):
         if not isinstance(node, ast.Call):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
@@ -141,8 +150,7 @@ def test_every_exit_code_is_a_named_constant():
     """Issue 40, item 6: an exit code is a contract with the scripts, the job's restart rules and the tests (errors.py:
     the CLI's; exits.py: the runtime's). Spelled as a number (`typer.Exit(3)`, `exit_code=1`) it cannot be found when
     the contract changes."""
-    found = [f"{path.relative_to(REPO)}:{line} exits with the number {code}" for folder in PRODUCT
-             for path in sorted((REPO / folder).rglob("*.py")) for code, line in exit_literals(path)]
+    found = [f"{module}:{line} exits with the number {code}" for path, module in product_modules() for code, line in exit_literals(path)]
     assert found == [], "name it (trainforge.errors.EXIT_*, trainforge.exits.EXIT_*):\n" + "\n".join(found)
 
 
@@ -166,7 +174,7 @@ def phase_literals(path: Path):
         items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
         values = [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
         return values if values and len(values) == len(items) and set(values) <= phases else []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(syntax(path)):
         given: list[ast.AST] = []
         if isinstance(node, ast.Compare) and any("state" in ast.unparse(side) for side in (node.left, *node.comparators)):
             given = [node.left, *node.comparators]
@@ -190,8 +198,8 @@ def test_a_job_phase_is_its_enum_member():
     """Issue 40, item 6: a job's state is a JobPhase (trainer/backends): the views, `check`, the controller and the local
     record compare against it. Written as a plain string beside it, a renamed or split phase leaves that spelling
     behind, matching nothing."""
-    found = [f"{path.relative_to(REPO)}:{line} writes the phase {phase!r} as a string" for folder in PRODUCT
-             for path in sorted((REPO / folder).rglob("*.py")) if path != PHASE_HOME for phase, line in phase_literals(path)]
+    found = [f"{module}:{line} writes the phase {phase!r} as a string" for path, module in product_modules() if path != PHASE_HOME
+             for phase, line in phase_literals(path)]
     assert found == [], "use trainforge.trainer.backends.JobPhase:\n" + "\n".join(found)
 
 
@@ -219,7 +227,7 @@ def study_key_literals(path: Path):
         if isinstance(node, ast.JoinedStr):
             return ast.unparse(node)
         return None
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(syntax(path)):
         found: list[str | None] = []
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
             if node.func.attr == "set_user_attr" or (node.func.attr == "get" and attrs(node.func.value)):
@@ -244,8 +252,8 @@ def test_every_key_a_sweep_stores_in_its_study_is_named_in_sweeps_keys():
     """Issue 40: what a sweep stores beside Optuna's own fields (the study's state, each trial's job and retry, the
     controller's per-trial facts) was spelled as strings at about 60 sites in 13 modules. Every sweep's database holds
     these names, so each is named once, in trainer/sweeps/keys.py."""
-    found = [f"{path.relative_to(REPO)}:{line} spells the study key {key}" for folder in PRODUCT
-             for path in sorted((REPO / folder).rglob("*.py")) if path != KEYS_HOME for key, line in study_key_literals(path)]
+    found = [f"{module}:{line} spells the study key {key}" for path, module in product_modules() if path != KEYS_HOME
+             for key, line in study_key_literals(path)]
     assert found == [], "use trainforge.trainer.sweeps.keys (StudyKey, TrialKey, fact_key):\n" + "\n".join(found)
 
 
@@ -274,7 +282,7 @@ SKELETON_COINCIDENCES = {
 def skeletons(path: Path):
     """(skeleton, line) of every f-string that builds a name: its text with `{}` for each value, where the text has a
     separator of names ('-', '.', '/', ':', '_') and no space (a message is not a name)."""
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(syntax(path)):
         if not isinstance(node, ast.JoinedStr) or not any(isinstance(v, ast.FormattedValue) for v in node.values):
             continue
         text = "".join(str(v.value) for v in node.values if isinstance(v, ast.Constant))
@@ -287,16 +295,15 @@ def test_a_name_built_from_parts_is_built_in_one_place():
     """Issue 40: a name two modules build with the same f-string (a stack file's, a checkpoint file's, an IRSA
     subject) is a fact spelled twice: a change to one leaves the other building the old name. Each has one function."""
     where: dict[str, set[str]] = {}
-    for folder in PRODUCT:
-        for path in sorted((REPO / folder).rglob("*.py")):
-            for skeleton, _ in skeletons(path):
-                where.setdefault(skeleton, set()).add(str(path.relative_to(REPO)))
+    for path, module in product_modules():
+        for skeleton, _ in skeletons(path):
+            where.setdefault(skeleton, set()).add(module)
     twice = {s: sorted(modules) for s, modules in where.items() if len(modules) > 1 and s not in SKELETON_COINCIDENCES}
     assert twice == {}, "build each in one function, in the fact's home"
 
 
 def test_every_allowed_skeleton_coincidence_is_still_there():
-    built = {s for folder in PRODUCT for path in (REPO / folder).rglob("*.py") for s, _ in skeletons(path)}
+    built = {s for path, _ in product_modules() for s, _ in skeletons(path)}
     assert sorted(set(SKELETON_COINCIDENCES) - built) == []
 
 
@@ -326,7 +333,7 @@ def number_literals(path: Path):
     """(field, value, line) of every uid, port or grace period written as a number in a manifest (a dict's entry or a
     keyword argument of that name, in snake case too)."""
     snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", f).lower(): f for f in NUMBER_FIELDS}
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(syntax(path)):
         pairs: list[tuple[str, ast.AST]] = []
         if isinstance(node, ast.Dict):
             pairs = [(k.value, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value in NUMBER_FIELDS]
@@ -341,14 +348,13 @@ def test_a_uid_port_or_grace_period_is_a_named_constant():
     """Issue 40: `runAsUser: 1000` beside contract.RUNTIME_UID (the image's user), a port the network policies must
     open written again as a number: each is a fact other code agrees on, named once. A module's own number is allowed
     above, with why."""
-    found = [f"{path.relative_to(REPO)}:{line} writes {field}: {value}" for folder in PRODUCT for path in sorted((REPO / folder).rglob("*.py"))
-             for field, value, line in number_literals(path) if (str(path.relative_to(REPO)), field, value) not in NUMBER_COINCIDENCES]
+    found = [f"{module}:{line} writes {field}: {value}" for path, module in product_modules()
+             for field, value, line in number_literals(path) if (module, field, value) not in NUMBER_COINCIDENCES]
     assert found == [], "name it (contract, or the module that owns it) and use the name:\n" + "\n".join(found)
 
 
 def test_every_allowed_number_is_still_there():
-    written = {(str(path.relative_to(REPO)), field, value) for folder in PRODUCT for path in (REPO / folder).rglob("*.py")
-               for field, value, _ in number_literals(path)}
+    written = {(module, field, value) for path, module in product_modules() for field, value, _ in number_literals(path)}
     assert sorted(set(NUMBER_COINCIDENCES) - written) == []
 
 
