@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 from trainforge.errors import EXIT_BAD_INPUT, TrainforgeError
 from trainforge.trainer.admission import Admission
+from trainforge.trainer.render import Kind
 from trainforge.trainer.spec import JobSpec
+
+if TYPE_CHECKING:
+    from trainforge.stackconfig import PlatformConfig
 
 
 class JobPhase(StrEnum):
@@ -112,3 +116,23 @@ class Backend(Protocol):
     def deployed_image(self, team: str) -> str | None:
         """The runtime image the platform deployed for the team (what a job that names none runs), if the backend has one."""
         ...
+
+
+LOCAL, KUBERNETES = "local", "kubernetes"  # where a job runs: cli.common.BackendName's values, which the CLI parses
+
+
+def backend_for(where: str, *, team: str | None = None, kind: Kind = "trainjob", context: str | None = None,
+                cost_centre: str | None = None) -> Any:
+    """The backend that runs jobs `where` (local or kubernetes); on the cluster, for `team`'s namespace, its jobs of
+    `kind`, through kubeconfig `context`, tagged with `cost_centre`."""
+    if where == KUBERNETES:
+        from trainforge.trainer.backends.kubernetes import KubernetesBackend
+        return KubernetesBackend(team, kind, context, cost_centre)
+    from trainforge.trainer.backends.local import LocalBackend
+    return LocalBackend()
+
+
+def cost_centre_of(spec: JobSpec, platform: PlatformConfig | None) -> str | None:
+    """The cost centre the stack bills the job's team to (its jobs' cost tags); None without a stack or that team."""
+    team = next((t for t in platform.teams if t.name == spec.team), None) if platform is not None else None
+    return team.cost_centre if team else None

@@ -53,18 +53,10 @@ def load_platform(stack: Path) -> PlatformConfig:
     return load_stack_file(stack)
 
 
-def cost_centre(spec: JobSpec, platform: Optional[PlatformConfig]) -> Optional[str]:
-    team = next((t for t in platform.teams if t.name == spec.team), None) if platform is not None else None
-    return team.cost_centre if team else None
-
-
 def backend(name: BackendName, *, team: Optional[str] = None, kind: Kind = Kind.trainjob, context: Optional[str] = None,
             cost_centre: Optional[str] = None):
-    if name is BackendName.kubernetes:
-        from trainforge.trainer.backends.kubernetes import KubernetesBackend
-        return KubernetesBackend(team, kind.value, context, cost_centre)
-    from trainforge.trainer.backends.local import LocalBackend
-    return LocalBackend()
+    from trainforge.trainer.backends import backend_for
+    return backend_for(name.value, team=team, kind=kind.value, context=context, cost_centre=cost_centre)
 
 
 def valid_spend(value: Optional[float]) -> Optional[float]:

@@ -13,7 +13,7 @@ from trainforge import paths
 from trainforge.errors import EXIT_FAILED, EXIT_NOT_ADMITTED
 from trainforge.exits import EXIT_OK
 from trainforge.trainer.cli.common import (BACKEND_OPTION, BackendName, CONTEXT_OPTION, DEFAULT_STACK, KIND_OPTION, Kind,
-                                            Output, TEAM_OPTION, backend, cost_centre, load_platform, load_spec, output_option, valid_spend)
+                                            Output, TEAM_OPTION, backend, load_platform, load_spec, output_option, valid_spend)
 
 def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
            kind: Kind = KIND_OPTION,
@@ -22,6 +22,7 @@ def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     """Print the Kubernetes manifest a job spec becomes."""
     import yaml
 
+    from trainforge.trainer.backends import cost_centre_of
     from trainforge.trainer.placement import decide
     from trainforge.trainer.render import render as render_spec
     from trainforge.trainer.spec import with_image
@@ -29,7 +30,7 @@ def render(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     original = load_spec(spec_file)
     spec = with_image(original, platform)
     placement = decide(spec, platform)
-    manifest = render_spec(spec, placement, kind.value, cost_centre(spec, platform))
+    manifest = render_spec(spec, placement, kind.value, cost_centre_of(spec, platform))
     if platform is None:
         typer.echo(assumed_without_a_stack(original, spec, placement), err=True)  # stderr: the manifest stays clean YAML
     typer.echo(json.dumps(manifest, indent=2) if output is Output.json else yaml.safe_dump(manifest, sort_keys=False))
@@ -85,7 +86,7 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
     """Run a job. Locally: torchrun on this machine, supervised; resubmitting a name resumes it."""
     from trainforge.errors import TrainforgeError
     from trainforge.trainer.admission import NotAdmitted, unchecked
-    from trainforge.trainer.backends import JobPhase
+    from trainforge.trainer.backends import JobPhase, cost_centre_of
     from trainforge.trainer.spec import with_image
     from trainforge.trainer.submission import admit_now
     spec = load_spec(spec_file)
@@ -93,7 +94,7 @@ def submit(spec_file: Path = typer.Argument(..., help="job spec (YAML)"),
         raise TrainforgeError("", ["the kubernetes backend checks quota and budget against the environment's stack before creating "
                                    "anything. Fix: --stack stacks/Pulumi.<env>.yaml"])
     platform = load_platform(stack) if stack is not None else None
-    target = backend(backend_name, team=spec.team, kind=kind, context=context, cost_centre=cost_centre(spec, platform))
+    target = backend(backend_name, team=spec.team, kind=kind, context=context, cost_centre=cost_centre_of(spec, platform))
     spec = with_image(spec, platform, target.deployed_image(spec.team) if spec.image is None else None)
     if platform is None:
         decision = unchecked(spec)

@@ -56,7 +56,8 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
     from trainforge.trainer.spec import with_image
     from trainforge.trainer.submission import admit_now
     from trainforge.trainer.sweeps.spec import load_sweep
-    from trainforge.trainer.sweeps.targets import cost_centre_of, local_study_url
+    from trainforge.trainer.backends import cost_centre_of
+    from trainforge.trainer.sweeps.targets import local_study_url
 
     sweep = load_sweep(sweep_file)  # every problem of the spec, before anything is created
     platform = load_platform(stack) if stack is not None else None

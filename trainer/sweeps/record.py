@@ -12,14 +12,14 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Final, Optional
 
 from trainforge import paths
 from trainforge.errors import EXIT_FAILED, TrainforgeError
+from trainforge.trainer.backends import KUBERNETES, LOCAL
 
 RECORD_FILE = "sweep.json"
-LOCAL, KUBERNETES = "local", "kubernetes"  # the values of cli.common.BackendName, which the CLI parses
-TRAINJOB = "trainjob"
+TRAINJOB: Final = "trainjob"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, g
 
 from trainforge import contract, paths
 from trainforge.errors import EXIT_FAILED, TrainforgeError
+from trainforge.trainer.backends import backend_for, cost_centre_of
 from trainforge.trainer.render import Kind as JobKind
 from trainforge.trainer.spec import JobSpec
 from trainforge.trainer.sweeps.record import KUBERNETES, TRAINJOB, SweepRecord
@@ -73,9 +74,8 @@ def locate(name: str, where: Optional[str] = None, *, team: Optional[str] = None
     team = team or record.team
     if team is None:
         raise TrainforgeError("", ["--team: a cluster sweep lives in its team's namespace. Fix: --team <team>"])
-    from trainforge.trainer.backends.kubernetes import KubernetesBackend
     from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND
-    backend = KubernetesBackend(team, job_kind(record.kind), context or record.context)
+    backend = backend_for(KUBERNETES, team=team, kind=job_kind(record.kind), context=context or record.context)
     job = backend.cluster.get(CONTROLLER_KIND, team, contract.sweep_controller_job(name))
     if job is None:
         raise TrainforgeError("", [f"no sweep named {name!r} in namespace {contract.namespace_name(team)} (no TrainJob "
@@ -93,14 +93,6 @@ def local_study_url(name: str) -> str:
     return f"sqlite:///{local_study_file(name).resolve()}"
 
 
-def _backend(where: str, team: Optional[str], kind: str, context: Optional[str] = None, cost_centre: Optional[str] = None):
-    if where == KUBERNETES:
-        from trainforge.trainer.backends.kubernetes import KubernetesBackend
-        return KubernetesBackend(team, job_kind(kind), context, cost_centre)
-    from trainforge.trainer.backends.local import LocalBackend
-    return LocalBackend()
-
-
 def job_kind(kind: str) -> JobKind:
     """A recorded job kind as the backends take it (sweep.json is a file a person may edit)."""
     for known in get_args(JobKind):
@@ -110,10 +102,6 @@ def job_kind(kind: str) -> JobKind:
                                "(sweep.json) was edited; start the sweep again from its spec (`trainforge sweep SPEC.yaml --resume`)"],
                           exit_code=EXIT_FAILED)
 
-
-def cost_centre_of(spec: JobSpec, platform: Any) -> Optional[str]:
-    team = next((t for t in platform.teams if t.name == spec.team), None) if platform is not None else None
-    return team.cost_centre if team else None
 
 
 # ---- on this machine --------------------------------------------------------------------------------------------
@@ -193,7 +181,7 @@ class LocalSweep:
             raise TrainforgeError("", [f"sweep {self.name!r} already finished ({study.user_attrs[StudyKey.FINISHED_BECAUSE]}); nothing to cancel. "
                                        f"`trainforge sweep status {self.name}` shows its trials"], exit_code=EXIT_FAILED)
         study.set_user_attr(StudyKey.CANCELLED, True)  # a running controller stops launching and exits
-        target = _backend(self.record.backend, self.record.team, self.record.kind, self.record.context)
+        target = backend_for(self.record.backend, team=self.record.team, kind=job_kind(self.record.kind), context=self.record.context)
         said = []
         for trial in running:
             job = trial.user_attrs.get(TrialKey.JOB)
@@ -284,7 +272,7 @@ class ClusterSweep:
         from trainforge.trainer.submission import admit_now
         from trainforge.trainer.sweeps.cluster import CONTROLLER_KIND, controller_spec, stack_payload
         platform = load_stack_file(stack)
-        target = _backend(KUBERNETES, sweep.base.team, TRAINJOB, context, cost_centre_of(sweep.base, platform))
+        target = backend_for(KUBERNETES, team=sweep.base.team, kind=TRAINJOB, context=context, cost_centre=cost_centre_of(sweep.base, platform))
         team, job = sweep.base.team, contract.sweep_controller_job(sweep.name)
         existing = target.cluster.get(CONTROLLER_KIND, team, job)
         if existing is not None:
