@@ -10,8 +10,11 @@ FROM pytorch/pytorch:${TORCH_VERSION}-${CUDA_TAG}
 
 ARG EFA_INSTALLER_VERSION=1.43.1
 ARG TORCH_VERSION
+# MLFLOW_DISABLE_TELEMETRY: MLflow 3 reports usage to its makers by default, from every worker and from the server;
+# the platform's pods talk to the platform (and S3, the registry), not out.
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
+    MLFLOW_DISABLE_TELEMETRY=true \
     PIP_NO_CACHE_DIR=1 \
     NCCL_SOCKET_IFNAME=^lo,docker \
     LD_LIBRARY_PATH=/opt/amazon/aws-ofi-nccl/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:/opt/amazon/openmpi/lib:${LD_LIBRARY_PATH}

@@ -27,6 +27,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The local supervisor starts every worker with PYTHONUNBUFFERED=1; the suite's own launches get it too, so that one
 # warm worker interpreter (support.training) stands in for both (a fork cannot change how an interpreter started).
 os.environ["PYTHONUNBUFFERED"] = "1"
+# MLflow 3 reports usage to its makers unless told not to; it reads its "am I under pytest?" guard once, at import, and
+# the warm worker interpreter imports MLflow before any test runs. Nothing the suite starts talks past loopback.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,

@@ -254,19 +254,29 @@ def test_a_lost_node_makes_the_survivors_retry_not_fail(tmp_path):
                                 cwd=tmp_path, stdout=open(tmp_path / f"node{rank}.log", "w"), stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
-    def worker_of(launcher: subprocess.Popen) -> int:  # launcher -> torchrun -> `python -u -m trainforge.trainer.runtime`
-        return next(p for p in descendants(launcher.pid)
+    def worker_of(node_rank: int) -> int:
+        """That node's worker: the one its log says was forked through its rank proxy, else its launcher's
+        descendant (cold: launcher -> torchrun -> `python -u -m trainforge.trainer.runtime`). Rendezvous, not the
+        node's rank, decides the worker's rank, so the ranks' pid files cannot tell."""
+        said = [line.split()[2] for line in (tmp_path / f"node{node_rank}.log").read_text().splitlines()
+                if line.startswith("trainforge: worker ") and "forked" in line]
+        if said:
+            return int(said[0])
+        return next(p for p in descendants(nodes[node_rank].pid)
                     if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[1:4] == [b"-u", b"-m", b"trainforge.trainer.runtime"])
 
     nodes = [node(0), node(1)]
     try:
         wait_for_step(tmp_path, 5)
-        os.kill(worker_of(nodes[1]), signal.SIGKILL)
+        os.kill(worker_of(1), signal.SIGKILL)
         codes = [n.wait(timeout=90) for n in nodes]
     finally:
-        for n in nodes:  # the whole tree: a killed agent would leave its worker training on
+        # The whole tree: each launcher's process group (its torchrun, when cold) and each worker's (its own session,
+        # cold or forked); a killed agent would leave its worker training on.
+        workers = [int(p.read_text()) for p in (tmp_path / "run" / paths.PIDS_DIR).glob("*.pid")]
+        for group in [n.pid for n in nodes] + workers:
             try:
-                os.killpg(n.pid, signal.SIGKILL)
+                os.killpg(group, signal.SIGKILL)
             except ProcessLookupError:
                 pass
     assert codes[1] == EXIT_WORKER_LOST, "the node whose worker vanished"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from trainforge import exits
-from trainforge.trainer.launch import EXIT_WORKER_LOST, classify, node_exit_code
+from trainforge.trainer.launch import (EXIT_WORKER_LOST, RANK_PROXY, WORKER_FORKSERVER_ENV, WORKER_FORKSERVER_OFF, classify,
+                                       node_exit_code, through_rank_proxy)
 from trainforge.exits import outcome_of
 
 from support.servers import free_port
@@ -126,12 +127,31 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+@pytest.mark.parametrize("torchrun_args, through_proxy", [
+    (["--standalone", "--nnodes=1", "-m", "trainforge.trainer.runtime", "--set", "x=1"], True),
+    (["--nnodes=2", "--rdzv-endpoint=h:1", "-m", "pkg.mod"], True),
+    (["--no-python", "-m", "pkg.mod"], False),  # no interpreter of torchrun's to stand in for
+    (["--standalone", "train.py", "-m", "x"], False),  # a script: `-m` is the script's own argument
+    (["--nnodes", "2", "-m", "pkg.mod"], False),  # an option's value apart from it: not read, left alone
+    (["--standalone", "-m"], False),
+])
+def test_only_a_workers_module_goes_through_the_rank_proxy(torchrun_args, through_proxy):
+    rewritten = through_rank_proxy(torchrun_args)
+    if through_proxy:
+        at = torchrun_args.index("-m") + 1
+        assert rewritten == [*torchrun_args[:at], RANK_PROXY, *torchrun_args[at:]]
+    else:
+        assert rewritten == torchrun_args
+
+
 @pytest.mark.slow
-def test_sigterm_before_the_workers_are_up_is_still_a_preemption():
+def test_sigterm_before_the_workers_are_up_is_still_a_preemption(tmp_path):
     # Node 0 of 2 waits in the rendezvous for a node that never comes, so no worker ever starts or records a code.
+    # torchrun cold, as on the cluster (tests/test_worker_forkserver.py has the same with torchrun forked).
+    env = {**os.environ, WORKER_FORKSERVER_ENV: WORKER_FORKSERVER_OFF}
     node = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.launch", "--nproc-per-node=1", "--", "--nnodes=2",
                              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "json.tool"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     # The launcher is up once torchrun is its child (its handlers are set before torchrun starts).
     wait_until(lambda: children_of(node.pid), 60, interval=0.05, what="the launcher to start torchrun")
     node.send_signal(signal.SIGTERM)

@@ -18,10 +18,12 @@ import yaml
 from support import training
 from support.lanes import ITSELF, full
 from support.repo import REPO
+from support.servers import free_port
+from support.waiting import wait_until
 
 from trainforge import exits
 from trainforge.trainer import forkserver
-from trainforge.trainer.launch import WORKER_FORKSERVER_ENV, WORKER_MODULES
+from trainforge.trainer.launch import RANK_PROXY, WORKER_FORKSERVER_ENV, worker_modules
 
 pytestmark = pytest.mark.slow
 FORKED = "forked from the warm interpreter"
@@ -29,19 +31,19 @@ FORKED = "forked from the warm interpreter"
 
 @pytest.fixture(scope="module")
 def server():
-    address, process = forkserver.start(WORKER_MODULES)
+    address, process = forkserver.start(worker_modules())
     yield address
     process.kill()
     process.wait()
 
 
-def launch(workdir: Path, server: str | None, *overrides: str, env: dict | None = None) -> subprocess.Popen:
-    """A one-process job under the node launcher, with the worker fork server `server` (None: cold)."""
+def launch(workdir: Path, server: str | None, *overrides: str, env: dict | None = None, nproc: int = 1) -> subprocess.Popen:
+    """A job of `nproc` processes under the node launcher, with the worker fork server `server` (None: cold)."""
     workdir.mkdir(parents=True, exist_ok=True)
     environment = {k: v for k, v in os.environ.items() if k != WORKER_FORKSERVER_ENV}
     environment.update({WORKER_FORKSERVER_ENV: server} if server else {}, **(env or {}))
-    return subprocess.Popen(training.command(workdir, list(overrides), nproc=1), cwd=workdir, env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(training.command(workdir, list(overrides), nproc=nproc), cwd=workdir, env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str]:
@@ -108,6 +110,89 @@ def test_a_signal_ends_a_forked_worker_with_the_code_a_cold_one_gets(tmp_path, s
     if signum == signal.SIGTERM:
         for which in ("cold", "forked"):
             assert json.loads((tmp_path / which / "run/result.json").read_text())["exit_code"] == exits.EXIT_PREEMPTED
+
+
+def test_a_two_rank_job_forks_torchrun_and_each_rank_and_trains_the_same_bytes(tmp_path, server):
+    """Two ranks under torchrun: the agent and each worker (through trainer/rank_proxy.py) forked, and the job
+    indistinguishable from a cold one: the same bytes, results and log lines."""
+    cold_code, cold_log = finish(launch(tmp_path / "cold", None, nproc=2))
+    forked_code, forked_log = finish(launch(tmp_path / "forked", server, nproc=2))
+    assert (cold_code, forked_code) == (0, 0), cold_log[-2000:] + forked_log[-2000:]
+    said = [line for line in forked_log.splitlines() if FORKED in line]
+    assert [line.split()[1] for line in said] == ["torchrun", "worker", "worker"], forked_log[-2000:]
+    assert FORKED not in cold_log
+    assert (tmp_path / "forked/run/final_model.pt").read_bytes() == (tmp_path / "cold/run/final_model.pt").read_bytes()
+    assert comparable(training.result(tmp_path / "forked")) == comparable(training.result(tmp_path / "cold"))
+    assert without_times(forked_log) == without_times(cold_log)
+
+
+def test_sigterm_to_a_node_whose_forked_torchrun_waits_for_its_peers_is_a_preemption(tmp_path, server):
+    """The launcher passes a signal on to a forked torchrun as to a cold one (tests/test_supervisor_rules.py): node 0
+    of 2 waits in the rendezvous for a node that never comes, is told to stop, and says preempted."""
+    log = tmp_path / "node.log"
+    env = {**os.environ, WORKER_FORKSERVER_ENV: server}
+    node = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.launch", "--nproc-per-node=1", "--", "--nnodes=2",
+                             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "json.tool"],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_until(lambda: any(line.startswith("trainforge: torchrun ") and FORKED in line for line in log.read_text().splitlines()),
+                   60, interval=0.05, what="torchrun forked")
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=60) == exits.EXIT_PREEMPTED, log.read_text()[-2000:]
+    finally:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)
+
+
+def rank_proxies(workdir: Path) -> list[int]:
+    """The rank proxies torchrun started for the job running in `workdir`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if RANK_PROXY.encode() in argv and os.readlink(entry / "cwd") == str(workdir):
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_sigkilled_rank_proxy_takes_its_forked_worker_with_it_and_the_node_reads_as_lost(tmp_path, server):
+    """torchrun ends a worker it gave up on with SIGKILL to its process group, which only reaches the proxy: the
+    server kills the worker it stands for (tied), so nothing trains on unwatched, and the node's code is the one a
+    SIGKILLed cold worker gives (lost: retried)."""
+    workdir = tmp_path / "forked"
+    process = launch(workdir, server, "max_steps=100000", "step_sleep_s=0.02", nproc=2)
+    try:
+        training.wait_for_step(workdir, 5)
+        workers = [int(p.read_text()) for p in sorted((workdir / "run" / "pids").glob("*.pid"))]
+        proxies = rank_proxies(workdir)
+        assert len(proxies) == 2 and not set(proxies) & set(workers), (proxies, workers)
+        os.killpg(proxies[1], signal.SIGKILL)
+        code, log = finish(process)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert code == exits.EXIT_WORKER_LOST, log[-2000:]
+    wait_until(lambda: not any(alive(pid) for pid in workers), 60, what="both ranks' workers to end")
+
+
+def test_a_rank_proxy_without_a_server_becomes_the_worker_itself(tmp_path):
+    """No server to ask (or one that answers cold): the proxy execs the worker with torchrun's interpreter flags, in
+    its own pid, exactly what torchrun would have started."""
+    (tmp_path / "whoami.py").write_text("import os, sys\nprint(os.getpid(), sys.orig_argv[1], sys.argv[1:])\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), WORKER_FORKSERVER_ENV: "@trainforge-forkserver-nobody"}
+    process = subprocess.Popen([sys.executable, "-u", "-m", RANK_PROXY, "whoami", "--set", "a=1"], env=env, cwd=tmp_path,
+                               stdout=subprocess.PIPE, text=True)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0 and out.strip().split(maxsplit=2) == [str(process.pid), "-u", "['--set', 'a=1']"], out
 
 
 def test_another_import_time_environment_or_no_server_runs_cold(tmp_path, server):

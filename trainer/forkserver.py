@@ -23,7 +23,7 @@ socket has no file permissions, so the server serves only connections from its o
 could otherwise run code as that user.
 
 Protocol, per connection: 8 ASCII digits of JSON length with three file descriptors attached (stdin, stdout, stderr),
-then the JSON request {module, argv, env, cwd}; the answer is `cold\\n`, or `pid <n>\\n` once the child exists and
+then the JSON request {module, argv, env, cwd, tied}; the answer is `cold\\n`, or `pid <n>\\n` once the child exists and
 `exit <code>\\n` when it has ended.
 
     python -m trainforge.trainer.forkserver ADDRESS MODULE [MODULE ...]
@@ -120,6 +120,10 @@ def _become_the_invocation(request: dict, fds: list[int], added: dict[str, str])
         os.environ.clear()
         os.environ.update({**added, **request["env"]})
         sys.argv = [request["module"], *request["argv"]]  # runpy puts the module's file in argv[0], as `python -m` does
+        if not hasattr(sys.modules[request["module"]], "__path__"):
+            # A plain module (torchrun's) runs as `__main__` only, as in a fresh interpreter: its imports stay warm, and
+            # runpy does not warn that the module it runs was imported before.
+            del sys.modules[request["module"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = _exit_code(exc.code)
@@ -141,12 +145,40 @@ def _answer_cold(conn: socket.socket, fds: list[int]) -> None:
     conn.sendall(f"{COLD}\n".encode())
 
 
-def _serve_one(conn: socket.socket, listener: socket.socket, at_start: dict[str, str], added: dict[str, str]) -> None:
+def _wait_for(child: int, conn: socket.socket) -> int:
+    """A tied invocation's wait status. Its caller stands in for it (a proxy whose parent watches the proxy's pid):
+    should the caller vanish first (SIGKILLed with its process group, as torchrun ends a worker it gave up on), the
+    invocation's process group is killed as the caller's would have been, rather than left running unwatched."""
+    pidfd = os.pidfd_open(child)
+    try:
+        while True:
+            readable, _, _ = select.select([pidfd, conn.fileno()], [], [])
+            if pidfd in readable:
+                break
+            try:
+                said = conn.recv(64)
+            except OSError:
+                said = b""
+            if not said:  # the caller is gone (a caller never writes after its request)
+                try:
+                    os.killpg(child, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                break
+    finally:
+        os.close(pidfd)
+    return os.waitpid(child, 0)[1]
+
+
+def _serve_one(conn: socket.socket, listener: socket.socket, server_env: dict[str, str], added: dict[str, str]) -> None:
     """In a forked session process: fork the invocation, say its pid, wait for it, say how it ended."""
     listener.close()
     try:
         request, fds = _receive(conn)
-        if request["module"] not in sys.modules or import_time_env(request["env"]) != at_start or len(fds) != 3:
+        # As the child will see it: what the imports added, unless the request sets it (then a cold start's imports
+        # would have read the request's value, and it must be the server's to fork).
+        child_env = {**added, **request["env"]}
+        if request["module"] not in sys.modules or import_time_env(child_env) != server_env or len(fds) != 3:
             _answer_cold(conn, fds)
             os._exit(EXIT_OK)
         child = os.fork()
@@ -156,7 +188,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket, at_start: dict[str,
         for fd in fds:
             os.close(fd)
         conn.sendall(f"pid {child}\n".encode())
-        _, status = os.waitpid(child, 0)
+        status = _wait_for(child, conn) if request.get("tied") else os.waitpid(child, 0)[1]
         conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
     except OSError:
         pass  # the caller went away (killed): its worker still ran to its end, and nobody is left to tell
@@ -174,7 +206,6 @@ def _reap() -> None:
 
 
 def serve(address: str, modules: list[str]) -> None:
-    at_start = import_time_env(dict(os.environ))
     before = dict(os.environ)
     for module in modules:
         __import__(module)
@@ -183,6 +214,7 @@ def serve(address: str, modules: list[str]) -> None:
     # What the imports put in the environment (inductor's config sets its cache directory), a cold start's imports
     # would put there too: each child gets it unless its caller set it.
     added = {k: v for k, v in os.environ.items() if k not in before}
+    server_env = import_time_env(dict(os.environ))  # as its imports read it, and what they added
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(_socket_address(address))
     listener.listen(64)
@@ -203,7 +235,7 @@ def serve(address: str, modules: list[str]) -> None:
                 conn.close()
                 continue
             if os.fork() == 0:
-                _serve_one(conn, listener, at_start, added)
+                _serve_one(conn, listener, server_env, added)
             conn.close()
 
 
@@ -277,15 +309,17 @@ class ForkedProcess:
 
 
 def spawn(address: str, module: str, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None = None,
-          fds: tuple[int, int, int] = (0, 1, 2)) -> ForkedProcess | None:
+          fds: tuple[int, int, int] = (0, 1, 2), tied: bool = False) -> ForkedProcess | None:
     """`python -m MODULE ARGV` forked from the server at `address`; None where it must start cold (no server there, or
-    the server cannot stand in for a fresh interpreter for this request)."""
+    the server cannot stand in for a fresh interpreter for this request). `tied`: the invocation's process group is
+    killed when this caller vanishes before it ends (see _wait_for); untied, it runs to its end as an orphan would."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     received = b""
     try:
         conn.settimeout(30)
         conn.connect(_socket_address(address))
-        payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.fspath(cwd or os.getcwd())}).encode()
+        payload = json.dumps({"module": module, "argv": argv, "env": env, "cwd": os.fspath(cwd or os.getcwd()),
+                              "tied": tied}).encode()
         socket.send_fds(conn, [b"%08d" % len(payload)], list(fds))
         conn.sendall(payload)
         while b"\n" not in received:

@@ -150,8 +150,24 @@ WORKER_FORKSERVER_OFF = "off"  # every worker cold (to rule the server out when 
 # What a bundled task's worker imports before its first step (python -X importtime over a run), imported once by the
 # worker fork server. mlflow is left out: its import starts a native allocator thread (jemalloc's), which no fork keeps.
 # Not the runtime's __main__ itself: runpy warns when the module it is to run as __main__ was imported before.
+TORCHRUN = "torch.distributed.run"
 WORKER_MODULES = ["yaml", "argparse", "trainforge.trainer.runtime.api", "trainforge.trainer.runtime.s3", "torch._inductor.config",
-                   "torch.distributed.checkpoint._fsspec_filesystem", "torch.utils.serialization"]
+                   "torch.distributed.checkpoint._fsspec_filesystem", "torch.utils.serialization", TORCHRUN]
+# What a sweep trial's and a tracked job's worker import on top, where installed (the `sweep` and `tracking` extras):
+# the study's storage (SQLAlchemy, and Alembic's schema check, 0.6 s of a trial's start on these machines) and the
+# MLflow client (2.1 s). MLflow's import starts one native thread (jemalloc's, for pyarrow through pandas), not a
+# Python one: a forked child runs without it, as jemalloc's own fork handlers provide, and frees memory inline.
+OPTIONAL_WORKER_MODULES = {
+    "optuna": ["optuna.storages._rdb.storage", "optuna.storages._rdb.models", "optuna.pruners", "sqlalchemy.orm",
+               "alembic.config", "alembic.command", "alembic.migration"],
+    "mlflow": ["mlflow.tracking.client", "mlflow.entities", "mlflow.exceptions"],
+}
+
+
+def worker_modules() -> list[str]:
+    """WORKER_MODULES and the optional ones whose distribution is installed (found without importing it)."""
+    import importlib.util
+    return [*WORKER_MODULES, *(m for top, modules in OPTIONAL_WORKER_MODULES.items() if importlib.util.find_spec(top) for m in modules)]
 
 
 def worker_directly(torchrun_args: list[str], nproc_per_node: int) -> list[str] | None:
@@ -174,7 +190,7 @@ def serve_workers_warm(wait: bool = True) -> subprocess.Popen | None:
         return None
     try:
         # The supervisor gives every worker PYTHONUNBUFFERED=1, which a fork cannot change: the server starts with it.
-        address, server = forkserver.start(WORKER_MODULES, env={**os.environ, "PYTHONUNBUFFERED": "1"}, wait=wait)
+        address, server = forkserver.start(worker_modules(), env={**os.environ, "PYTHONUNBUFFERED": "1"}, wait=wait)
     except RuntimeError as exc:
         print(f"trainforge: workers start cold: {exc}", file=sys.stderr)
         return None
@@ -192,16 +208,32 @@ def worker_forkserver(env: dict[str, str]) -> str | None:
     return server if server and server != WORKER_FORKSERVER_OFF else None
 
 
-def forked_worker(command: list[str], env: dict[str, str]) -> ForkedProcess | None:
+def forked_worker(command: list[str], env: dict[str, str], what: str = "worker", tied: bool = False) -> ForkedProcess | None:
     """`command` (`python -m MODULE ...`) forked from the worker fork server the environment names, if there is one
-    and it can stand in for a fresh interpreter; None: start it cold."""
+    and it can stand in for a fresh interpreter; None: start it cold. `tied`: killed should this launcher vanish
+    first, as a cold child in its process group would be (forkserver.spawn)."""
     server = worker_forkserver(env)
     if server is None or command[1:2] != ["-m"] or len(command) < 3:
         return None
-    forked = forkserver.spawn(server, command[2], command[3:], env)
+    forked = forkserver.spawn(server, command[2], command[3:], env, tied=tied)
     if forked is not None:  # said, so that "why did my import-time setting not apply?" has an answer in the log
-        print(f"trainforge: worker {forked.pid} forked from the warm interpreter at {server}", file=sys.stderr, flush=True)
+        print(f"trainforge: {what} {forked.pid} forked from the warm interpreter at {server}", file=sys.stderr, flush=True)
     return forked
+
+
+RANK_PROXY = "trainforge.trainer.rank_proxy"
+
+
+def through_rank_proxy(torchrun_args: list[str]) -> list[str]:
+    """torchrun's arguments with its workers started through trainer/rank_proxy.py (each forked from the warm worker
+    interpreter, where that can stand in for a fresh one): `... -m MODULE ARGV` becomes `... -m rank_proxy MODULE
+    ARGV`. Unchanged where the workers are no `-m` module after torchrun's own options (a script, `--no-python`)."""
+    if "-m" not in torchrun_args or "--no-python" in torchrun_args:
+        return torchrun_args
+    at = torchrun_args.index("-m")
+    if at + 1 >= len(torchrun_args) or not all(a.startswith("-") for a in torchrun_args[:at]):
+        return torchrun_args
+    return [*torchrun_args[:at + 1], RANK_PROXY, *torchrun_args[at + 1:]]
 
 
 def _free_port() -> int:
@@ -252,14 +284,16 @@ def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | Non
     # torchrun makes a `torchelastic_*` directory in /tmp per run and never removes it, unless given one (a
     # `--log-dir` among torchrun_args still wins over this environment default).
     env = {"PET_LOG_DIR": str(exit_dir / "torchrun"), **os.environ, EXIT_DIR_ENV: str(exit_dir)}
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}", *torchrun_args]
+    command = [sys.executable, "-m", TORCHRUN, f"--nproc-per-node={nproc_per_node}", *torchrun_args]
     direct = worker_directly(torchrun_args, nproc_per_node)
     if direct is not None:  # the environment torchrun gives its one worker
         command = direct
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))
+    elif worker_forkserver(env) is not None:  # torchrun itself and each of its workers forked, where the server can
+        command = [sys.executable, "-m", TORCHRUN, f"--nproc-per-node={nproc_per_node}", *through_rank_proxy(torchrun_args)]
     signals = SignalForwarder()
-    forked = forked_worker(command, env) if direct is not None else None
+    forked = forked_worker(command, env) if direct is not None else forked_worker(command, env, "torchrun", tied=True)
     agent = signals.adopt(forked) if forked is not None else signals.start(command, env=env)
     returncode = wait_for_agent(agent, exit_dir, nproc_per_node)
     code = node_exit_code(returncode, exit_dir, nproc_per_node, told_to_stop=bool(signals.received))
