@@ -5,7 +5,8 @@ itself does is benchmarks/bench_search.py's question.
    at a time, same sampler and seed, no pruning.
 2. Trial start-up: the time from a trial's submission to its first training step, for short trials where it
    dominates: through torchrun, its one worker launched directly (cold), and forked from the warm interpreter a local
-   sweep starts.
+   sweep starts; and through torchrun with torchrun and its worker forked (trainer/rank_proxy.py), as each rank of a
+   local job of several ranks starts.
 
     .venv/bin/python benchmarks/bench_sweep.py [--startup] [--quick]
 """
@@ -41,14 +42,14 @@ def trial_startup(workdir: Path, repeats: int = 3) -> dict[str, list[float]]:
     if server is None:
         raise SystemExit("no warm worker interpreter: this is not Linux, or it could not start (said above)")
     warm = os.environ[WORKER_FORKSERVER_ENV]
-    found: dict[str, list[float]] = {"torchrun": [], "direct": [], "forked": []}
+    found: dict[str, list[float]] = {"torchrun": [], "direct": [], "forked": [], "torchrun-forked": []}
     for attempt in range(repeats):
         for mode in found:
             name = f"startup-{mode}-{attempt}"
             path = workdir / f"{name}.yaml"
             path.write_text(yaml.safe_dump({**base, "name": name}))
-            env = {**os.environ, "TRAINFORGE_HOME": str(workdir / "home-startup"), VIA_TORCHRUN_ENV: "1" if mode == "torchrun" else "0",
-                   WORKER_FORKSERVER_ENV: warm if mode == "forked" else WORKER_FORKSERVER_OFF}
+            env = {**os.environ, "TRAINFORGE_HOME": str(workdir / "home-startup"), VIA_TORCHRUN_ENV: "1" if mode.startswith("torchrun") else "0",
+                   WORKER_FORKSERVER_ENV: warm if mode.endswith("forked") else WORKER_FORKSERVER_OFF}
             env.pop("MLFLOW_TRACKING_URI", None)
             done = subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "submit", str(path)], env=env, capture_output=True, text=True)
             if done.returncode != 0:
@@ -61,7 +62,8 @@ def trial_startup(workdir: Path, repeats: int = 3) -> dict[str, list[float]]:
     for mode, values in found.items():
         print(f"trial start-up ({mode}): median {stats.median(values):.2f} s over {len(values)} jobs (submit to first step)")
     print(f"start-up, torchrun / direct: {stats.median(found['torchrun']) / stats.median(found['direct']):.2f}x; "
-          f"direct / forked from the warm interpreter: {stats.median(found['direct']) / stats.median(found['forked']):.2f}x")
+          f"direct / forked from the warm interpreter: {stats.median(found['direct']) / stats.median(found['forked']):.2f}x; "
+          f"through torchrun, cold / torchrun and its worker forked: {stats.median(found['torchrun']) / stats.median(found['torchrun-forked']):.2f}x")
     return found
 
 
