@@ -140,8 +140,17 @@ def test_sigterm_to_a_node_whose_forked_torchrun_waits_for_its_peers_is_a_preemp
         node.send_signal(signal.SIGTERM)
         assert node.wait(timeout=60) == exits.EXIT_PREEMPTED, log.read_text()[-2000:]
     finally:
-        if node.poll() is None:
-            os.killpg(node.pid, signal.SIGKILL)
+        kill_job(node, tmp_path)
+
+
+def kill_job(launcher: subprocess.Popen, workdir: Path) -> None:
+    """What a failed test leaves: the launcher's process group, and each worker's own (forked: out of the launcher's)."""
+    workers = [int(p.read_text()) for p in (workdir / "run" / "pids").glob("*.pid")]
+    for group in [launcher.pid, *workers]:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def rank_proxies(workdir: Path) -> list[int]:
@@ -178,8 +187,7 @@ def test_a_sigkilled_rank_proxy_takes_its_forked_worker_with_it_and_the_node_rea
         os.killpg(proxies[1], signal.SIGKILL)
         code, log = finish(process)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_job(process, workdir)
     assert code == exits.EXIT_WORKER_LOST, log[-2000:]
     wait_until(lambda: not any(alive(pid) for pid in workers), 60, what="both ranks' workers to end")
 
@@ -231,6 +239,35 @@ def test_the_server_forks_only_what_it_imported_and_ends_children_as_the_interpr
             assert child.wait(60) == expected
             assert (out_dir / "thread").read_text() == "joined" and (out_dir / "atexit").read_text() == "ran"
         assert "ValueError: the child failed" in (tmp_path / "raise" / "stderr").read_text()
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_forked_child_can_be_signalled_as_soon_as_its_pid_is_known_and_its_end_is_always_told(tmp_path):
+    """The pid is told only once the child has its own process group and a fresh interpreter's handlers: a SIGTERM to
+    that group at once ends it by SIGTERM (not lost, nor the server's own handler's exit 0). Its session process
+    ignores the signals a terminal sends its starter's group (Ctrl-C), so it still tells the caller how its child
+    ended."""
+    (tmp_path / "napping.py").write_text(
+        "import sys, time\n"
+        "if __name__ == '__main__':\n"
+        "    time.sleep(float(sys.argv[1]))\n"
+        "    sys.exit(7)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    path, process = forkserver.start(["napping"], env=env)
+    try:
+        for _ in range(5):
+            child = forkserver.spawn(path, "napping", ["60"], env, tmp_path)
+            assert child is not None
+            os.killpg(child.pid, signal.SIGTERM)
+            assert child.wait(60) == -signal.SIGTERM
+        child = forkserver.spawn(path, "napping", ["1"], env, tmp_path)
+        assert child is not None
+        session = int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            os.kill(session, signum)
+        assert child.wait(60) == 7, "the session process outlived Ctrl-C and told the child's own end"
     finally:
         process.kill()
         process.wait()

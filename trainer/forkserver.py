@@ -51,7 +51,9 @@ import time
 from trainforge.exits import EXIT_OK
 
 # Read by the interpreter or by a library at import, so fixed in every child by the server's own start.
-IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "LD_", "MALLOC_", "TORCH_LOGS", "TORCHDYNAMO_", "TORCHINDUCTOR_")
+# LOGLEVEL: torch elastic's loggers (a forked torchrun); the last two: whether MLflow reports usage, settled at its import.
+IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "LD_", "MALLOC_", "TORCH_LOGS", "TORCHDYNAMO_", "TORCHINDUCTOR_",
+                   "LOGLEVEL", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
 READY = "ready"
 COLD = "cold"
 
@@ -103,16 +105,23 @@ def _exit_code(value: object) -> int:
     return 1
 
 
-def _become_the_invocation(request: dict, fds: list[int], added: dict[str, str]) -> None:
-    """In the forked child: take the invocation's streams, session, directory, environment and argv, run the module as
-    `python -m` does, end as the interpreter ends. Never returns."""
+# The signals whose handling the server and its session processes change, and a fresh interpreter's for each.
+_SESSION_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _become_the_invocation(request: dict, fds: list[int], added: dict[str, str], ready: int) -> None:
+    """In the forked child: take the invocation's session, signal handling, streams, directory, environment and argv,
+    say so on `ready` (only then is its pid told, so nobody can signal it before it has its own process group and a
+    fresh interpreter's handlers), run the module as `python -m` does, end as the interpreter ends. Never returns."""
     os.setsid()
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.write(ready, b"1")
+    os.close(ready)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    for signum in (signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     code = 0
     try:
         os.chdir(request["cwd"])
@@ -145,34 +154,57 @@ def _answer_cold(conn: socket.socket, fds: list[int]) -> None:
     conn.sendall(f"{COLD}\n".encode())
 
 
+def _kill_group(child: int) -> None:
+    try:
+        os.killpg(child, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _caller_gone(conn: socket.socket) -> bool:
+    """The connection is readable: EOF (or an error) means the caller is gone; a caller never writes after its request."""
+    try:
+        return not conn.recv(64)
+    except OSError:
+        return True
+
+
 def _wait_for(child: int, conn: socket.socket) -> int:
     """A tied invocation's wait status. Its caller stands in for it (a proxy whose parent watches the proxy's pid):
     should the caller vanish first (SIGKILLed with its process group, as torchrun ends a worker it gave up on), the
     invocation's process group is killed as the caller's would have been, rather than left running unwatched."""
-    pidfd = os.pidfd_open(child)
+    try:
+        pidfd = os.pidfd_open(child)
+    except OSError:  # a kernel or seccomp profile without pidfds: look at the child twice a second instead
+        pidfd = None
     try:
         while True:
-            readable, _, _ = select.select([pidfd, conn.fileno()], [], [])
-            if pidfd in readable:
+            watched = [conn.fileno()] if pidfd is None else [pidfd, conn.fileno()]
+            readable, _, _ = select.select(watched, [], [], None if pidfd is not None else 0.5)
+            if pidfd is not None and pidfd in readable:
                 break
-            try:
-                said = conn.recv(64)
-            except OSError:
-                said = b""
-            if not said:  # the caller is gone (a caller never writes after its request)
-                try:
-                    os.killpg(child, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            if pidfd is None:
+                pid, status = os.waitpid(child, os.WNOHANG)
+                if pid:
+                    return status
+            if conn.fileno() in readable and _caller_gone(conn):
+                _kill_group(child)
                 break
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
     return os.waitpid(child, 0)[1]
 
 
 def _serve_one(conn: socket.socket, listener: socket.socket, server_env: dict[str, str], added: dict[str, str]) -> None:
-    """In a forked session process: fork the invocation, say its pid, wait for it, say how it ended."""
+    """In a forked session process: fork the invocation, say its pid, wait for it, say how it ended. It ignores the
+    signals a terminal or a process-group kill sends its starter's group (Ctrl-C at `trainforge sweep`): it must
+    outlive them to tell its caller how the invocation ended, or to kill a tied one whose caller is gone."""
     listener.close()
+    for signum in _SESSION_IGNORES:
+        signal.signal(signum, signal.SIG_IGN)
+    child = 0
+    told = False
     try:
         request, fds = _receive(conn)
         # As the child will see it: what the imports added, unless the request sets it (then a cold start's imports
@@ -181,17 +213,27 @@ def _serve_one(conn: socket.socket, listener: socket.socket, server_env: dict[st
         if request["module"] not in sys.modules or import_time_env(child_env) != server_env or len(fds) != 3:
             _answer_cold(conn, fds)
             os._exit(EXIT_OK)
+        ready, is_ready = os.pipe()
         child = os.fork()
         if child == 0:
             conn.close()
-            _become_the_invocation(request, fds, added)
+            os.close(ready)
+            _become_the_invocation(request, fds, added, is_ready)
+        os.close(is_ready)
         for fd in fds:
             os.close(fd)
+        os.read(ready, 1)  # its own session and handlers first: a caller that knows the pid may signal it at once
+        os.close(ready)
         conn.sendall(f"pid {child}\n".encode())
+        told = True
         status = _wait_for(child, conn) if request.get("tied") else os.waitpid(child, 0)[1]
         conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
     except OSError:
-        pass  # the caller went away (killed): its worker still ran to its end, and nobody is left to tell
+        # The caller went away. One that never learned the pid (gone mid-request, or it gave up waiting and started
+        # the invocation cold) must not have a second copy running; one that did ran it as an orphan would run (a
+        # tied one was killed by _wait_for), and nobody is left to tell.
+        if child and (not told or request.get("tied")):
+            _kill_group(child)
     os._exit(EXIT_OK)
 
 

@@ -137,7 +137,9 @@ class SignalForwarder:
         while self._child is not None and self._forwarded < len(self.received):
             signum = self.received[self._forwarded]
             self._forwarded += 1  # before sending: a signal handled meanwhile must not send this one again
-            if self._child.poll() is None:
+            # A forked child's send_signal checks its known end itself: its poll() reads the server's socket, which
+            # the main thread may be reading when this handler runs.
+            if isinstance(self._child, ForkedProcess) or self._child.poll() is None:
                 self._child.send_signal(signum)
 
 
@@ -148,8 +150,8 @@ VIA_TORCHRUN_ENV = "TRAINFORGE_LAUNCH_VIA_TORCHRUN"  # 1: always through torchru
 WORKER_FORKSERVER_ENV = "TRAINFORGE_WORKER_FORKSERVER"
 WORKER_FORKSERVER_OFF = "off"  # every worker cold (to rule the server out when something looks odd)
 # What a bundled task's worker imports before its first step (python -X importtime over a run), imported once by the
-# worker fork server. mlflow is left out: its import starts a native allocator thread (jemalloc's), which no fork keeps.
-# Not the runtime's __main__ itself: runpy warns when the module it is to run as __main__ was imported before.
+# worker fork server, and torchrun (a forked torchrun runs its module as `__main__` afresh, its imports warm). Not the
+# runtime's __main__ itself: runpy warns when the module it is to run as __main__ was imported before.
 TORCHRUN = "torch.distributed.run"
 WORKER_MODULES = ["yaml", "argparse", "trainforge.trainer.runtime.api", "trainforge.trainer.runtime.s3", "torch._inductor.config",
                    "torch.distributed.checkpoint._fsspec_filesystem", "torch.utils.serialization", TORCHRUN]

@@ -21,6 +21,7 @@ starts its workers as it always does.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import sys
 from typing import NoReturn
@@ -57,6 +58,7 @@ def end_as(code: int) -> NoReturn:
         if signum not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset, nor can be blocked
             signal.signal(signum, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the worker's core file (SIGSEGV, SIGABRT) is the one to keep
         os.kill(os.getpid(), signum)
     sys.exit(code)
 
