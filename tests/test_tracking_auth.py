@@ -28,7 +28,7 @@ from support.helm import rendered_program
 from support.servers import mlflow_server
 from support.evaluated import kubernetes_objects, manifest, typed_config
 from support.lanes import stack_variants
-from support.training import command
+from support import training
 
 from trainforge import contract, run_tags
 from trainforge.platform.manifests import tracking
@@ -135,9 +135,8 @@ def train(workdir: Path, uri: str, team: str, login: tuple[str, str], job: str, 
           expect: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLFLOW_TRACKING_USERNAME": login[0], "MLFLOW_TRACKING_PASSWORD": login[1]}
     workdir.mkdir(parents=True)
-    done = subprocess.run(command(workdir, [f"job_id={job}", f"team={team}", f"tracking.uri={uri}", f"tracking.experiment={experiment}",
-                                            "max_steps=10", "warmup_steps=2", "log_every=5", "eval_every=10"], None),
-                          cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    done = training.run(workdir, f"job_id={job}", f"team={team}", f"tracking.uri={uri}", f"tracking.experiment={experiment}",
+                        "max_steps=10", "warmup_steps=2", "log_every=5", "eval_every=10", nproc=None, check=False, env=env)
     assert done.returncode == expect, done.stderr[-3000:]
     if expect:
         return done

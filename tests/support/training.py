@@ -26,15 +26,16 @@ def command(workdir: Path, overrides: list[str], nproc: int | None = 2) -> list[
     return [*launcher, "-m", RUNTIME, *sets]
 
 
-def run(workdir: Path, *overrides: str, nproc: int | None = 2, check: bool = True) -> subprocess.CompletedProcess:
+def run(workdir: Path, *overrides: str, nproc: int | None = 2, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """The runtime under the launcher with `nproc` workers (1: launched directly, as a local job's), or alone (None:
-    forked from the warm interpreter where there is one, as the launcher would)."""
+    forked from the warm interpreter where there is one, as the launcher would), in `env` (default: this process's)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = command(workdir, list(overrides), nproc)
-    server = worker_forkserver(dict(os.environ)) if nproc is None else None
-    result = run_forked(server, RUNTIME, cmd[3:], dict(os.environ), workdir, 300) if server else None
+    environment = dict(os.environ) if env is None else env
+    server = worker_forkserver(environment) if nproc is None else None
+    result = run_forked(server, RUNTIME, cmd[3:], environment, workdir, 300) if server else None
     if result is None:
-        result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(cmd, cwd=workdir, env=environment, capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
