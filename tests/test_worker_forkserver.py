@@ -6,6 +6,7 @@ all) runs cold instead of differently."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -211,24 +212,34 @@ def test_another_import_time_environment_or_no_server_runs_cold(tmp_path, server
     assert gone == 0 and FORKED not in out, out[-2000:]
 
 
+@contextlib.contextmanager
+def serving(tmp_path: Path, module: str, source: str):
+    """A fork server that has imported `module` (written from `source` into tmp_path); yields its address and the
+    environment that finds the module."""
+    (tmp_path / f"{module}.py").write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    path, process = forkserver.start([module], env=env)
+    try:
+        yield path, env
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_the_server_forks_only_what_it_imported_and_ends_children_as_the_interpreter_does(tmp_path):
     """A module it did not import is answered `cold`; a child's non-daemon thread is joined and its atexit handlers run
     before it exits, as a cold interpreter's; an uncaught exception exits 1 with the traceback on stderr."""
-    (tmp_path / "ending.py").write_text(
-        "import atexit, sys, threading, time\n"
-        "from pathlib import Path\n"
-        "def late():\n"
-        "    time.sleep(0.2)\n"
-        "    Path(sys.argv[1], 'thread').write_text('joined')\n"
-        "if __name__ == '__main__':\n"
-        "    atexit.register(lambda: Path(sys.argv[1], 'atexit').write_text('ran'))\n"
-        "    threading.Thread(target=late).start()\n"
-        "    if sys.argv[2] == 'raise':\n"
-        "        raise ValueError('the child failed')\n"
-        "    sys.exit(int(sys.argv[2]))\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    path, process = forkserver.start(["ending"], env=env)
-    try:
+    with serving(tmp_path, "ending", "import atexit, sys, threading, time\n"
+                                     "from pathlib import Path\n"
+                                     "def late():\n"
+                                     "    time.sleep(0.2)\n"
+                                     "    Path(sys.argv[1], 'thread').write_text('joined')\n"
+                                     "if __name__ == '__main__':\n"
+                                     "    atexit.register(lambda: Path(sys.argv[1], 'atexit').write_text('ran'))\n"
+                                     "    threading.Thread(target=late).start()\n"
+                                     "    if sys.argv[2] == 'raise':\n"
+                                     "        raise ValueError('the child failed')\n"
+                                     "    sys.exit(int(sys.argv[2]))\n") as (path, env):
         assert forkserver.spawn(path, "json.tool", [], env) is None, "json.tool was never imported by the server"
         for argument, expected in (("7", 7), ("raise", 1)):
             out_dir = tmp_path / argument
@@ -239,9 +250,6 @@ def test_the_server_forks_only_what_it_imported_and_ends_children_as_the_interpr
             assert child.wait(60) == expected
             assert (out_dir / "thread").read_text() == "joined" and (out_dir / "atexit").read_text() == "ran"
         assert "ValueError: the child failed" in (tmp_path / "raise" / "stderr").read_text()
-    finally:
-        process.kill()
-        process.wait()
 
 
 def test_a_forked_child_can_be_signalled_as_soon_as_its_pid_is_known_and_its_end_is_always_told(tmp_path):
@@ -249,14 +257,10 @@ def test_a_forked_child_can_be_signalled_as_soon_as_its_pid_is_known_and_its_end
     that group at once ends it by SIGTERM (not lost, nor the server's own handler's exit 0). Its session process
     ignores the signals a terminal sends its starter's group (Ctrl-C), so it still tells the caller how its child
     ended."""
-    (tmp_path / "napping.py").write_text(
-        "import sys, time\n"
-        "if __name__ == '__main__':\n"
-        "    time.sleep(float(sys.argv[1]))\n"
-        "    sys.exit(7)\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    path, process = forkserver.start(["napping"], env=env)
-    try:
+    with serving(tmp_path, "napping", "import sys, time\n"
+                                      "if __name__ == '__main__':\n"
+                                      "    time.sleep(float(sys.argv[1]))\n"
+                                      "    sys.exit(7)\n") as (path, env):
         for _ in range(5):
             child = forkserver.spawn(path, "napping", ["60"], env, tmp_path)
             assert child is not None
@@ -268,9 +272,6 @@ def test_a_forked_child_can_be_signalled_as_soon_as_its_pid_is_known_and_its_end
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             os.kill(session, signum)
         assert child.wait(60) == 7, "the session process outlived Ctrl-C and told the child's own end"
-    finally:
-        process.kill()
-        process.wait()
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")

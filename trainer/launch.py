@@ -286,14 +286,14 @@ def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | Non
     # torchrun makes a `torchelastic_*` directory in /tmp per run and never removes it, unless given one (a
     # `--log-dir` among torchrun_args still wins over this environment default).
     env = {"PET_LOG_DIR": str(exit_dir / "torchrun"), **os.environ, EXIT_DIR_ENV: str(exit_dir)}
-    command = [sys.executable, "-m", TORCHRUN, f"--nproc-per-node={nproc_per_node}", *torchrun_args]
+    # With a warm worker interpreter named, torchrun itself and each of its workers are forked where the server can.
+    workers = through_rank_proxy(torchrun_args) if worker_forkserver(env) is not None else torchrun_args
+    command = [sys.executable, "-m", TORCHRUN, f"--nproc-per-node={nproc_per_node}", *workers]
     direct = worker_directly(torchrun_args, nproc_per_node)
     if direct is not None:  # the environment torchrun gives its one worker
         command = direct
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()))
-    elif worker_forkserver(env) is not None:  # torchrun itself and each of its workers forked, where the server can
-        command = [sys.executable, "-m", TORCHRUN, f"--nproc-per-node={nproc_per_node}", *through_rank_proxy(torchrun_args)]
     signals = SignalForwarder()
     forked = forked_worker(command, env) if direct is not None else forked_worker(command, env, "torchrun", tied=True)
     agent = signals.adopt(forked) if forked is not None else signals.start(command, env=env)

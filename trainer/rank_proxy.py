@@ -103,15 +103,12 @@ def main(argv: list[str]) -> NoReturn:
     if not argv:
         sys.exit("usage: python -m trainforge.trainer.rank_proxy MODULE [ARGV ...]")
     module, args = argv[0], argv[1:]
-    from trainforge.trainer.launch import worker_forkserver
-    server = worker_forkserver(dict(os.environ))
+    from trainforge.trainer.launch import forked_worker
     stand_in = StandIn()
-    worker = forkserver.spawn(server, module, args, request_env(dict(os.environ)), tied=True) if server else None
+    worker = forked_worker([sys.executable, "-m", module, *args], request_env(dict(os.environ)), tied=True)
     if worker is None:
         stand_in.let_go()
         become_the_worker_cold(module, args)
-    # Said as a directly launched worker says it (launch.forked_worker): why an import-time setting did not apply.
-    print(f"trainforge: worker {worker.pid} forked from the warm interpreter at {server}", file=sys.stderr, flush=True)
     stand_in.adopt(worker)
     end_as(worker.wait())
 
