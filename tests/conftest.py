@@ -17,7 +17,7 @@ import pytest
 from support.evaluated import evaluation_of, typed_config
 from support.repo import STACK_FILES
 from support.servers import mlflow_server_starting
-from support import typecheck
+from support import run_cache, typecheck
 from trainforge.trainer.launch import serve_workers_warm
 
 # One intra-op thread per training process the tests start: two workers, each with up to two ranks or two trials at
@@ -66,8 +66,19 @@ def pytest_collection_finish(session):
         serve_workers_warm(wait=False)
 
 
+def mlflow_group_problems(items) -> list[str]:
+    """Every test of the shared MLflow server is in its xdist group, so one worker, and one server, serves them all."""
+    return [f"{item.nodeid}: uses mlflow_tracking, so it is marked TRAINING (support/lanes.py): one MLflow server per run"
+            for item in items if "mlflow_tracking" in item.fixturenames and _group(item) != MLFLOW_GROUP]
+
+
+def _group(item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return (marker.args[0] if marker.args else marker.kwargs.get("name")) if marker else None
+
+
 def pytest_collection_modifyitems(config, items):
-    problems = full_lane_problems(items)
+    problems = full_lane_problems(items) + mlflow_group_problems(items)
     if problems:
         raise pytest.UsageError("the full lane's rules:\n  " + "\n  ".join(problems))
     if config.getoption("--full"):
@@ -79,8 +90,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    """The xdist controller (not a worker, and only with workers) starts mypy beside the tests: support/typecheck.py."""
-    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+    """The process that starts the run (not an xdist worker) makes the run's shared cache (support/run_cache.py) before
+    any worker starts; the xdist controller (only with workers) starts mypy beside the tests: support/typecheck.py."""
+    if hasattr(config, "workerinput"):
+        return
+    run_cache.start_run()
+    if not config.getoption("numprocesses", None):
         return
     if typecheck.selected([str(a) for a in config.args], config.option.markexpr or "", config.invocation_params.dir):
         typecheck.start_in_background()
@@ -89,6 +104,7 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):
         typecheck.stop()
+        run_cache.end_run()
 
 
 def pytest_report_header(config):
@@ -105,24 +121,32 @@ def _has_mlflow_server() -> bool:
     return spec is not None and spec.origin is not None and (Path(spec.origin).parent / "server").is_dir()
 
 
-@pytest.fixture(scope="session", autouse=True)
+# The group whose tests use the shared MLflow server (mlflow_group_problems): the worker that runs it starts the server.
+MLFLOW_GROUP = "training"
+_MLFLOW: dict = {}
+
+
+@pytest.fixture(autouse=True)
 def _mlflow_starting(request, tmp_path_factory):
-    """The shared MLflow server, started when this test process starts its first test (when any test of the run uses
-    it) and left to start in the background (10-15 s) while other tests run."""
-    if not any("mlflow_tracking" in item.fixturenames for item in request.session.items) or not _has_mlflow_server():
-        yield None
-        return
-    with mlflow_server_starting(tmp_path_factory.mktemp("mlflow")) as ready:
-        yield ready
+    """The shared MLflow server, started in the background (10-15 s, mostly imports) when this process runs its first
+    test of the MLflow group, if any test of the run uses it; other tests run meanwhile. One server per run: the group
+    runs on one worker."""
+    if "wanted" not in _MLFLOW:
+        _MLFLOW["wanted"] = any("mlflow_tracking" in item.fixturenames for item in request.session.items) and _has_mlflow_server()
+    if _MLFLOW["wanted"] and "ready" not in _MLFLOW and _group(request.node) == MLFLOW_GROUP:
+        starting = mlflow_server_starting(tmp_path_factory.mktemp("mlflow"))
+        _MLFLOW["ready"] = starting.__enter__()
+        request.session.config.add_cleanup(lambda: starting.__exit__(None, None, None))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def mlflow_tracking(_mlflow_starting):
-    """A real MLflow tracking server (SQLite, no auth) shared by every test of this process; each test keeps to its own
-    job ids and sweep names. The servers with basic-auth, as the chart configures them, are test_tracking_auth's."""
-    if _mlflow_starting is None:
+    """A real MLflow tracking server (SQLite, no auth) shared by every test of the run (they are in one xdist group);
+    each test keeps to its own job ids and sweep names. The servers with basic-auth, as the chart configures them, are
+    test_tracking_auth's and test_platform_verify's."""
+    if "ready" not in _MLFLOW:
         pytest.skip("the full mlflow package (tracking server) is not installed")
-    return _mlflow_starting()
+    return _MLFLOW["ready"]()
 
 
 @pytest.fixture(scope="session")

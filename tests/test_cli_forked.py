@@ -9,6 +9,7 @@ import os
 import time
 
 import pytest
+from support import run_cache
 import yaml
 from support.cli import cold_cli, run_cli
 from support.lanes import TIMING
@@ -36,8 +37,12 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
-    """Each case run cold and forked, with the same home, directory and environment."""
-    tmp = tmp_path_factory.mktemp("forked")
+    """Each case run cold and forked, with the same home, directory and environment; once per run (both workers run
+    tests of this module)."""
+    return run_cache.once("cli-forked-cases", run_cache.digest(repr(sorted(CASES.items()))), lambda: run_both(tmp_path_factory.mktemp("forked")))
+
+
+def run_both(tmp):
     (tmp / "bad.yaml").write_text(yaml.safe_dump({**QUICKSTART, "workers": {"nodes": 0, "procs_per_node": 1}}))
     (tmp / "not-yaml.yaml").write_text("name: [unclosed\n")
     out = {}

@@ -13,6 +13,7 @@ import sys
 
 import pulumi
 import pytest
+from support.evaluated import evaluated
 from support.repo import REPO
 
 from trainforge import contract
@@ -41,7 +42,7 @@ def graph(evaluation) -> set:
 
 @pytest.fixture(scope="module")
 def by_teams():
-    return {n: evaluate(with_teams(n), "prod") for n in (2, 4, 8)}
+    return {n: evaluated(with_teams(n), "prod") for n in (2, 4, 8)}  # once per run, whichever worker runs these tests
 
 
 def test_each_added_team_adds_the_same_resources_and_edges(by_teams):

@@ -9,18 +9,16 @@ import dataclasses
 
 import pytest
 import yaml
-from support.evaluated import deployable
+from support.evaluated import evaluation_of
 from support.repo import STACK_FILES
 from support.helm import program_releases, render, rendered_program
 
 from trainforge.infra.engine import Evaluation
 from trainforge.platform.plan import first_up
-from trainforge.stackconfig import read_stack_file
 
 @pytest.fixture(scope="module", params=STACK_FILES, ids=[p.name for p in STACK_FILES])
 def first(request):
-    from trainforge.platform.components.offline import evaluate
-    evaluation = evaluate(deployable(request.param), read_stack_file(request.param).environment)
+    evaluation = evaluation_of(request.param)
     rendered, installs = rendered_program(evaluation)
     return evaluation, rendered, installs
 

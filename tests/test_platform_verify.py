@@ -11,13 +11,13 @@ import base64
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
-from support.repo import REPO, STACKS, TEAM_STACK_FILES
+from support.repo import STACKS, TEAM_STACK_FILES
 from support.helm import program_releases, rendered_program
 from support.kubeapi import KubeApi, serve
+from support.cli import run_cli, run_command
 
 from trainforge import contract
 from trainforge.platform.plan.first_up import FirstUp
@@ -122,8 +122,7 @@ def cluster(evaluations, admin_mlflow, dev_team_stacks, tmp_path):
         (container,) = job["spec"]["template"]["spec"]["containers"]
         env = {**container_env(api, contract.NAMESPACE_MLFLOW, container), "MLFLOW_TRACKING_URI": api.mlflow_uri,
                **getattr(api, "extra_env", {})}
-        done = subprocess.run([sys.executable if part == "python" else part for part in container["command"]],
-                              env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+        done = run_command(container["command"], env={**os.environ, **env}, timeout=120)
         return done.returncode, done.stdout + done.stderr
 
     with serve(api) as served, running_jobs(api, contract.NAMESPACE_MLFLOW, execute):
@@ -131,9 +130,7 @@ def cluster(evaluations, admin_mlflow, dev_team_stacks, tmp_path):
 
 
 def verify(kubeconfig, *extra) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "platform", "verify", "--stack", "dev", *extra],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    return run_cli("platform", "verify", "--stack", "dev", *extra, env={"KUBECONFIG": str(kubeconfig), "COLUMNS": "250"}, timeout=120)
 
 
 def test_a_healthy_platform_passes_every_check(cluster):
@@ -229,9 +226,8 @@ def test_no_usable_kubeconfig_exits_2_with_the_command_to_get_one(tmp_path):
 # ---- removing a team: drain its queue first --------------------------------------------------------------------------
 
 def drain(kubeconfig, team: str, *extra) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "trainforge.trainer.cli", "platform", "drain-team", team, "--stack", "dev", *extra],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    return run_cli("platform", "drain-team", team, "--stack", "dev", *extra, env={"KUBECONFIG": str(kubeconfig), "COLUMNS": "250"},
+                   timeout=120)
 
 
 def vision_queue(api) -> dict:

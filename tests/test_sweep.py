@@ -14,8 +14,9 @@ import optuna
 import pytest
 import yaml
 from support.cli import run_cli
-from support.lanes import ITSELF, full
+from support.lanes import ITSELF, TRAINING, full
 from support.repo import REPO
+from support import studies
 from optuna.trial import TrialState
 from support.waiting import wait_until
 
@@ -42,7 +43,7 @@ def cli(home: Path, *argv: str, env: dict | None = None, timeout: float = 600) -
 
 
 def study_of(home: Path, name: str) -> optuna.Study:
-    return load_existing(name, f"sqlite:///{home / 'sweeps' / name / 'study.db'}")
+    return studies.study(name, f"sqlite:///{home / 'sweeps' / name / 'study.db'}")
 
 
 # ---- bad specs: refused whole, nothing created --------------------------------------------------------------
@@ -86,6 +87,7 @@ def test_a_missing_base_is_named(tmp_path):
 # ---- a real sweep ---------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@TRAINING  # the run's one MLflow server is the training group's (conftest)
 def test_a_real_sweep_prunes_runs_in_parallel_beats_the_base_and_is_tracked(tmp_path, mlflow_tracking):
     from mlflow.tracking import MlflowClient
     home = tmp_path / "home"
@@ -1059,6 +1061,7 @@ def over_budget_stack(tmp_path: Path, team: str) -> Path:
 
 
 @pytest.mark.slow
+@TRAINING  # the run's one MLflow server is the training group's (conftest)
 def test_a_sweeps_best_trial_is_promoted_to_a_full_job_from_its_checkpoint(tmp_path, mlflow_tracking):
     """Issue 25, 'promotion': `sweep best --promote --steps N` submits the best trial's job trained on to N steps
     from the trial's newest checkpoint (weights, optimizer, step), limits scaled, its MLflow run nested under the

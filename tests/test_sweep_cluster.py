@@ -21,6 +21,7 @@ import pytest
 import yaml
 from support.cli import run_cli
 from support.repo import REPO
+from support import studies
 from support.kubeapi import serve, service_account
 from optuna.trial import TrialState
 from support.pod_security import restricted_violations
@@ -111,7 +112,7 @@ class Cluster:
 
     def finish_trials(self, sweep: str, value=lambda number: 0.9 - 0.01 * number) -> int:
         """The trial pods' rank 0 and the Trainer: every trial job not yet ended reports its value and completes."""
-        study = optuna.load_study(study_name=sweep, storage=self.url)
+        study = studies.study(sweep, self.url)
         done = 0
         for job in self.trials(sweep):
             if not job.get("status"):
@@ -202,7 +203,7 @@ def test_the_controller_runs_the_sweep_survives_a_node_loss_and_a_member_follows
     try:
         wait_until(lambda: len(cluster.trials("followed")) == 1, 120)
         cluster.finish_trials("followed")
-        wait_until(lambda: any(t.state is TrialState.COMPLETE for t in load_existing("followed", cluster.url).get_trials()), 60)
+        wait_until(lambda: any(t.state is TrialState.COMPLETE for t in studies.study("followed", cluster.url).get_trials()), 60)
         controller.send_signal(signal.SIGKILL)
         controller.wait(30)
         controller = cluster.start_controller("followed")  # the Job's restart, on another node
@@ -340,7 +341,7 @@ def test_a_trial_that_ends_before_its_launch_is_recorded_is_settled_once(cluster
 
     def run_at_once(obj: dict) -> None:  # in the API server, before the controller hears its create answered
         if obj["kind"] == "TrainJob" and obj["metadata"]["name"].startswith("hasty-t"):
-            cluster.finish_trial(optuna.load_study(study_name="hasty", storage=cluster.url), obj)
+            cluster.finish_trial(studies.study("hasty", cluster.url), obj)
     cluster.served.api.on_create = run_at_once
     controller = cluster.start_controller("hasty")
     try:
@@ -431,7 +432,7 @@ def test_a_trials_cost_and_run_time_count_only_while_its_job_runs(cluster):
     try:
         wait_until(lambda: len(cluster.trials("metered")) == 1, 120)
         (job,) = cluster.trials("metered")
-        study = optuna.load_study(study_name="metered", storage=cluster.url)
+        study = studies.study("metered", cluster.url)
         started = study.trials[0].datetime_start.timestamp()
         admitted, suspended, readmitted, completed = (int(started) + k for k in (2, 4, 6, 8))
 

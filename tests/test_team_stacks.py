@@ -103,8 +103,8 @@ def test_a_deployed_team_moved_into_its_own_stack_is_adopted_not_recreated(tmp_p
     destination = team_stack_name(cfg.environment, team)
 
     platform_file, team_file = move_out(STACKS / stack_file, team, tmp_path)
-    after_team = evaluate_stack_file(team_file)
     after_platform = evaluate_stack_file(platform_file)
+    after_team = evaluate_stack_file(team_file, platform=after_platform)  # what it would evaluate first itself
 
     # What the state move leaves in the team stack (URNs rebuilt under the root stack), each claimed by one resource the
     # team program registers, under its own URN, with the same inputs: no create, no replace.
@@ -152,8 +152,8 @@ def test_the_shipped_team_stacks_pass_the_policy_pack_and_join_their_cohort():
 
 def test_a_team_stack_builds_on_the_platform_stacks_real_outputs(tmp_path):
     platform_file, team_file = move_out(STACKS / "Pulumi.dev.yaml", "language", tmp_path)
-    evaluation = evaluate_stack_file(team_file)
     platform = evaluate_stack_file(platform_file)
+    evaluation = evaluate_stack_file(team_file, platform=platform)  # what it would evaluate first itself
     (reference,) = evaluation.of_type("pulumi:pulumi:StackReference")
     assert reference.inputs["name"] == "organization/trainforge/dev"
     (role,) = evaluation.of_type("aws:iam/role:Role")

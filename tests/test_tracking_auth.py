@@ -18,7 +18,6 @@ import configparser
 import json
 import os
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,6 +28,7 @@ from support.servers import mlflow_server
 from support.evaluated import kubernetes_objects, manifest, typed_config
 from support.lanes import stack_variants
 from support import training
+from support.cli import run_command
 
 from trainforge import contract, run_tags
 from trainforge.platform.manifests import tracking
@@ -119,8 +119,7 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
         for job in jobs:
             (container,) = job["spec"]["template"]["spec"]["containers"]
             for expected in ("created", "updated"):  # a re-run (a new `pulumi up`) resets the password to the Secret's
-                done = subprocess.run([sys.executable if part == "python" else part for part in container["command"]],
-                                      env={**os.environ, **job_env(objects, job, uri)}, capture_output=True, text=True, timeout=120)
+                done = run_command(container["command"], env={**os.environ, **job_env(objects, job, uri)}, timeout=120)
                 assert done.returncode == 0 and done.stdout.strip().endswith(expected), done.stdout + done.stderr
         yield uri, objects, cfg, admin
 
@@ -186,8 +185,7 @@ def test_the_user_job_fails_clearly_on_wrong_admin_credentials(deployed_mlflow):
     uri, objects, cfg, _ = deployed_mlflow
     job = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].startswith("trainforge-mlflow-user-"))
     env = {**job_env(objects, job, uri), contract.MLFLOW_USER_ENV["admin_password"]: "not-the-admins-password"}
-    done = subprocess.run([sys.executable, "-m", "trainforge.trainer.tracking_users"], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=120)
+    done = run_command(["python", "-m", "trainforge.trainer.tracking_users"], env={**os.environ, **env}, timeout=120)
     assert done.returncode == 1 and "refused the admin's credentials (401)" in done.stderr and "Traceback" not in done.stderr
 
 

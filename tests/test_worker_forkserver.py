@@ -309,3 +309,25 @@ def test_a_local_sweep_forks_its_trials_from_its_own_warm_interpreter(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     logs = sorted((tmp_path / "home" / "jobs").glob("warm-t*/job.log"))
     assert len(logs) == 2 and all(FORKED in log.read_text() for log in logs), [log.read_text()[-1500:] for log in logs]
+
+
+def test_a_forked_torchruns_rendezvous_names_its_steps_as_torch_does():
+    """The warm interpreter names rendezvous steps without `inspect.stack()` (trainer/warm_torchrun.py): the same name
+    torch's own function gives, at every depth, and its fallback past the top of the stack."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from trainforge.trainer import warm_torchrun
+
+    assert dynamic_rendezvous.get_method_name is warm_torchrun.method_name
+    assert "trainforge.trainer.warm_torchrun" in worker_modules()
+
+    def both(depth: int) -> tuple[str, str]:
+        return warm_torchrun._TORCHS(depth), warm_torchrun.method_name(depth)
+
+    def next_rendezvous(depth: int) -> tuple[str, str]:  # as the handler's _record is called from its methods
+        return both(depth)
+
+    for depth in (1, 2, 3):
+        torchs, ours = next_rendezvous(depth)
+        assert torchs == ours, depth
+    assert next_rendezvous(2) == ("next_rendezvous", "next_rendezvous")
+    assert both(10_000) == ("no_method_name", "no_method_name")

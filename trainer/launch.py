@@ -154,7 +154,8 @@ WORKER_FORKSERVER_OFF = "off"  # every worker cold (to rule the server out when 
 # runtime's __main__ itself: runpy warns when the module it is to run as __main__ was imported before.
 TORCHRUN = "torch.distributed.run"
 WORKER_MODULES = ["yaml", "argparse", "trainforge.trainer.runtime.api", "trainforge.trainer.runtime.s3", "torch._inductor.config",
-                   "torch.distributed.checkpoint._fsspec_filesystem", "torch.utils.serialization", TORCHRUN]
+                   "torch.distributed.checkpoint._fsspec_filesystem", "torch.utils.serialization", TORCHRUN,
+                   "trainforge.trainer.warm_torchrun"]
 # What a sweep trial's and a tracked job's worker import on top, where installed (the `sweep` and `tracking` extras):
 # the study's storage (SQLAlchemy, and Alembic's schema check, 0.6 s of a trial's start on these machines) and the
 # MLflow client (2.1 s). MLflow's import starts one native thread (jemalloc's, for pyarrow through pandas), not a

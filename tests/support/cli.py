@@ -30,6 +30,19 @@ def run_cli(*argv: str, home: Path | None = None, env: dict | None = None, cwd: 
     return _server().run(list(argv), environment, Path(cwd), timeout)
 
 
+def run_command(command: list[str], env: dict, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A container's command as its pod runs it (`env`: the whole environment). `python -m MODULE ARGS` is forked from
+    the same warm interpreter as the CLI's, MODULE imported afresh in the child as a new interpreter would; any other
+    command, or one the server cannot stand in for, runs as it is."""
+    if command[:2] in (["python", "-m"], ["python3", "-m"]) and len(command) > 2 and os.environ.get("TRAINFORGE_TEST_COLD_CLI") != "1" \
+            and not _changes_interpreter_start(env):
+        forked = run_forked(_server().address, command[2], command[3:], env, cwd, timeout)
+        if forked is not None:
+            return forked
+    return subprocess.run([sys.executable if part in ("python", "python3") else part for part in command],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
 def cold_cli(*argv: str, env: dict, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
     """A fresh interpreter: `python -m trainforge.trainer.cli ARGV`."""
     return subprocess.run([sys.executable, "-m", MODULE, *argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)

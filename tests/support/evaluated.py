@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pulumi
 
+from support import run_cache
+
 
 DEPLOYER_CIDR = "1.2.3.4/32"  # where a test "runs pulumi up from"
 
@@ -28,13 +30,24 @@ _EVALUATED: dict[Path, object] = {}
 
 def evaluation_of(path: Path):
     """A stack file (deployable: the deployer's CIDR set) run through the real program under the mock engine, once per
-    session."""
-    from trainforge.platform.components.offline import evaluate
+    test run (evaluated)."""
     from trainforge.stackconfig import read_stack_file
 
     if path not in _EVALUATED:
-        _EVALUATED[path] = evaluate(deployable(path), read_stack_file(path).environment)
+        _EVALUATED[path] = evaluated(deployable(path), read_stack_file(path).environment)
     return _EVALUATED[path]
+
+
+def evaluated(config: dict, environment: str):
+    """offline.evaluate(config, environment), once per test run (support/run_cache.py: the first process to need it
+    evaluates it, the others of the run read it): for a config a test builds (more teams, another setting) as for a
+    shipped stack's."""
+    import json
+
+    from trainforge.platform.components.offline import evaluate
+
+    return run_cache.once("evaluation", run_cache.digest(json.dumps(config, sort_keys=True), environment),
+                          lambda: evaluate(config, environment))
 
 
 def typed_config(path: Path):

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from support import run_cache
 from trainforge.platform.manifests.crds import defined_kind
 
 CHARTS = Path(__file__).resolve().parents[1] / "data" / "charts"
@@ -27,32 +28,47 @@ CHARTS = Path(__file__).resolve().parents[1] / "data" / "charts"
 
 @functools.cache
 def _unpacked() -> Path:
+    """The vendored charts unpacked, each with its vendored subcharts under charts/ (as `helm dependency build` leaves
+    it): once per test run for all its processes (support/run_cache.py), else once per process."""
+    shared = run_cache.shared_directory("charts", _unpack)
+    if shared is not None:
+        return shared
     root = Path(tempfile.mkdtemp(prefix="trainforge-charts-"))
     atexit.register(shutil.rmtree, root, True)  # 17 MB per test process: left behind, a day of runs fills a disk
-    for archive in CHARTS.glob("*.tar.gz"):
-        with tarfile.open(archive) as tar:
-            tar.extractall(root, filter="data")
+    _unpack(root)
     return root
 
 
-@functools.cache
+def _unpack(root: Path) -> None:
+    for archive in CHARTS.glob("*.tar.gz"):
+        with tarfile.open(archive) as tar:
+            tar.extractall(root, filter="data")
+    for directory in [d for d in root.iterdir() if (d / "Chart.yaml").is_file()]:
+        meta = yaml.load((directory / "Chart.yaml").read_text(), Loader=_Loader)
+        for dependency in meta.get("dependencies") or []:
+            target = directory / "charts" / dependency["name"]
+            source = root / f"{dependency['name']}-{dependency['version']}"
+            if not target.exists() and source.is_dir():
+                shutil.copytree(source, target)  # a copy, not a link: Helm logs every link it follows
+
+
 def chart_dir(name: str, version: str) -> Path:
-    """The chart's directory with its vendored subcharts under charts/, as `helm dependency build` would leave it."""
+    """The chart's directory with its vendored subcharts under charts/."""
     directory = _unpacked() / f"{name}-{version.lstrip('v')}"
     if not directory.is_dir():
         raise FileNotFoundError(f"no vendored source for chart {name} {version}: add it with scripts/vendor-chart "
                                 f"(tests/data/charts/README.md)")
-    meta = yaml.load((directory / "Chart.yaml").read_text(), Loader=_Loader)
-    for dependency in meta.get("dependencies") or []:
-        target = directory / "charts" / dependency["name"]
-        source = _unpacked() / f"{dependency['name']}-{dependency['version']}"
-        if not target.exists() and source.is_dir():
-            shutil.copytree(source, target)  # a copy, not a link: Helm logs every link it follows
     return directory
 
 
 @functools.cache
 def _render(name: str, version: str, release: str, namespace: str, values_json: str) -> tuple[dict[str, Any], ...]:
+    """Once per test run (support/run_cache.py), then once per process."""
+    return run_cache.once("render", run_cache.digest(name, version, release, namespace, values_json),
+                          lambda: _render_now(name, version, release, namespace, values_json))
+
+
+def _render_now(name: str, version: str, release: str, namespace: str, values_json: str) -> tuple[dict[str, Any], ...]:
     import helm_python
 
     chart = helm_python.Chart.load(chart_dir(name, version))
@@ -130,6 +146,10 @@ def crd_sources(release_inputs: dict[str, Any]) -> tuple[frozenset[str], frozens
 
 @functools.cache
 def _crd_sources(release_json: str) -> tuple[frozenset[str], frozenset[str]]:
+    return run_cache.once("crds", run_cache.digest(release_json), lambda: _crd_sources_now(release_json))
+
+
+def _crd_sources_now(release_json: str) -> tuple[frozenset[str], frozenset[str]]:
     import helm_python
 
     release_inputs = json.loads(release_json)
