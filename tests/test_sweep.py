@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from support.cli import run_cli
+from support.cli import run_cli, start_cli
 from support.lanes import ITSELF, TRAINING, full
 from support.repo import REPO
 from support import studies
@@ -156,10 +156,8 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
     # Trials slowed to ~5 s of training (the runtime's test hook), so two are surely running at once to be caught.
     slow_base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 80, "step_sleep_s": 0.06}}
     sweep = write_sweep(tmp_path, name="resume", pruner={"type": "none"}, max_trials=4, base=slow_base)
-    cmd = [sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(sweep), "--poll", "0.2"]
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
-    log = open(tmp_path / "first-controller.log", "w")
-    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    first = start_cli("sweep", str(sweep), "--poll", "0.2", env=env, output=tmp_path / "first-controller.log")
 
     def two_running_after_one_done():
         if not (home / "jobs" / "resume-t000").exists():  # the study exists before its first trial's job (no race on its schema)
@@ -185,7 +183,7 @@ def test_a_killed_controller_continues_the_same_study(tmp_path):
     for group in groups:
         os.killpg(group, signal.SIGKILL)
 
-    second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    second = cli(home, "sweep", str(sweep))
     assert second.returncode == 0, second.stdout + second.stderr
 
     study = study_of(home, "resume")
@@ -422,8 +420,7 @@ def test_a_cancelled_sweep_says_so_everywhere(tmp_path):
     home = tmp_path / "home"
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 100000, "eval_every": 1000}}
     spec = write_sweep(tmp_path, name="to-cancel", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"})
-    controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec), "--poll", "0.2"], cwd=REPO, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TRAINFORGE_HOME": str(home)})
+    controller = start_cli("sweep", str(spec), "--poll", "0.2", env={**os.environ, "TRAINFORGE_HOME": str(home)})
     try:
         def a_trial_runs() -> bool:
             try:  # the database file appears before the study is in it
@@ -539,9 +536,7 @@ def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next
     spec = write_sweep(tmp_path, name="downtime", base=base, max_trials=1, max_parallel=1, pruner={"type": "none"})
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
     log = tmp_path / "first-controller.log"  # what it said, shown if it never launches (once seen under load on CI)
-    with open(log, "w") as out:
-        first = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec), "--poll", "0.2"], cwd=REPO, env=env,
-                                 stdout=out, stderr=subprocess.STDOUT)
+    first = start_cli("sweep", str(spec), "--poll", "0.2", env=env, output=log)
 
     def launched() -> str | None:
         try:
@@ -719,8 +714,7 @@ def test_a_cancelled_sweep_is_resumed_only_on_purpose_and_an_extended_one_runs_o
     # space's warm-up.
     base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 50, "eval_every": 25, "step_sleep_s": 0.04}}
     spec = write_sweep(tmp_path, name="again", base=base, max_trials=2, max_parallel=1, pruner={"type": "none"})
-    controller = subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", str(spec), "--poll", "0.2"], cwd=REPO, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TRAINFORGE_HOME": str(home)})
+    controller = start_cli("sweep", str(spec), "--poll", "0.2", env={**os.environ, "TRAINFORGE_HOME": str(home)})
     try:
         def a_trial_runs() -> bool:
             try:

@@ -12,14 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from support.cli import run_cli
+from support.cli import StartedCli, run_cli, start_cli
 from support.repo import REPO
 from support import studies
 from support.kubeapi import serve, service_account
@@ -64,26 +63,23 @@ class Cluster:
         return self.served.api.find(*TRAINJOBS, VISION, name)
 
     def start_controller(self, sweep: str, log: Path | None = None, give_up_after: float | None = None,
-                         extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+                         extra_env: dict[str, str] | None = None) -> StartedCli:
         """What the controller's pod runs, with what its pod gets: the TrainJob's environment, its token. `log`: its
         output goes there (read while it runs), else to a pipe; `extra_env`: a fault to inject."""
         job = self.job(contract.sweep_controller_job(sweep))
         env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"] if "value" in e}
         assert job["spec"]["trainer"]["command"][-5:] == ["python", "-m", "trainforge.trainer.cli", "sweep", "controller"]
         patience = ["--give-up-after", str(give_up_after)] if give_up_after is not None else []
-        return subprocess.Popen([sys.executable, "-m", "trainforge.trainer.cli", "sweep", "controller", "--storage", f"file:{self.storage}",
-                                 "--poll", "0.2", *patience], cwd=REPO, text=True,
-                                stdout=log.open("w") if log is not None else subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env={**os.environ, **{k: env[k] for k in (contract.HYPERPARAMETERS_ENV, "TRAINFORGE_JOB_ID", "TRAINFORGE_TEAM")},
-                                     "KUBECONFIG": str(self.controller), "TRAINFORGE_HOME": str(self.tmp / "pod-home"),
-                                     **(extra_env or {})})
+        return start_cli("sweep", "controller", "--storage", f"file:{self.storage}", "--poll", "0.2", *patience, output=log,
+                         env={**os.environ, **{k: env[k] for k in (contract.HYPERPARAMETERS_ENV, "TRAINFORGE_JOB_ID", "TRAINFORGE_TEAM")},
+                              "KUBECONFIG": str(self.controller), "TRAINFORGE_HOME": str(self.tmp / "pod-home"), **(extra_env or {})})
 
     def submit_sweep(self, name: str, **changes) -> None:
         """A member starts the sweep: its controller's TrainJob is created (the test runs what its pod would)."""
         spec = sweep_file(self.tmp, name, **changes)
         assert self.cli("sweep", str(spec), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
 
-    def start_sweep(self, name: str, give_up_after: float | None = None, **changes) -> tuple[subprocess.Popen, Path]:
+    def start_sweep(self, name: str, give_up_after: float | None = None, **changes) -> tuple[StartedCli, Path]:
         """The sweep submitted and its controller started, its output in controller.log (read while it runs)."""
         self.submit_sweep(name, **changes)
         log = self.tmp / "controller.log"
@@ -98,7 +94,7 @@ class Cluster:
         """The study's id of the trial a trial job runs, as its args name it."""
         return int(next(a.split("=", 1)[1] for a in job["spec"]["trainer"]["args"] if a.startswith("sweep.trial_id=")))
 
-    def play_until_it_ends(self, sweep: str, controller: subprocess.Popen, what: str) -> None:
+    def play_until_it_ends(self, sweep: str, controller: StartedCli, what: str) -> None:
         """The test as the Trainer: it finishes every trial it sees until the controller ends (killed if it does not)."""
         def played() -> bool:
             self.finish_trials(sweep)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from support.forked import run_forked
@@ -43,6 +44,55 @@ def run_command(command: list[str], env: dict, cwd: Path = REPO, timeout: float 
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
+class StartedCli:
+    """`subprocess.Popen([python, -m, trainforge.trainer.cli, *argv], stdout=<output>, stderr=STDOUT, text=True)` for a
+    command a test lets run while it acts (a sweep controller it kills, a Job's pod): forked from the same warm
+    interpreter as run_cli where it can be, else cold. Its output goes to `output` (read while it runs), or to a
+    temporary file that `communicate` returns. The parts of Popen the tests use: pid, poll, wait, send_signal, kill,
+    returncode, communicate."""
+
+    def __init__(self, argv: list[str], env: dict, cwd: Path = REPO, output: Path | None = None):
+        self._output = output
+        self._out = open(output, "w") if output is not None else tempfile.TemporaryFile("w+")
+        self._process: forkserver.ForkedProcess | subprocess.Popen | None = None
+        if os.environ.get("TRAINFORGE_TEST_COLD_CLI") != "1" and not _changes_interpreter_start(env):
+            with open(os.devnull) as stdin:
+                self._process = forkserver.spawn(_server().address, MODULE, list(argv), env, cwd,
+                                                 (stdin.fileno(), self._out.fileno(), self._out.fileno()))
+        if self._process is None:
+            self._process = subprocess.Popen([sys.executable, "-m", MODULE, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                             stdout=self._out, stderr=subprocess.STDOUT)
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    def poll(self) -> int | None:
+        return self._process.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._process.wait(timeout)
+
+    def send_signal(self, signum: int) -> None:
+        self._process.send_signal(signum)
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        self.wait(timeout)
+        if self._output is not None:
+            return self._output.read_text(), None
+        self._out.seek(0)
+        return self._out.read(), None
+
+
+def start_cli(*argv: str, env: dict, cwd: Path = REPO, output: Path | None = None) -> StartedCli:
+    """`trainforge ARGV` started, not waited for (StartedCli); `env`: the whole environment."""
+    return StartedCli(list(argv), env, cwd, output)
+
+
 def cold_cli(*argv: str, env: dict, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
     """A fresh interpreter: `python -m trainforge.trainer.cli ARGV`."""
     return subprocess.run([sys.executable, "-m", MODULE, *argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
@@ -53,13 +103,26 @@ def _changes_interpreter_start(environment: dict) -> bool:
 
 
 # Imported once by the server; commands import the others lazily, and a child that needs them finds them loaded.
+# The third-party ones are what the cluster and sweep commands import (py-spy over tests/test_sweep*.py: 100 s of the
+# forked children's CPU was importing the Kubernetes client, optuna with its SQL storage and Alembic, ~4 s in the
+# server); optuna.importance (4.4 s) and MLflow (3.6 s) are imported by few commands and stay lazy.
 PRELOAD = [MODULE, "trainforge.trainer.sweeps.targets", "trainforge.trainer.cli.sweep_views", "trainforge.trainer.spec",
-           "trainforge.trainer.sweeps.spec", "trainforge.stackconfig"]
+           "trainforge.trainer.sweeps.spec", "trainforge.stackconfig", "trainforge.trainer.kube", "trainforge.trainer.backends.kubernetes",
+           "trainforge.trainer.tracking_users"]
+OPTIONAL_PRELOAD = {"kubernetes": ["kubernetes"],
+                    "optuna": ["optuna", "optuna.storages._rdb.models", "alembic.command", "alembic.config", "alembic.migration",
+                               "sqlalchemy.dialects.sqlite", "trainforge.trainer.sweeps.study", "trainforge.trainer.sweeps.controller"]}
+
+
+def preload() -> list[str]:
+    """PRELOAD and the optional modules whose distribution is installed (found without importing it)."""
+    import importlib.util
+    return [*PRELOAD, *(m for top, modules in OPTIONAL_PRELOAD.items() if importlib.util.find_spec(top) for m in modules)]
 
 
 class _ForkServer:
     def __init__(self) -> None:
-        self.address, self.process = forkserver.start(PRELOAD)  # it exits when our end of its stdin closes
+        self.address, self.process = forkserver.start(preload())  # it exits when our end of its stdin closes
 
     def run(self, argv: list[str], env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         forked = run_forked(self.address, MODULE, argv, env, cwd, timeout)
