@@ -12,6 +12,7 @@ overlap each other share an xdist group (support/lanes.py) and run in turn on on
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from support.evaluated import evaluation_of, typed_config
@@ -139,6 +140,14 @@ def _mlflow_starting(request, tmp_path_factory):
         request.session.config.add_cleanup(lambda: starting.__exit__(None, None, None))
 
 
+@pytest.fixture(autouse=True)
+def _studies_closed():
+    """The optuna storages a test polled through (support/studies.py) closed when it ends."""
+    yield
+    if "support.studies" in sys.modules:
+        sys.modules["support.studies"].close_all()
+
+
 @pytest.fixture
 def mlflow_tracking(_mlflow_starting):
     """A real MLflow tracking server (SQLite, no auth) shared by every test of the run (they are in one xdist group);
@@ -151,7 +160,7 @@ def mlflow_tracking(_mlflow_starting):
 
 @pytest.fixture(scope="session")
 def evaluations():
-    """Every stack file, evaluated once per test process (evaluation_of)."""
+    """Every stack file, evaluated once per test run (evaluation_of)."""
     return evaluation_of
 
 

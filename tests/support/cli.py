@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from support.forked import run_forked
@@ -57,8 +58,10 @@ class StartedCli:
         self._process: forkserver.ForkedProcess | subprocess.Popen | None = None
         if os.environ.get("TRAINFORGE_TEST_COLD_CLI") != "1" and not _changes_interpreter_start(env):
             with open(os.devnull) as stdin:
+                # Tied: a test that dies or is interrupted takes the command with it, as a child in its process
+                # group would have gone (a cancelled sweep's controller runs trials of 100,000 steps).
                 self._process = forkserver.spawn(_server().address, MODULE, list(argv), env, cwd,
-                                                 (stdin.fileno(), self._out.fileno(), self._out.fileno()))
+                                                 (stdin.fileno(), self._out.fileno(), self._out.fileno()), tied=True)
         if self._process is None:
             self._process = subprocess.Popen([sys.executable, "-m", MODULE, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                              stdout=self._out, stderr=subprocess.STDOUT)
@@ -131,11 +134,13 @@ class _ForkServer:
 
 
 _SERVERS: dict[int, _ForkServer] = {}
+_STARTING = threading.Lock()  # a test's background thread (a Job runner) may ask for it at the same moment as the test
 
 
 def _server() -> _ForkServer:
     """One server per test process (an xdist worker's own), started on first use."""
     pid = os.getpid()
-    if pid not in _SERVERS:
-        _SERVERS[pid] = _ForkServer()
-    return _SERVERS[pid]
+    with _STARTING:
+        if pid not in _SERVERS:
+            _SERVERS[pid] = _ForkServer()
+        return _SERVERS[pid]

@@ -1,4 +1,4 @@
-"""The shipped stacks run through the real program under the mock engine, once per test process, and what the
+"""The shipped stacks run through the real program under the mock engine, once per test run, and what the
 engine recorded, read as the provider would receive it."""
 
 from __future__ import annotations

@@ -20,9 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
+from support.waiting import wait_until
+
 T = TypeVar("T")
 
 ENV = "TRAINFORGE_TEST_RUN_CACHE"
+LOCK_TIMEOUT_S = 900  # the slowest value (the CLI cases cold and forked) takes about a minute on a busy 2-core machine
 
 
 def start_run() -> None:
@@ -57,11 +60,20 @@ def locked(name: str) -> Iterator[Path | None]:
         yield None
         return
     with open(directory / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        wait_until(lambda: _locked(lock), LOCK_TIMEOUT_S, interval=0.05,
+                   what=f"the run cache's {name} (another test process computing it; see its output)")
         try:
             yield directory
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _locked(lock) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 def once(kind: str, key: str, compute: Callable[[], T]) -> T:

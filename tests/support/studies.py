@@ -10,6 +10,7 @@ finished trials, which never change), so one kept open sees what every other pro
 from __future__ import annotations
 
 import optuna
+import sqlalchemy
 
 from trainforge.trainer.sweeps.study import load_existing, storage_for
 
@@ -22,9 +23,19 @@ def study(name: str, url: str) -> optuna.Study:
     storage = _STORAGES.get(url)
     if storage is None:
         found = load_existing(name, url)
-        _STORAGES[url] = storage_for(url)
+        try:
+            _STORAGES[url] = storage_for(url)
+        except sqlalchemy.exc.SQLAlchemyError:  # racing the sweep's own schema set-up (seen: alembic_version stamped
+            pass  # twice); the study was found all the same, and the next call opens a storage again
         return found
     try:
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         return load_existing(name, url)
+
+
+def close_all() -> None:
+    """Each storage's pooled connections closed (conftest, after every test): a test's database is its own."""
+    for storage in _STORAGES.values():
+        storage.engine.dispose()
+    _STORAGES.clear()

@@ -151,8 +151,21 @@ def quiet_optuna() -> None:
 
 
 def storage_for(url: str) -> optuna.storages.RDBStorage:
+    """The study storage at `url`. Two processes opening a new database at once (a controller creating it, a `sweep
+    status` or a test reading it) both create optuna's schema and both stamp its Alembic version; the second stamp fails
+    on the version table's unique key (seen: a controller died of it). By then the schema is whole, so the loser opens
+    the storage again."""
+    import sqlalchemy.exc
+
     quiet_optuna()
-    return optuna.storages.RDBStorage(url, heartbeat_interval=int(HEARTBEAT_S), grace_period=GRACE_S, engine_kwargs=engine_kwargs(url))
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, heartbeat_interval=int(HEARTBEAT_S), grace_period=GRACE_S,
+                                              engine_kwargs=engine_kwargs(url))
+        except sqlalchemy.exc.IntegrityError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 # What makes a sweep the same search: what it searches, for what, how, and the job each trial runs (the base as
