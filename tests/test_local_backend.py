@@ -104,9 +104,9 @@ def test_a_job_admitted_against_a_stack_is_priced_in_the_stacks_region(tmp_path)
         str(spec_file(tmp_path, "priced", max_steps=20, eval_every=10)))
     (job,) = json.loads(cli(home, "cost", "-o", "json").stdout)["jobs"]
     assert job["priced_in"] == "us-west-2"
-    # node_hours is rounded to 4 places, so allow 0.00005 node-hours at the price; the shipped price (~$0.80/h) is far off
-    assert job["on_demand_usd"] == pytest.approx(job["node_hours"] * 100.0, abs=0.006)
-    assert job["cost_usd"] == pytest.approx(job["node_hours"] * 40.0, abs=0.003)  # submitted as spot
+    # the shipped price (~$0.80/h) is far off
+    assert job["on_demand_usd"] == pytest.approx(job["node_hours"] * 100.0, rel=1e-9)
+    assert job["cost_usd"] == pytest.approx(job["node_hours"] * 40.0, rel=1e-9)  # submitted as spot
 
 
 def test_an_active_job_cannot_be_submitted_twice(tmp_path):

@@ -173,3 +173,21 @@ def test_the_local_record_and_the_cost_use_the_placement(tmp_path, monkeypatch):
     state.run_seconds = 3600.0
     cost = ledger.job_cost(JobState(**{**saved, "run_seconds": 3600.0}))
     assert cost["on_demand_usd"] == pytest.approx(decision.cost.on_demand_hourly * decision.placement.nodes, rel=1e-6)
+
+
+def test_a_job_of_a_second_on_the_cheapest_instance_costs_more_than_nothing(tmp_path, monkeypatch):
+    """A sweep trial of a few seconds on a laptop was settled at $0.0 (the ledger rounded to 4 places) and a cost
+    objective read it as free: the ledger keeps what the seconds cost, however small."""
+    monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path))
+    from trainforge.pricing import price_table
+    from trainforge.trainer import ledger
+    from trainforge.trainer.backends.local_records import JobState, prepare
+    spec = load_spec(REPO / "examples" / "llm-pretrain-efa.yaml")
+    table = price_table()
+    region = table.regions[0]
+    cheapest = min(table.on_demand, key=lambda name: table.quote(name, region).spot)
+    prepare(spec, decide(spec, STACKS["Pulumi.prod.yaml"]))
+    saved = json.loads((tmp_path / "jobs" / spec.name / "state.json").read_text())
+    second = JobState(**{**saved, "instance_type": cheapest, "region": region, "nodes": 1, "capacity": "spot", "run_seconds": 1.0})
+    cost = ledger.job_cost(second)
+    assert cost["cost_usd"] == pytest.approx(table.quote(cheapest, region).spot / 3600, rel=1e-9) and cost["cost_usd"] > 0

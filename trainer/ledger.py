@@ -28,9 +28,11 @@ class Priced(Protocol):
 
 
 def job_cost(job: Priced) -> dict:
-    """AWS-equivalent cost of the node-hours a job used: on-demand, spot, and as submitted (spot-fallback at on-demand)."""
+    """AWS-equivalent cost of the node-hours a job used: on-demand, spot, and as submitted (spot-fallback at on-demand).
+    Unrounded: a job of a few seconds on a cheap instance costs well under $0.0001, and rounded here it read as free to
+    what sums or compares it (a sweep's cost objective, a team's month); the views round for display."""
     hours = job.nodes * job.run_seconds / 3600
-    out: dict[str, Any] = {"node_hours": round(hours, 4), "on_demand_usd": None, "spot_usd": None, "cost_usd": None, "priced_in": None}
+    out: dict[str, Any] = {"node_hours": hours, "on_demand_usd": None, "spot_usd": None, "cost_usd": None, "priced_in": None}
     if job.instance_type:
         try:
             table = price_table()
@@ -39,8 +41,7 @@ def job_cost(job: Priced) -> dict:
         except PriceUnknown:
             return out
         on_demand, spot = quote.on_demand * hours, quote.spot * hours
-        out.update(on_demand_usd=round(on_demand, 4), spot_usd=round(spot, 4),
-                   cost_usd=round(quote.hourly(job.capacity) * hours, 4), savings_usd=round(on_demand - spot, 4))
+        out.update(on_demand_usd=on_demand, spot_usd=spot, cost_usd=quote.hourly(job.capacity) * hours, savings_usd=on_demand - spot)
     return out
 
 
@@ -77,5 +78,5 @@ def cost_report(jobs: Iterable[Priced], states: dict[str, str] | None = None) ->
         t["node_hours"] += r["node_hours"]
         t["cost_usd"] += r["cost_usd"] or 0.0
         t["on_demand_usd"] += r["on_demand_usd"] or 0.0
-    summary = [{**t, "savings_usd": round(t["on_demand_usd"] - t["cost_usd"], 4)} for t in teams.values()]
+    summary = [{**t, "savings_usd": t["on_demand_usd"] - t["cost_usd"]} for t in teams.values()]
     return CostReport(per_job, summary)
