@@ -105,9 +105,12 @@ def admin_mlflow(evaluations, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def dev_team_stacks():
+def dev_team_stacks(evaluations):
+    """The dev platform's team stacks, each on the run's evaluation of the dev platform (what `pulumi up` of a team
+    stack reads through its StackReference), not on an evaluation of its own."""
     from trainforge.platform.components.offline import evaluate_stack_file
-    return [evaluate_stack_file(path) for path in TEAM_STACK_FILES if path.name.startswith("Pulumi.dev.")]
+    platform = evaluations(STACKS / "Pulumi.dev.yaml")
+    return [evaluate_stack_file(path, platform=platform) for path in TEAM_STACK_FILES if path.name.startswith("Pulumi.dev.")]
 
 
 @pytest.fixture
