@@ -25,6 +25,7 @@ BENCHMARKS = {
     "bench_gpu.py": "char_lm",
     "bench_quickstart.py": "quickstart end to end",
     "bench_checkpoint_hash.py": "speed-up vs before",
+    "bench_mlflow_auth.py": "speed-up vs before",
 }
 
 
@@ -38,6 +39,8 @@ def test_every_benchmark_is_listed_here():
 def test_the_benchmark_runs_in_quick_mode(script, tmp_path):
     if script in ("bench_runtime.py", "bench_sweep.py", "bench_search.py", "bench_gpu.py", "bench_quickstart.py"):
         pytest.importorskip("torch", reason="the runtime extra (torch) is not installed")
+    if script == "bench_mlflow_auth.py":
+        pytest.importorskip("mlflow.server", reason="the full mlflow package (tracking server) is not installed")
     if script == "bench_stack_eval.py":
         pytest.importorskip("pulumi", reason="the platform extra (pulumi) is not installed")
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--quick"], capture_output=True, text=True,

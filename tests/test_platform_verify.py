@@ -91,11 +91,12 @@ def admin_mlflow(evaluations, tmp_path_factory):
     charts, _ = rendered_program(evaluation)
     (hosts,) = [o["data"]["MLFLOW_SERVER_ALLOWED_HOSTS"] for o in charts["mlflow"] if "MLFLOW_SERVER_ALLOWED_HOSTS" in (o.get("data") or {})]
     (secret,) = [manifest(r) for r in kubernetes_objects(evaluation) if r.inputs.get("metadata", {}).get("name") == tracking.ADMIN_SECRET]
+    (template,) = [o["data"]["auth_template.ini"] for o in charts["mlflow"] if "auth_template.ini" in (o.get("data") or {})]
     tmp = tmp_path_factory.mktemp("verify-mlflow")
-    ini = configparser.ConfigParser()
-    ini["mlflow"] = {"default_permission": "NO_PERMISSIONS", "database_uri": f"sqlite:///{tmp}/auth.db",
-                     "admin_username": secret["stringData"]["username"], "admin_password": secret["stringData"]["password"],
-                     "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth"}
+    ini = configparser.ConfigParser()  # the chart's, as its init container fills it; users in SQLite, not the RDS
+    ini.read_string(template.replace("$(ADMIN_USERNAME_PLACEHOLDER)", secret["stringData"]["username"])
+                    .replace("$(ADMIN_PASSWORD_PLACEHOLDER)", secret["stringData"]["password"]))
+    ini["mlflow"]["database_uri"] = f"sqlite:///{tmp}/auth.db"
     with open(tmp / "basic_auth.ini", "w") as f:
         ini.write(f)
     env = {"MLFLOW_AUTH_CONFIG_PATH": str(tmp / "basic_auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-key",

@@ -83,7 +83,8 @@ def call(uri: str, method: str, path: str, credentials: tuple[str, str] | None, 
 
 @pytest.fixture(scope="module", params=stack_variants())
 def deployed_mlflow(request, evaluations, tmp_path_factory):
-    """The server as the chart configures it, every team's user made by the program's Jobs; yields (uri, objects, cfg).
+    """The server as the chart configures it, every team's user made by the program's Jobs; yields (uri, objects, cfg,
+    the admin's credentials, the users' database).
     One server per stack for the module: its tests use their own job names."""
     evaluation, cfg = evaluations(request.param), typed_config(request.param)
     tmp_path = tmp_path_factory.mktemp("mlflow-auth")
@@ -109,6 +110,7 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
     parsed.read_string(ini)
     assert parsed["mlflow"]["default_permission"] == "NO_PERMISSIONS"
     assert parsed["mlflow"]["database_uri"].endswith(f"/{tracking.AUTH_DATABASE}")
+    assert parsed["mlflow"]["authorization_function"] == contract.MLFLOW_AUTH_FUNCTION
     parsed["mlflow"]["database_uri"] = f"sqlite:///{tmp_path}/auth.db"
     with open(tmp_path / "basic_auth.ini", "w") as f:
         parsed.write(f)
@@ -121,7 +123,7 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
             for expected in ("created", "updated"):  # a re-run (a new `pulumi up`) resets the password to the Secret's
                 done = run_command(container["command"], env={**os.environ, **job_env(objects, job, uri)}, timeout=120)
                 assert done.returncode == 0 and done.stdout.strip().endswith(expected), done.stdout + done.stderr
-        yield uri, objects, cfg, admin
+        yield uri, objects, cfg, admin, tmp_path / "auth.db"
 
 
 def credentials(objects, team: str) -> tuple[str, str]:
@@ -155,7 +157,7 @@ def runs_of(uri: str, login: tuple[str, str], team: str, job: str) -> list[dict]
 
 
 def test_teams_log_to_their_own_runs_and_cannot_read_or_delete_each_others(deployed_mlflow, tmp_path):
-    uri, objects, cfg, _ = deployed_mlflow
+    uri, objects, cfg, _, _ = deployed_mlflow
     a, b = cfg.teams[0].name, cfg.teams[1].name
     login_a, login_b = credentials(objects, a), credentials(objects, b)
     assert login_a[0] == contract.mlflow_user(a) and login_a[1] != login_b[1]
@@ -182,7 +184,7 @@ def test_teams_log_to_their_own_runs_and_cannot_read_or_delete_each_others(deplo
 
 
 def test_the_user_job_fails_clearly_on_wrong_admin_credentials(deployed_mlflow):
-    uri, objects, cfg, _ = deployed_mlflow
+    uri, objects, cfg, _, _ = deployed_mlflow
     job = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].startswith("trainforge-mlflow-user-"))
     env = {**job_env(objects, job, uri), contract.MLFLOW_USER_ENV["admin_password"]: "not-the-admins-password"}
     done = run_command(["python", "-m", "trainforge.trainer.tracking_users"], env={**os.environ, **env}, timeout=120)
@@ -217,7 +219,7 @@ def refused(answer: tuple[int, dict], why: str) -> bool:
 
 
 def teams(deployed_mlflow):
-    uri, objects, cfg, admin = deployed_mlflow
+    uri, objects, cfg, admin, _ = deployed_mlflow
     a, b = cfg.teams[0].name, cfg.teams[1].name
     return uri, admin, (a, credentials(objects, a)), (b, credentials(objects, b))
 
@@ -315,7 +317,7 @@ def test_the_server_answers_the_names_people_reach_it_by_and_no_other(deployed_m
     """Through the rendered allowlist: the service's in-cluster names (jobs, the sweep controller, the budget view),
     `kubectl port-forward`'s local end on any port (the UI from a laptop), and nothing else: not another name, not a
     pod IP (serverAllowedHosts replaces MLflow's defaults, which admit every private address)."""
-    uri, _, _, admin = deployed_mlflow
+    uri, _, _, admin, _ = deployed_mlflow
     service, namespace, port = contract.MLFLOW_SERVICE_NAME, contract.NAMESPACE_MLFLOW, contract.MLFLOW_PORT
     answered = [f"{service}.{namespace}:{port}", f"{service}.{namespace}.svc.cluster.local:{port}", f"{service}:{port}",
                 "localhost:8080", "localhost:5000", "127.0.0.1:15000", "localhost"]
@@ -328,3 +330,33 @@ def test_the_server_answers_the_names_people_reach_it_by_and_no_other(deployed_m
     for host in refused:
         status, body = exchange(uri, "GET", path, admin, host=host)
         assert status == 403 and b"Invalid Host header" in body, (host, status, body[:200])
+
+
+def test_a_password_stops_working_the_moment_it_changes_or_its_user_goes_though_it_was_just_verified(deployed_mlflow):
+    """The server verifies a password once per stored hash, not per request (trainer/mlflow_auth.py,
+    authenticate_request): nothing it remembers outlives a change. A password changed through the API or in the users'
+    database behind the server's back (another replica, a restore) and a deleted user are refused on the next request."""
+    import sqlite3
+
+    from werkzeug.security import generate_password_hash
+
+    uri, _, _, admin, users = deployed_mlflow
+    search = "/api/2.0/mlflow/experiments/search?max_results=1"
+    first, second, third = "first-secret-Aa1" * 2, "second-secret-Bb2" * 2, "third-secret-Cc3" * 2
+    assert call(uri, "POST", "/api/2.0/mlflow/users/create", admin, {"username": "rotating", "password": first})[0] == 200
+    for _ in range(2):  # verified, then remembered
+        assert call(uri, "GET", search, ("rotating", first))[0] == 200
+    assert call(uri, "GET", search, ("rotating", first[:-1]))[0] == 401, "a wrong password beside a remembered one"
+    assert call(uri, "GET", search, (admin[0], first))[0] == 401, "a remembered password under another user's name"
+
+    assert call(uri, "PATCH", "/api/2.0/mlflow/users/update-password", admin, {"username": "rotating", "password": second})[0] == 200
+    assert call(uri, "GET", search, ("rotating", first))[0] == 401, "the old password after a change through the API"
+    assert call(uri, "GET", search, ("rotating", second))[0] == 200
+
+    with sqlite3.connect(users) as db:  # as another replica's change or a restored backup reaches this one
+        db.execute("UPDATE users SET password_hash = ? WHERE username = ?", (generate_password_hash(third), "rotating"))
+    assert call(uri, "GET", search, ("rotating", second))[0] == 401, "the old password after a change in the database"
+    assert call(uri, "GET", search, ("rotating", third))[0] == 200
+
+    assert call(uri, "DELETE", "/api/2.0/mlflow/users/delete", admin, {"username": "rotating"})[0] == 200
+    assert call(uri, "GET", search, ("rotating", third))[0] == 401, "a deleted user's remembered password"

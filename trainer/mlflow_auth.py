@@ -20,6 +20,14 @@ image. `create_app` installs MLflow's own basic-auth app first (users, passwords
   the server-side jobs API and scorer invocation (they take another team's experiment id). A stack turns one on
   with `kubernetes.mlflow.server_features`, which reaches the server as TRAINFORGE_MLFLOW_FEATURES.
 
+**Each request's password is checked as basic-auth checks it, without scrypt every time** (`authenticate_request`, the
+chart's `auth.authorizationFunction`). basic-auth verifies the password against its scrypt hash on every request (~0.1 s
+of the server's CPU by design; a training job's logging, a browser's page of calls, each pays it: MLflow issue 9684).
+MLflow 3.15's own cache (`auth_cache_ttl_seconds`, not settable through the chart's ini template) keeps a credential for
+its TTL in each worker, so a password changed or a user deleted elsewhere still works there until it expires. Here a
+verification is remembered against the user's stored hash as read on this request: a changed password (a new hash,
+a new salt) or a deleted user misses at once, in every worker, whoever changed it (the API or the database).
+
 The admin (the platform's user-making Jobs) passes the team checks; the switched-off features are off for everyone.
 Refusals are 403 with MLflow's error body, `PERMISSION_DENIED` and a message that says what to do instead.
 
@@ -29,9 +37,14 @@ mlflow 3.15.1, the version the chart pins and the tests run (tests/test_tracking
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
+import secrets
+import threading
+from collections import OrderedDict
 from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
@@ -222,6 +235,60 @@ def _asgi_guard(fastapi_app: Any, enabled: frozenset[str]) -> None:
         if (why := _feature_refusal(request.url.path, enabled)) is not None:
             return JSONResponse({"error_code": "PERMISSION_DENIED", "message": why}, status_code=403)
         return await call_next(request)
+
+
+class VerifiedCredentials:
+    """Passwords this process has verified, each against the stored hash it matched. A key is (user, stored hash,
+    HMAC of the password under a key drawn at start): no password is kept, and a digest is no use outside this
+    process. Bounded, least recently used out first."""
+
+    def __init__(self, size: int = 10_000):
+        self._key = secrets.token_bytes(32)
+        self._seen: OrderedDict[tuple[str, str, bytes], None] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()  # the WSGI app answers from a pool of threads
+
+    def _entry(self, username: str, stored_hash: str, password: str) -> tuple[str, str, bytes]:
+        return username, stored_hash, hmac.new(self._key, password.encode(), hashlib.sha256).digest()
+
+    def matches(self, username: str, stored_hash: str, password: str, check: Callable[[str, str], bool]) -> bool:
+        """Whether `password` is the one `stored_hash` was made from: `check(stored_hash, password)` the first time."""
+        entry = self._entry(username, stored_hash, password)
+        with self._lock:
+            if entry in self._seen:
+                self._seen.move_to_end(entry)
+                return True
+        if not check(stored_hash, password):  # outside the lock: other credentials verify meanwhile
+            return False
+        with self._lock:
+            self._seen[entry] = None
+            while len(self._seen) > self._size:
+                self._seen.popitem(last=False)
+        return True
+
+
+_VERIFIED = VerifiedCredentials()
+
+
+def authenticate_request() -> Any:
+    """The chart's `auth.authorizationFunction`: basic-auth's `authenticate_request_basic_auth` (the request's
+    Authorization, or the 401 that asks for one), with the user's stored hash read on every request and a password
+    verified once per hash (VerifiedCredentials)."""
+    from flask import request
+    from mlflow.exceptions import MlflowException
+    from mlflow.server import auth
+    from werkzeug.security import check_password_hash
+
+    credentials = request.authorization
+    if credentials is None or credentials.username is None or credentials.password is None:
+        return auth.make_basic_auth_response()
+    try:
+        user = auth.store.get_user(credentials.username)
+    except MlflowException:  # no such user
+        return auth.make_basic_auth_response()
+    if _VERIFIED.matches(user.username, user.password_hash, credentials.password, check_password_hash):
+        return credentials
+    return auth.make_basic_auth_response()
 
 
 def create_app(app: Any = None) -> Any:

@@ -129,7 +129,8 @@ def admin_secret(password: Any) -> dict[str, Any]:
 def chart_auth(*, database_host: Any, database_secret: str = SERVER_SECRET) -> dict[str, Any]:
     """The chart's `auth` values: trainforge's auth app (basic-auth and the team boundary, trainer/mlflow_auth.py),
     nobody sees what they did not create, users in their own database, reached as MLflow's own role."""
-    return {"enabled": True, "appName": contract.MLFLOW_AUTH_APP, "defaultPermission": DEFAULT_PERMISSION,
+    return {"enabled": True, "appName": contract.MLFLOW_AUTH_APP, "authorizationFunction": contract.MLFLOW_AUTH_FUNCTION,
+            "defaultPermission": DEFAULT_PERMISSION,
             "existingAdminSecret": {"name": ADMIN_SECRET, "usernameKey": "username", "passwordKey": "password"},
             "postgres": {"enabled": True, "host": database_host, "port": contract.POSTGRES_PORT, "database": AUTH_DATABASE,
                          "driver": "psycopg2",
