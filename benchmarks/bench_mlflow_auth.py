@@ -5,9 +5,11 @@ platform's (trainer/mlflow_auth.py `authenticate_request`: each password verifie
 
 For each credential check, a real `mlflow server --app-name trainforge-auth` on loopback (SQLite, one worker, the
 check named in its auth ini as the chart's `auth.authorizationFunction` names it) answers `--requests` authenticated
-`experiments/search` calls one after another, after one warm-up call; the ratio is basic-auth's mean time over the
-platform's, measured in the same run. Each call of a training job's tracker, of `platform verify`'s probe, of a browser
-page is one such request.
+`experiments/search` calls one after another, as the admin, after one warm-up call; the ratio is basic-auth's mean
+time over the platform's, measured in the same run. MLflow runs its credential check several times per request (four
+for this one; a team user's requests, which also pass the permission checks, run it at least as often), so the time
+is mostly those checks. Each call of a training job's tracker, of `platform verify`'s probe, of a browser page is one
+such request.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ def start_server(directory: Path, check: str) -> tuple[subprocess.Popen, str]:
     command = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
                "--backend-store-uri", f"sqlite:///{directory}/mlflow.db", "--workers", "1",
                "--default-artifact-root", str(directory / "artifacts"), "--app-name", contract.MLFLOW_AUTH_APP]
-    server = subprocess.Popen(command, env=env, stdout=open(directory / "server.log", "w"), stderr=subprocess.STDOUT)
+    with open(directory / "server.log", "w") as log:  # the child holds its own copy of the descriptor
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while not answers(f"{uri}/health"):  # readiness: the server's own health route answers

@@ -348,6 +348,14 @@ def test_a_password_stops_working_the_moment_it_changes_or_its_user_goes_though_
         assert call(uri, "GET", search, ("rotating", first))[0] == 200
     assert call(uri, "GET", search, ("rotating", first[:-1]))[0] == 401, "a wrong password beside a remembered one"
     assert call(uri, "GET", search, (admin[0], first))[0] == 401, "a remembered password under another user's name"
+    # The artifact routes FastAPI serves itself reach the same check through MLflow's bridge.
+    artifact = "/api/2.0/mlflow-artifacts/artifacts/0/probe.txt"
+    assert exchange(uri, "GET", artifact, ("rotating", first[:-1]))[0] == 401
+    assert exchange(uri, "PUT", artifact, ("rotating", "x"), b"x", "application/octet-stream")[0] == 401
+    bearer = urllib.request.Request(uri + search, headers={"Authorization": "Bearer " + first})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(bearer, timeout=30)
+    assert refused.value.code == 401, "only Basic credentials"
 
     assert call(uri, "PATCH", "/api/2.0/mlflow/users/update-password", admin, {"username": "rotating", "password": second})[0] == 200
     assert call(uri, "GET", search, ("rotating", first))[0] == 401, "the old password after a change through the API"

@@ -82,3 +82,32 @@ def test_a_stack_turns_a_feature_on_through_the_servers_environment():
     scoring = values.mlflow(cfg.model_copy(update={"kubernetes": cfg.kubernetes.model_copy(update={
         "mlflow": cfg.kubernetes.mlflow.model_copy(update={"server_features": ["scorers"]})})}), **kwargs)
     assert scoring["extraEnvVars"][tracking.JOB_EXECUTION_ENV] == "true", "scorer invocation runs on MLflow's job runner"
+    # The platform's credential check with every feature off; MLflow's own with one on (its gateway clients and its
+    # server-side jobs sign in in ways only basic-auth's check reads: trainer/mlflow_auth.py).
+    assert off["auth"]["authorizationFunction"] == contract.MLFLOW_AUTH_FUNCTION
+    assert on["auth"]["authorizationFunction"] == scoring["auth"]["authorizationFunction"] == tracking.BASIC_AUTH_FUNCTION
+
+
+def test_a_verified_password_is_checked_once_per_stored_hash_and_the_memory_is_bounded():
+    """trainer/mlflow_auth.py VerifiedCredentials: the slow check (scrypt on the server) runs once per user, stored
+    hash and password; a wrong password, another hash or another user runs it again; the least recently used goes first."""
+    checked = []
+
+    def check(stored_hash: str, password: str) -> bool:
+        checked.append((stored_hash, password))
+        return password == f"password-of-{stored_hash}"
+
+    memory = mlflow_auth.VerifiedCredentials(size=2)
+    for _ in range(3):
+        assert memory.matches("a", "h1", "password-of-h1", check)
+    assert checked == [("h1", "password-of-h1")]
+    assert not memory.matches("a", "h1", "wrong", check) and not memory.matches("a", "h1", "wrong", check)
+    assert not memory.matches("a", "h2", "password-of-h1", check), "the same password against a changed hash"
+    assert memory.matches("b", "h1", "password-of-h1", check)  # another user: verified on its own
+    assert len(checked) == 5
+    memory.matches("a", "h1", "password-of-h1", check)  # remembered: a is now the most recently used
+    assert len(checked) == 5
+    assert memory.matches("c", "h3", "password-of-h3", check)  # a third entry: b, the least recently used, goes
+    memory.matches("a", "h1", "password-of-h1", check)
+    memory.matches("b", "h1", "password-of-h1", check)
+    assert checked[5:] == [("h3", "password-of-h3"), ("h1", "password-of-h1")], "a kept, b checked again"

@@ -20,13 +20,17 @@ image. `create_app` installs MLflow's own basic-auth app first (users, passwords
   the server-side jobs API and scorer invocation (they take another team's experiment id). A stack turns one on
   with `kubernetes.mlflow.server_features`, which reaches the server as TRAINFORGE_MLFLOW_FEATURES.
 
-**Each request's password is checked as basic-auth checks it, without scrypt every time** (`authenticate_request`, the
-chart's `auth.authorizationFunction`). basic-auth verifies the password against its scrypt hash on every request (~0.1 s
-of the server's CPU by design; a training job's logging, a browser's page of calls, each pays it: MLflow issue 9684).
-MLflow 3.15's own cache (`auth_cache_ttl_seconds`, not settable through the chart's ini template) keeps a credential for
-its TTL in each worker, so a password changed or a user deleted elsewhere still works there until it expires. Here a
-verification is remembered against the user's stored hash as read on this request: a changed password (a new hash,
-a new salt) or a deleted user misses at once, in every worker, whoever changed it (the API or the database).
+**A password is verified once per stored hash, not by scrypt at every check** (`authenticate_request`, the chart's
+`auth.authorizationFunction`). MLflow calls its credential check several times per request (its own hook, the admin
+test, this app's hook, a search's filter: four for an admin's experiment search), and basic-auth's runs scrypt each
+time (~0.1 s of the server's CPU by design): 0.42 s per request here, 14 ms with this check
+(benchmarks/bench_mlflow_auth.py; MLflow issue 9684). The user's row is still read at every check, and a verification
+is remembered against the stored hash it matched: a password changed (a new hash, a new salt) through the API or in the
+database, or a deleted user, misses at once, in every worker, as with basic-auth alone. MLflow's own cache
+(`auth_cache_ttl_seconds`, off by default and not settable through the chart's ini template) would keep a credential
+for its TTL in the workers that did not see the change. With a server feature on (`server_features`), the chart keeps
+basic-auth's check (platform/manifests/tracking.py `credential_check`). The UI's change-password and logout
+affordances show only under basic-auth's own check; team passwords are the platform's (each `up` resets them).
 
 The admin (the platform's user-making Jobs) passes the team checks; the switched-off features are off for everyone.
 Refusals are 403 with MLflow's error body, `PERMISSION_DENIED` and a message that says what to do instead.

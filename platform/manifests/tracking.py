@@ -126,10 +126,21 @@ def admin_secret(password: Any) -> dict[str, Any]:
             "stringData": {"username": ADMIN_USERNAME, "password": password}}
 
 
-def chart_auth(*, database_host: Any, database_secret: str = SERVER_SECRET) -> dict[str, Any]:
+def credential_check(features: Sequence[str]) -> str:
+    """The chart's `auth.authorizationFunction`: trainforge-auth's (a password verified once per stored hash, not by
+    scrypt on each of the several checks MLflow makes per request; trainer/mlflow_auth.py), unless the stack turns a
+    server feature on. Then MLflow's own: the gateway's clients sign in through its X-MLflow-Authorization header, and
+    the server's scorer and evaluation jobs with its internal gateway token, which only basic-auth's own check reads."""
+    return BASIC_AUTH_FUNCTION if features else contract.MLFLOW_AUTH_FUNCTION
+
+
+BASIC_AUTH_FUNCTION = "mlflow.server.auth:authenticate_request_basic_auth"  # the chart's default
+
+
+def chart_auth(*, database_host: Any, database_secret: str = SERVER_SECRET, features: Sequence[str] = ()) -> dict[str, Any]:
     """The chart's `auth` values: trainforge's auth app (basic-auth and the team boundary, trainer/mlflow_auth.py),
     nobody sees what they did not create, users in their own database, reached as MLflow's own role."""
-    return {"enabled": True, "appName": contract.MLFLOW_AUTH_APP, "authorizationFunction": contract.MLFLOW_AUTH_FUNCTION,
+    return {"enabled": True, "appName": contract.MLFLOW_AUTH_APP, "authorizationFunction": credential_check(features),
             "defaultPermission": DEFAULT_PERMISSION,
             "existingAdminSecret": {"name": ADMIN_SECRET, "usernameKey": "username", "passwordKey": "password"},
             "postgres": {"enabled": True, "host": database_host, "port": contract.POSTGRES_PORT, "database": AUTH_DATABASE,

@@ -245,7 +245,7 @@ def mlflow(cfg: PlatformConfig, *, database_host: Any, database_secret: str, art
         "image": image,
         "initImages": {"mlflowDbMigration": migration_image(image)},
         "extraEnvVars": tracking.server_env(features),
-        "auth": tracking.chart_auth(database_host=database_host, database_secret=database_secret),
+        "auth": tracking.chart_auth(database_host=database_host, database_secret=database_secret, features=features),
         "flaskServerSecretKey": flask_secret_key,
         "replicaCount": cfg.kubernetes.mlflow.replicas,
         "service": {"port": contract.MLFLOW_PORT},
