@@ -31,7 +31,7 @@ os.environ["PYTHONUNBUFFERED"] = "1"
 # MLflow 3 reports usage to its makers unless told not to; it reads its "am I under pytest?" guard once, at import, and
 # the warm worker interpreter imports MLflow before any test runs. Nothing the suite starts talks past loopback.
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
-# Container images (this machine's and CI's) set PYTHONDONTWRITEBYTECODE=1: then every interpreter the run starts (both
+# This machine's image (CI's may too) sets PYTHONDONTWRITEBYTECODE=1: then every interpreter the run starts (both
 # workers, each cold CLI, `plan`, the servers' and the training processes' parents) compiled the package and the
 # assert-rewritten test modules from source again — each worker's collection alone took 10 s, 6.5 s with the caches.
 # The workers and everything they start inherit this; the caches go to __pycache__/ (git ignores them).
