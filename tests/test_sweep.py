@@ -532,7 +532,9 @@ def test_a_trial_that_finished_while_no_controller_was_up_is_settled_by_the_next
     restarted controller could start more trials on top. Killed with SIGKILL mid-trial; the job runs on and ends;
     the next start settles it and ends the sweep without another trial."""
     home = tmp_path / "home"
-    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20}}
+    # ~3 s of training (step_sleep_s), so the kill surely lands mid-trial: on a fast machine the 60 steps alone took
+    # under a second, ended before the kill, and the first controller settled the trial itself.
+    base = {**BASE, "hyperparameters": {**BASE["hyperparameters"], "max_steps": 60, "eval_every": 20, "step_sleep_s": 0.05}}
     spec = write_sweep(tmp_path, name="downtime", base=base, max_trials=1, max_parallel=1, pruner={"type": "none"})
     env = {**os.environ, "TRAINFORGE_HOME": str(home)}
     log = tmp_path / "first-controller.log"  # what it said, shown if it never launches (once seen under load on CI)
