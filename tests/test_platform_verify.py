@@ -82,24 +82,16 @@ def healthy_cluster(evaluation, *team_stacks) -> KubeApi:
 def admin_mlflow(evaluations, tmp_path_factory):
     """A real MLflow as the dev stack's chart runs it: the auth app, its Host allowlist, the program's admin. Once per
     session: xdist may run other modules' tests on this worker between this module's."""
-    import configparser
-
     from support.evaluated import kubernetes_objects, manifest
-    from support.servers import mlflow_server
+    from support.servers import chart_auth_ini, mlflow_server
     from trainforge.platform.manifests import tracking
     evaluation = evaluations(STACKS / "Pulumi.dev.yaml")
     charts, _ = rendered_program(evaluation)
     (hosts,) = [o["data"]["MLFLOW_SERVER_ALLOWED_HOSTS"] for o in charts["mlflow"] if "MLFLOW_SERVER_ALLOWED_HOSTS" in (o.get("data") or {})]
     (secret,) = [manifest(r) for r in kubernetes_objects(evaluation) if r.inputs.get("metadata", {}).get("name") == tracking.ADMIN_SECRET]
-    (template,) = [o["data"]["auth_template.ini"] for o in charts["mlflow"] if "auth_template.ini" in (o.get("data") or {})]
     tmp = tmp_path_factory.mktemp("verify-mlflow")
-    ini = configparser.ConfigParser()  # the chart's, as its init container fills it; users in SQLite, not the RDS
-    ini.read_string(template.replace("$(ADMIN_USERNAME_PLACEHOLDER)", secret["stringData"]["username"])
-                    .replace("$(ADMIN_PASSWORD_PLACEHOLDER)", secret["stringData"]["password"]))
-    ini["mlflow"]["database_uri"] = f"sqlite:///{tmp}/auth.db"
-    with open(tmp / "basic_auth.ini", "w") as f:
-        ini.write(f)
-    env = {"MLFLOW_AUTH_CONFIG_PATH": str(tmp / "basic_auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-key",
+    _, ini = chart_auth_ini(charts["mlflow"], (secret["stringData"]["username"], secret["stringData"]["password"]), tmp)
+    env = {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-key",
            "MLFLOW_SERVER_ALLOWED_HOSTS": hosts}
     with mlflow_server(tmp, env=env, app_name=contract.MLFLOW_AUTH_APP) as uri:
         yield uri

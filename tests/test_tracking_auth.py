@@ -14,7 +14,6 @@ the AI gateway's proxy, the server-side jobs API and scorer invocation.
 from __future__ import annotations
 
 import base64
-import configparser
 import json
 import os
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from support.helm import rendered_program
-from support.servers import mlflow_server
+from support.servers import chart_auth_ini, mlflow_server
 from support.evaluated import kubernetes_objects, manifest, typed_config
 from support.lanes import stack_variants
 from support import training
@@ -90,7 +89,6 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("mlflow-auth")
     objects = program_objects(evaluation)
     charts, _ = rendered_program(evaluation)
-    (template,) = [o["data"]["auth_template.ini"] for o in charts["mlflow"] if o["kind"] == "ConfigMap" and "auth_template.ini" in o.get("data", {})]
     (deployment,) = [o for o in charts["mlflow"] if o["kind"] == "Deployment"]
     (server,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "mlflow"]
     (app_name,) = [a.split("=", 1)[1] for a in server["args"] if a.startswith("--app-name=")]
@@ -105,16 +103,11 @@ def deployed_mlflow(request, evaluations, tmp_path_factory):
     rendered_env["MLFLOW_SERVER_ALLOWED_HOSTS"] = hosts
     admin = (secret_value(objects, contract.NAMESPACE_MLFLOW, tracking.ADMIN_SECRET, "username"),
              secret_value(objects, contract.NAMESPACE_MLFLOW, tracking.ADMIN_SECRET, "password"))
-    ini = template.replace("$(ADMIN_USERNAME_PLACEHOLDER)", admin[0]).replace("$(ADMIN_PASSWORD_PLACEHOLDER)", admin[1])
-    parsed = configparser.ConfigParser()
-    parsed.read_string(ini)
-    assert parsed["mlflow"]["default_permission"] == "NO_PERMISSIONS"
-    assert parsed["mlflow"]["database_uri"].endswith(f"/{tracking.AUTH_DATABASE}")
-    assert parsed["mlflow"]["authorization_function"] == contract.MLFLOW_AUTH_FUNCTION
-    parsed["mlflow"]["database_uri"] = f"sqlite:///{tmp_path}/auth.db"
-    with open(tmp_path / "basic_auth.ini", "w") as f:
-        parsed.write(f)
-    env = {**rendered_env, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-key"}
+    rendered, ini = chart_auth_ini(charts["mlflow"], admin, tmp_path)
+    assert rendered["default_permission"] == "NO_PERMISSIONS"
+    assert rendered["database_uri"].endswith(f"/{tracking.AUTH_DATABASE}")
+    assert rendered["authorization_function"] == contract.MLFLOW_AUTH_FUNCTION
+    env = {**rendered_env, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-only-key"}
     with mlflow_server(tmp_path, env=env, app_name=app_name, proxied_artifacts=True) as uri:
         jobs = [o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].startswith("trainforge-mlflow-user-")]
         assert len(jobs) == len(cfg.teams)

@@ -85,7 +85,7 @@ def test_a_stack_turns_a_feature_on_through_the_servers_environment():
     # The platform's credential check with every feature off; MLflow's own with one on (its gateway clients and its
     # server-side jobs sign in in ways only basic-auth's check reads: trainer/mlflow_auth.py).
     assert off["auth"]["authorizationFunction"] == contract.MLFLOW_AUTH_FUNCTION
-    assert on["auth"]["authorizationFunction"] == scoring["auth"]["authorizationFunction"] == tracking.BASIC_AUTH_FUNCTION
+    assert on["auth"]["authorizationFunction"] == scoring["auth"]["authorizationFunction"] == contract.MLFLOW_BASIC_AUTH_FUNCTION
 
 
 def test_a_verified_password_is_checked_once_per_stored_hash_and_the_memory_is_bounded():

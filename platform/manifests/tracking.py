@@ -131,10 +131,7 @@ def credential_check(features: Sequence[str]) -> str:
     scrypt on each of the several checks MLflow makes per request; trainer/mlflow_auth.py), unless the stack turns a
     server feature on. Then MLflow's own: the gateway's clients sign in through its X-MLflow-Authorization header, and
     the server's scorer and evaluation jobs with its internal gateway token, which only basic-auth's own check reads."""
-    return BASIC_AUTH_FUNCTION if features else contract.MLFLOW_AUTH_FUNCTION
-
-
-BASIC_AUTH_FUNCTION = "mlflow.server.auth:authenticate_request_basic_auth"  # the chart's default
+    return contract.MLFLOW_BASIC_AUTH_FUNCTION if features else contract.MLFLOW_AUTH_FUNCTION
 
 
 def chart_auth(*, database_host: Any, database_secret: str = SERVER_SECRET, features: Sequence[str] = ()) -> dict[str, Any]:

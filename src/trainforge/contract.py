@@ -296,8 +296,10 @@ def mlflow_user(team: str) -> str:
 # The tracking server's auth app (trainer/mlflow_auth.py, `--app-name trainforge-auth`) and the MLflow features it keeps
 # off unless the stack lists them in kubernetes.mlflow.server_features (each lets a user make the server act for them).
 MLFLOW_AUTH_APP = "trainforge-auth"
-# Its credential check (the chart's auth.authorizationFunction): basic-auth's, without re-running scrypt per request.
+# Its credential check (the chart's auth.authorizationFunction): basic-auth's, without re-running scrypt per request;
+# and basic-auth's own (the chart's default), kept where a server feature is on (platform/manifests/tracking.py).
 MLFLOW_AUTH_FUNCTION = "trainforge.trainer.mlflow_auth:authenticate_request"
+MLFLOW_BASIC_AUTH_FUNCTION = "mlflow.server.auth:authenticate_request_basic_auth"
 MLFLOW_SERVER_FEATURES = ("gateway", "jobs", "scorers")
 MLFLOW_FEATURES_ENV = "TRAINFORGE_MLFLOW_FEATURES"
 

@@ -112,6 +112,24 @@ def mlflow_server_starting(tmp: Path, port: int | None = None, env: dict[str, st
         yield ready
 
 
+def chart_auth_ini(mlflow_objects: list[dict], admin: tuple[str, str], directory: Path) -> tuple[dict[str, str], Path]:
+    """The MLflow chart's auth ini (its `auth_template.ini` ConfigMap) with the admin's placeholders filled as the
+    chart's init container fills them; returns its [mlflow] section as rendered and the file written to `directory`
+    for a test server (MLFLOW_AUTH_CONFIG_PATH), whose one change is the users' database: SQLite in `directory`."""
+    import configparser
+
+    (template,) = [o["data"]["auth_template.ini"] for o in mlflow_objects
+                   if o["kind"] == "ConfigMap" and "auth_template.ini" in (o.get("data") or {})]
+    ini = configparser.ConfigParser()
+    ini.read_string(template.replace("$(ADMIN_USERNAME_PLACEHOLDER)", admin[0]).replace("$(ADMIN_PASSWORD_PLACEHOLDER)", admin[1]))
+    rendered = dict(ini["mlflow"])
+    ini["mlflow"]["database_uri"] = f"sqlite:///{directory}/auth.db"
+    path = directory / "basic_auth.ini"
+    with open(path, "w") as f:
+        ini.write(f)
+    return rendered, path
+
+
 def scrape_config(pod_monitor: dict, targets: list[str], target_labels: dict[str, str]) -> dict:
     """The scrape job the Prometheus operator makes of a PodMonitor's (or ServiceMonitor's) first endpoint, for static `targets` that carry
     `target_labels` (on the cluster: namespace, pod, container and `job` = <namespace>/<monitor name>, from discovery)."""
