@@ -51,6 +51,23 @@ def test_workers_that_all_recorded_success_make_a_success_whatever_torchrun_says
     assert node_exit_code(1, tmp_path, world_size=2) == 0
 
 
+def test_the_launcher_reading_the_records_while_a_rank_writes_them_never_sees_half_a_record(tmp_path):
+    """The node launcher polls the records while its workers write them, and a rank may write its record twice (a
+    preempted one records 143 from its signal handler, then again as it exits). Seen in CI: the launcher read an empty
+    code file, crashed with exit 1, and the cluster would have taken the attempt for a user error and never retried it."""
+    rewrites = ("from trainforge.exits import record_exit\n"
+                "for _ in range(3000):\n    record_exit(143)\n    record_exit(1, 'boom')\n")
+    writer = subprocess.Popen([sys.executable, "-c", rewrites], env={**os.environ, exits.EXIT_DIR_ENV: str(tmp_path), "RANK": "0"})
+    seen = []
+    while writer.poll() is None:
+        seen.extend((r.code, r.message) for r in exits.read_exits(tmp_path))
+    assert writer.returncode == 0
+    assert seen, "the writer finished before a record was read: nothing was tried"
+    assert {code for code, _ in seen} <= {143, 1}, "a record is whole or not there"
+    assert all(message == "boom" for code, message in seen if code == 1), "a failure's code comes with its message"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.code", "rank0.error"], "nothing but the records left"
+
+
 def lingering_agent(seconds: float) -> subprocess.Popen:
     """A real process standing in for a torchrun agent that has not exited yet."""
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
@@ -105,8 +122,8 @@ def test_a_worker_killed_by_a_signal_makes_the_node_retryable():
     # Rank 1 is still running when rank 0 dies, so torchrun stops it with SIGTERM and it records 143: the node must
     # still say "worker lost" (counted against restarts), not "preempted" (uncounted), or an OOM loop never ends.
     kill = "import os, signal, time; os.kill(os.getpid(), signal.SIGKILL) if os.environ['RANK'] == '0' else time.sleep(60)"
-    code = subprocess.run(launch(*python(kill)), capture_output=True, timeout=120).returncode
-    assert code == EXIT_WORKER_LOST and exits.is_retryable(code)
+    done = subprocess.run(launch(*python(kill)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_WORKER_LOST and exits.is_retryable(done.returncode), done.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -65,8 +65,18 @@ def record_exit(code: int, message: str = "") -> None:
     rank = os.environ.get("RANK", "0")
     Path(directory).mkdir(parents=True, exist_ok=True)
     if message:  # written before the code: a reader that sees the code sees the message too
-        Path(directory, f"rank{rank}.error").write_text(message[:ERROR_MESSAGE_MAX_CHARS])
-    Path(directory, f"rank{rank}.code").write_text(str(code))
+        _write_whole(Path(directory, f"rank{rank}.error"), message[:ERROR_MESSAGE_MAX_CHARS])
+    _write_whole(Path(directory, f"rank{rank}.code"), str(code))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write `text` so that a reader sees the old file or the new one, never an empty or half-written one: the node
+    launcher polls these records while its workers write them (a rank that was preempted records 143 from its
+    signal handler and records again as it exits). A plain write truncates first, and a launcher that read the empty
+    file crashed with exit 1, which the cluster takes for a user error and never retries."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden: read_exits' `rank*.code` never matches it
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def read_exits(directory: Path) -> list[ExitRecord]:
