@@ -56,7 +56,7 @@ def test_the_launcher_reading_the_records_while_a_rank_writes_them_never_sees_ha
     preempted one records 143 from its signal handler, then again as it exits). Seen in CI: the launcher read an empty
     code file, crashed with exit 1, and the cluster would have taken the attempt for a user error and never retried it."""
     rewrites = ("from trainforge.exits import record_exit\n"
-                "for _ in range(3000):\n    record_exit(143)\n    record_exit(1, 'boom')\n")
+                "for _ in range(500):\n    record_exit(143)\n    record_exit(1, 'boom')\n")
     writer = subprocess.Popen([sys.executable, "-c", rewrites], env={**os.environ, exits.EXIT_DIR_ENV: str(tmp_path), "RANK": "0"})
     seen = []
     while writer.poll() is None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from trainforge.files import write_whole
+
 # The supervisor (local backend) and the job's restart policy (cluster) act on them.
 # training-operator's `restartPolicy: ExitCode` retries 128-255 and fails fast on 1-127, so "preempted" must
 # be >= 128: 143 is also what an unhandled SIGTERM gives, and both mean "interrupted, resume me".
@@ -64,19 +66,13 @@ def record_exit(code: int, message: str = "") -> None:
         return
     rank = os.environ.get("RANK", "0")
     Path(directory).mkdir(parents=True, exist_ok=True)
+    # Written whole: the node launcher polls the records while its workers write them, and a rank may write twice (a
+    # preempted one records 143 from its signal handler, then again as it exits). A launcher that read an empty file
+    # crashed with exit 1, which the cluster takes for a user error and never retries.
     if message:  # written before the code: a reader that sees the code sees the message too
-        _write_whole(Path(directory, f"rank{rank}.error"), message[:ERROR_MESSAGE_MAX_CHARS])
-    _write_whole(Path(directory, f"rank{rank}.code"), str(code))
+        write_whole(Path(directory, f"rank{rank}.error"), message[:ERROR_MESSAGE_MAX_CHARS])
+    write_whole(Path(directory, f"rank{rank}.code"), str(code))
 
-
-def _write_whole(path: Path, text: str) -> None:
-    """Write `text` so that a reader sees the old file or the new one, never an empty or half-written one: the node
-    launcher polls these records while its workers write them (a rank that was preempted records 143 from its
-    signal handler and records again as it exits). A plain write truncates first, and a launcher that read the empty
-    file crashed with exit 1, which the cluster takes for a user error and never retries."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden: read_exits' `rank*.code` never matches it
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def read_exits(directory: Path) -> list[ExitRecord]:

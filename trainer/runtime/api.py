@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from trainforge import exits, paths
+from trainforge.files import write_whole
 from trainforge.trainer.runtime.config import RunConfig
 from trainforge.trainer.runtime.hooks import EvalHook
 from trainforge.trainer.runtime.distributed import init_distributed, leave_distributed
@@ -27,7 +28,7 @@ def train(task: Task, cfg: RunConfig, guard: PreemptionGuard | None = None, eval
     guard = guard or PreemptionGuard(cfg.checkpoint.preemption_grace_s)
     pids = Path(cfg.output_dir, paths.PIDS_DIR)
     pids.mkdir(parents=True, exist_ok=True)
-    (pids / f"rank{os.environ.get('RANK', '0')}.pid").write_text(str(os.getpid()))
+    write_whole(pids / f"rank{os.environ.get('RANK', '0')}.pid", str(os.getpid()))  # read by whoever signals the workers
     env, result = None, None
     try:
         env = init_distributed(cfg.nccl, str(cfg.output_dir))
