@@ -129,6 +129,7 @@ def verify(kubeconfig, *extra) -> subprocess.CompletedProcess:
     return run_cli("platform", "verify", "--stack", "dev", *extra, env={"KUBECONFIG": str(kubeconfig), "COLUMNS": "250"}, timeout=120)
 
 
+@pytest.mark.slow  # the cluster fixture's MLflow server
 def test_a_healthy_platform_passes_every_check(cluster):
     api, kubeconfig = cluster
     result = verify(kubeconfig, "-o", "json")
@@ -203,6 +204,7 @@ def mlflow_down(api):
     (mlflow_down, "mlflow", "did not answer /health"),
     (old_runtime, "node runtimes", "not: ip-10-0-"),
 ])
+@pytest.mark.slow  # the cluster fixture's MLflow server
 def test_each_broken_piece_is_named_with_its_fix_and_exit_1(cluster, breakage, check, words):
     api, kubeconfig = cluster
     breakage(api)
@@ -242,6 +244,7 @@ def kueue_evicting(api, evicts: bool):
     return repeating(step)
 
 
+@pytest.mark.slow  # the cluster fixture's MLflow server
 def test_drain_team_holds_the_queue_and_returns_once_kueue_has_let_go_of_every_workload(cluster):
     """The removal's order: the queue held and drained, its workloads evicted, then (the next `up`) the queue deleted —
     never a delete Kueue's `resource-in-use` finalizer would hold up. A budget hold becomes the engineer's hold, so the
@@ -262,6 +265,7 @@ def test_drain_team_holds_the_queue_and_returns_once_kueue_has_let_go_of_every_w
     assert len(patches) == 1 and not [r for r in api.requests if r["method"] == "DELETE"], "it drains; the removal deletes"
 
 
+@pytest.mark.slow  # the cluster fixture's MLflow server
 def test_drain_team_names_what_is_still_admitted_at_its_timeout(cluster):
     api, kubeconfig = cluster
     queue = vision_queue(api)
@@ -273,6 +277,7 @@ def test_drain_team_names_what_is_still_admitted_at_its_timeout(cluster):
     assert f"kubectl get workloads -n {contract.namespace_name('vision')}" in result.stderr
 
 
+@pytest.mark.slow  # the cluster fixture's MLflow server
 def test_drain_team_refuses_a_team_the_stack_does_not_have(cluster):
     _, kubeconfig = cluster
     result = drain(kubeconfig, "nlp")

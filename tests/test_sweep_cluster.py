@@ -290,6 +290,7 @@ def test_a_member_cancels_extends_and_resumes_a_cluster_sweep(cluster):
     assert [t["state"] for t in shown["trials"]].count("complete") == 3
 
 
+@pytest.mark.slow  # runs the sweep controller
 def test_a_controller_whose_study_refuses_the_sweep_says_so_where_status_looks(cluster):
     first = sweep_file(cluster.tmp, "clash", max_trials=1)
     assert cluster.cli("sweep", str(first), "--backend", "kubernetes", "--stack", str(STACK)).returncode == 0
@@ -306,6 +307,7 @@ def _logged(path: Path, text: str) -> bool:
     return text in path.read_text(errors="replace")
 
 
+@pytest.mark.slow  # runs the sweep controller
 def test_the_controller_rides_out_api_errors(cluster):
     """500s and 429s from the API server: the controller backs off and retries inside its loop (it used to exit 1, a
     user error the job never restarts), takes up where it was (its trial adopted, not launched twice), and finishes the
@@ -329,6 +331,7 @@ def test_the_controller_rides_out_api_errors(cluster):
     assert counted(study) == 2 and all(study.user_attrs.get(f"trial.{t.number}.settled") for t in study.get_trials())
 
 
+@pytest.mark.slow  # runs the sweep controller
 def test_a_trial_that_ends_before_its_launch_is_recorded_is_settled_once(cluster):
     """The Trainer runs a trial and the trial tells the study its value before the controller has written down that it
     created the job (a trial that fails at once; a controller slowed between the two): the controller goes on (it used
@@ -352,6 +355,7 @@ def test_a_trial_that_ends_before_its_launch_is_recorded_is_settled_once(cluster
     assert all(study.user_attrs.get(f"trial.{t.number}.settled") for t in study.get_trials())
 
 
+@pytest.mark.slow  # runs the sweep controller
 def test_an_outage_past_the_controllers_patience_ends_it_with_a_code_the_job_restarts(cluster):
     """The API server down for longer than --give-up-after: the controller exits EXIT_SERVICES_DOWN (>= 128, which the
     job's restart rules retry; 1-127 would fail the job for good), and the restarted controller finishes the sweep."""
@@ -383,6 +387,7 @@ def _last_heartbeat_long_ago(url: str, trial_id: int) -> None:
         db.execute("INSERT INTO trial_heartbeats (trial_id, heartbeat) VALUES (?, datetime('now', '-10 minutes'))", (trial_id,))
 
 
+@pytest.mark.slow  # runs the sweep controller
 def test_a_preempted_trial_waits_and_completes_as_itself_from_its_own_job(cluster):
     """A trial whose job Kueue suspended (its pods gone, its worker's heartbeat silent far past the grace) is waiting,
     not failed: the controller neither cancels its job nor retries it under a new name from step 0 (it used to, and a
@@ -417,6 +422,7 @@ def test_a_preempted_trial_waits_and_completes_as_itself_from_its_own_job(cluste
     assert len(cluster.trials("preempted")) == 1
 
 
+@pytest.mark.slow  # runs the sweep controller
 def test_a_trials_cost_and_run_time_count_only_while_its_job_runs(cluster):
     """Kueue admits a trial's job two seconds after it was created, preempts it two seconds later, readmits it two seconds
     after that, and it completes two seconds on: its run time is four seconds by its job's own condition times (it used
@@ -471,6 +477,7 @@ def test_a_trials_cost_and_run_time_count_only_while_its_job_runs(cluster):
     assert "run s" in header
 
 
+@pytest.mark.slow  # runs the sweep controller
 def test_two_members_extending_at_once_are_both_taken_up_exactly_once_across_a_controller_kill(cluster):
     """Member B's `extend` lands between member A's read of the controller's TrainJob and A's write: A's patch names the
     resourceVersion it read, the API server answers 409, and A adds its request to what is there now (it used to
