@@ -1157,7 +1157,7 @@ def test_reconcile_after_a_restart_reads_the_study_once_not_once_per_trial(tmp_p
     sweep = parse_sweep({**SWEEP, "name": "many", "base": str(REPO / "examples" / "sweep-base.yaml"), "max_trials": 2000}, "many.yaml")
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     counts = {}
-    for trials in (50, 400):
+    for trials in (50, 150):
         controller = SweepController(sweep, backend=None, admit=None, storage_url=storage)
         study = controller.study
         done = len(study.get_trials(deepcopy=False))
@@ -1173,7 +1173,7 @@ def test_reconcile_after_a_restart_reads_the_study_once_not_once_per_trial(tmp_p
         study._storage.get_study_user_attrs = counted
         controller.reconcile()
         counts[trials] = len(reads)
-    assert counts[400] == counts[50] <= 3, counts
+    assert counts[150] == counts[50] <= 3, counts
 
 
 def test_a_team_over_its_monthly_budget_cannot_sweep_as_it_cannot_submit(tmp_path):

@@ -311,6 +311,30 @@ def test_a_local_sweep_forks_its_trials_from_its_own_warm_interpreter(tmp_path):
     assert len(logs) == 2 and all(FORKED in log.read_text() for log in logs), [log.read_text()[-1500:] for log in logs]
 
 
+def test_a_warm_interpreter_started_without_waiting_is_awaited_before_the_first_worker_or_given_up_on_aloud():
+    """`trainforge sweep` starts the server without waiting (a sweep refused for its spec or budget used to wait for
+    torch's import first) and waits right before its first trial: then a worker forks. A server that died meanwhile
+    is said on stderr and no longer named, so workers start cold instead of asking nobody."""
+    script = """
+import os, sys
+from trainforge.trainer import forkserver, launch
+launch.serve_workers_warm(wait=False)
+address = os.environ[launch.WORKER_FORKSERVER_ENV]
+assert launch.warm_workers_ready(), "it started"
+forked = forkserver.spawn(address, "trainforge.trainer.runtime", ["--help"], {**os.environ, "PYTHONUNBUFFERED": "1"}, "/",
+                          (0, os.open(os.devnull, os.O_WRONLY), 2))
+assert forked is not None and forked.wait() == 0, "a worker forks once it is ready"
+assert launch.warm_workers_ready(), "nothing pending: at once"
+os.environ.pop(launch.WORKER_FORKSERVER_ENV)
+launch.serve_workers_warm(wait=False).kill()
+assert not launch.warm_workers_ready() and launch.WORKER_FORKSERVER_ENV not in os.environ
+"""
+    env = {k: v for k, v in os.environ.items() if k != WORKER_FORKSERVER_ENV}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("trainforge: workers start cold: the fork server") == 1, done.stderr
+
+
 def test_a_forked_torchruns_rendezvous_names_its_steps_as_torch_does():
     """The warm interpreter names rendezvous steps without `inspect.stack()` (trainer/warm_torchrun.py): the same name
     torch's own function gives, at every depth, and its fallback past the top of the stack."""

@@ -289,13 +289,18 @@ def start(modules: list[str], env: dict[str, str] | None = None, wait: bool = Tr
     server = subprocess.Popen([sys.executable, "-m", __spec__.name, address, *modules], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env)
     if wait:
-        assert server.stdout is not None
-        ready, _, _ = select.select([server.stdout], [], [], 300)
-        line = server.stdout.readline() if ready else ""
-        if line.strip() != READY:
-            server.kill()
-            raise RuntimeError(f"the fork server for {modules} did not start (said {line!r}, exit {server.poll()})")
+        await_ready(server, modules)
     return address, server
+
+
+def await_ready(server: subprocess.Popen, modules: list[str], timeout_s: float = 300) -> None:
+    """Return once the server `start` started listens; RuntimeError (and the server killed) where it never will."""
+    assert server.stdout is not None
+    ready, _, _ = select.select([server.stdout], [], [], timeout_s)
+    line = server.stdout.readline() if ready else ""
+    if line.strip() != READY:
+        server.kill()
+        raise RuntimeError(f"the fork server for {modules} did not start (said {line!r}, exit {server.poll()})")
 
 
 # ---------------------------------------------------------------------------------------------------------- client

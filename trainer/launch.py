@@ -187,7 +187,7 @@ def serve_workers_warm(wait: bool = True) -> subprocess.Popen | None:
     local job's, a local sweep's trial) is forked from a server that has imported the runtime once, for as long as
     this process lives: it is named in this process's environment (WORKER_FORKSERVER_ENV), which children inherit.
     With `wait`, return once it listens (the import a first worker would have paid anyway); without, at once, and a
-    worker launched before it listens starts cold. Nothing where the environment already names one (or says `off`),
+    worker launched before it listens starts cold (`warm_workers_ready` waits for it: call that before the first). Nothing where the environment already names one (or says `off`),
     the platform has none (forkserver.supported) or it cannot start (said on stderr: workers then start cold)."""
     if os.environ.get(WORKER_FORKSERVER_ENV) or not forkserver.supported():
         return None
@@ -198,11 +198,30 @@ def serve_workers_warm(wait: bool = True) -> subprocess.Popen | None:
         print(f"trainforge: workers start cold: {exc}", file=sys.stderr)
         return None
     _WARM_SERVERS.append(server)  # its stdin pipe is its lifeline: held open for as long as this process lives
+    if not wait:
+        _NOT_YET_READY.append(server)
     os.environ[WORKER_FORKSERVER_ENV] = address
     return server
 
 
 _WARM_SERVERS: list[subprocess.Popen] = []
+_NOT_YET_READY: list[subprocess.Popen] = []  # started without waiting, not yet seen to listen
+
+
+def warm_workers_ready() -> bool:
+    """Wait until the warm worker interpreter this process started without waiting listens, so that the next worker
+    is forked, not started cold: call it right before the first worker's launch, after whatever may still refuse the
+    run (a `trainforge sweep` refused for its spec or budget then never waits for torch's import). False where it did
+    not start: said on stderr, and workers start cold from then on. True at once where nothing is pending."""
+    while _NOT_YET_READY:
+        server = _NOT_YET_READY.pop()
+        try:
+            forkserver.await_ready(server, worker_modules())
+        except RuntimeError as exc:
+            print(f"trainforge: workers start cold: {exc}", file=sys.stderr)
+            os.environ.pop(WORKER_FORKSERVER_ENV, None)
+            return False
+    return True
 
 
 def worker_forkserver(env: dict[str, str]) -> str | None:

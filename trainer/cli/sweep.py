@@ -79,7 +79,7 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
                                                     f"Fix: max_parallel: {max(1, (os.cpu_count() or 1) // (processes // sweep.spec.max_parallel))}"])
         if processes == sweep.spec.max_parallel:  # one-process trials, each launched directly: forked, not imported again
             from trainforge.trainer.launch import serve_workers_warm
-            serve_workers_warm()
+            serve_workers_warm(wait=False)  # it imports while the study opens and the first trial is admitted
     target = backend(backend_name, team=sweep.base.team, kind=kind, context=context, cost_centre=cost_centre_of(sweep.base, platform))
     url = storage or SweepRecord.load(sweep.name).storage or local_study_url(sweep.name)
     SweepRecord(backend=backend_name.value, kind=kind.value, team=sweep.base.team, context=context, source=str(sweep_file.resolve()),
@@ -89,9 +89,11 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
 
     def admission(spec):
         spec = with_image(spec, platform, deployed)
-        if platform is None:
-            return unchecked(spec)
-        return admit_now(spec, platform, target, spent=spent)
+        decision = unchecked(spec) if platform is None else admit_now(spec, platform, target, spent=spent)
+        if decision.admitted:
+            from trainforge.trainer.launch import warm_workers_ready
+            warm_workers_ready()  # a trial may start now: its worker is to fork from the warm interpreter
+        return decision
 
     from trainforge.trainer.cli import sweep_views
     from trainforge.trainer.sweeps.controller import SweepController
