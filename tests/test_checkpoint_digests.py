@@ -57,3 +57,26 @@ def test_a_rank_that_never_reports_leaves_the_checkpoint_uncommitted(tmp_path):
     with pytest.raises(TimeoutError, match=r"no checksums from \['.sha256-rank1.json'\]"):
         files.gather_digests(directory, 2, timeout_s=0.3)
     assert not (directory / files.COMMIT_MARKER).exists()
+
+
+def test_a_failing_run_stops_waiting_for_the_checksums_of_a_peer_that_is_gone(tmp_path):
+    """A SIGKILLed peer never writes its checksums. Rank 0's checksum thread waited up to ten minutes for them, and the
+    failing process's exit joins that thread: the survivor hung until torchrun's SIGKILL 30 s later (seen in about one
+    run in eight of test_runtime's SIGKILL test). Abandoned, the wait ends at once and commits nothing."""
+    directory = checkpoint(tmp_path)
+    files.write_rank_digests(directory, 0, 2)
+    abandoned, outcome = threading.Event(), []
+
+    def gather():
+        try:
+            files.gather_digests(directory, 2, timeout_s=600, abandoned=abandoned)
+        except files.SaveAbandoned as exc:
+            outcome.append(exc)
+    waiting = threading.Thread(target=gather)
+    waiting.start()
+    waiting.join(timeout=0.5)
+    assert waiting.is_alive(), "rank 1's checksums are missing: it waits"
+    abandoned.set()
+    waiting.join(timeout=5)
+    assert not waiting.is_alive() and len(outcome) == 1 and "not committed" in str(outcome[0])
+    assert not (directory / files.COMMIT_MARKER).exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ class CheckpointManager:
         self._staging: Future | None = None
         self._stager = None  # created on the first async save; keeps its staging buffers between saves
         self._hash_pool: ThreadPoolExecutor | None = None  # rank 0 hashes async saves' files here
+        self._abandoned = threading.Event()  # set when the run fails: the background work of a save stops waiting
         self.last_blocking_s = 0.0
         self.last_commit: Committed | None = None
         self.on_commit: list = []  # callbacks (Committed, seconds from save start or None), on every rank
@@ -222,7 +224,7 @@ class CheckpointManager:
             def digests_once_written(written: Future[Any] = future) -> dict[str, str] | None:
                 written.result()
                 write_rank_digests(path, self.rank, self.world_size)
-                return gather_digests(path, self.world_size) if self.rank == 0 else None
+                return gather_digests(path, self.world_size, abandoned=self._abandoned) if self.rank == 0 else None
             future = self._hasher().submit(digests_once_written)
             self._pending = _Pending(step, path, metric, future, started)
         self.last_blocking_s = time.perf_counter() - started
@@ -282,6 +284,18 @@ class CheckpointManager:
             self._stager = None
         if self._hash_pool is not None:
             self._hash_pool.shutdown()
+            self._hash_pool = None
+
+    def abandon(self) -> None:
+        """The run is failing (an exception leaves the loop): the save in flight would never be committed (only the
+        training thread commits), so its background work must not hold the process's exit. Rank 0's checksum thread
+        waited for the files of every rank, for up to ten minutes where a peer was gone, and interpreter teardown
+        joins that thread: the survivor of a SIGKILLed peer hung until torchrun killed it (30 s later here; on a
+        multi-node job, until the timeout). Nothing is lost: the last committed checkpoint is where it resumes."""
+        self._abandoned.set()
+        self._pending = None
+        if self._hash_pool is not None:
+            self._hash_pool.shutdown(wait=False, cancel_futures=True)
             self._hash_pool = None
 
     def wait(self) -> None:

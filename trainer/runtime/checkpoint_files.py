@@ -31,6 +31,7 @@ import os
 import pickle
 import random
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,12 +126,19 @@ def write_rank_digests(path: Path, rank: int, world_size: int) -> None:
     os.replace(tmp, path / f"{RANK_DIGESTS}{rank}.json")
 
 
-def gather_digests(path: Path, world_size: int, timeout_s: float = 600.0) -> dict[str, str]:
+class SaveAbandoned(RuntimeError):
+    """The run is failing: the save in flight will not be committed, and nothing waits for it any longer."""
+
+
+def gather_digests(path: Path, world_size: int, timeout_s: float = 600.0, abandoned: threading.Event | None = None) -> dict[str, str]:
     """Rank 0: every rank's checksums, once each has written them (every rank's writes are done by then: DCP's
-    save ended), merged and the per-rank files removed."""
+    save ended), merged and the per-rank files removed. SaveAbandoned as soon as `abandoned` is set: a peer that died
+    writes none, and this wait would otherwise hold the failing process's exit."""
     files = [path / f"{RANK_DIGESTS}{r}.json" for r in range(world_size)]
     deadline = time.monotonic() + timeout_s
     while not all(f.exists() for f in files):
+        if abandoned is not None and abandoned.is_set():
+            raise SaveAbandoned(f"{path}: the run failed before every rank's checksums were in; the checkpoint is not committed")
         if time.monotonic() > deadline:
             missing = [f.name for f in files if not f.exists()]
             raise TimeoutError(f"{path}: no checksums from {missing} within {timeout_s:.0f} s; the checkpoint is not committed")

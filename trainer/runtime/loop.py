@@ -275,6 +275,9 @@ class Trainer:
             if cfg.checkpoint.export_final:
                 self.checkpoints.export_full_model(self.output / paths.FINAL_MODEL_FILE)
             return RunResult(exits.EXIT_OK, self.state.step, self.state.last_eval, resumed_from, stopped, *self._precision_record())
+        except BaseException:
+            self.checkpoints.abandon()  # a failing run exits now, not after a save in flight that it will never commit
+            raise
         finally:
             if in_flight is not None:
                 in_flight.work.wait()
