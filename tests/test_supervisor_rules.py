@@ -52,9 +52,10 @@ def test_workers_that_all_recorded_success_make_a_success_whatever_torchrun_says
 
 
 def test_the_launcher_reading_the_records_while_a_rank_writes_them_never_sees_half_a_record(tmp_path):
-    """The node launcher polls the records while its workers write them, and a rank may write its record twice (a
-    preempted one records 143 from its signal handler, then again as it exits). Seen in CI: the launcher read an empty
-    code file, crashed with exit 1, and the cluster would have taken the attempt for a user error and never retried it."""
+    """The node launcher polls the records while its workers write them, and a rank may write its record twice (its
+    preemption watcher records 143 when the grace runs out, while the main thread may record its own code). Seen in CI:
+    the launcher read an empty code file, crashed with exit 1, and the cluster would have taken the attempt for a user
+    error and never retried it."""
     rewrites = ("from trainforge.exits import record_exit\n"
                 "for _ in range(500):\n    record_exit(143)\n    record_exit(1, 'boom')\n")
     writer = subprocess.Popen([sys.executable, "-c", rewrites], env={**os.environ, exits.EXIT_DIR_ENV: str(tmp_path), "RANK": "0"})

@@ -312,8 +312,8 @@ def test_a_local_sweep_forks_its_trials_from_its_own_warm_interpreter(tmp_path):
 
 
 def test_a_warm_interpreter_started_without_waiting_is_awaited_before_the_first_worker_or_given_up_on_aloud():
-    """`trainforge sweep` starts the server without waiting (a sweep refused for its spec or budget used to wait for
-    torch's import first) and waits right before its first trial: then a worker forks. A server that died meanwhile
+    """`trainforge sweep` starts the server without waiting (a sweep refused for its warm start or a budget used to
+    wait for torch's import first) and waits right before its first trial's submission: then a worker forks. A server that died meanwhile
     is said on stderr and no longer named, so workers start cold instead of asking nobody."""
     script = """
 import os, sys

@@ -187,8 +187,9 @@ def serve_workers_warm(wait: bool = True) -> subprocess.Popen | None:
     local job's, a local sweep's trial) is forked from a server that has imported the runtime once, for as long as
     this process lives: it is named in this process's environment (WORKER_FORKSERVER_ENV), which children inherit.
     With `wait`, return once it listens (the import a first worker would have paid anyway); without, at once, and a
-    worker launched before it listens starts cold (`warm_workers_ready` waits for it: call that before the first). Nothing where the environment already names one (or says `off`),
-    the platform has none (forkserver.supported) or it cannot start (said on stderr: workers then start cold)."""
+    worker launched before it listens starts cold (`warm_workers_ready` waits for it; call that before the first).
+    Nothing where the environment already names one (or says `off`), the platform has none (forkserver.supported) or
+    it cannot start (said on stderr: workers then start cold)."""
     if os.environ.get(WORKER_FORKSERVER_ENV) or not forkserver.supported():
         return None
     try:
@@ -211,8 +212,9 @@ _NOT_YET_READY: list[subprocess.Popen] = []  # started without waiting, not yet 
 def warm_workers_ready() -> bool:
     """Wait until the warm worker interpreter this process started without waiting listens, so that the next worker
     is forked, not started cold: call it right before the first worker's launch, after whatever may still refuse the
-    run (a `trainforge sweep` refused for its spec or budget then never waits for torch's import). False where it did
-    not start: said on stderr, and workers start cold from then on. True at once where nothing is pending."""
+    run (a `trainforge sweep` refused for its warm start, its own USD budget or the team's then never waits for torch's
+    import). False where it did not start: said on stderr, and workers start cold from then on. True at once where
+    nothing is pending."""
     while _NOT_YET_READY:
         server = _NOT_YET_READY.pop()
         try:

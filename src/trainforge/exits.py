@@ -29,7 +29,6 @@ def is_retryable(exit_code: int) -> bool:
     return exit_code >= 128 or exit_code < 0  # Popen reports death by signal N as -N
 
 
-
 class Outcome(StrEnum):
     """What an attempt's end means, for the node launcher, the local supervisor and the cluster's restart rules alike."""
 
@@ -66,13 +65,13 @@ def record_exit(code: int, message: str = "") -> None:
         return
     rank = os.environ.get("RANK", "0")
     Path(directory).mkdir(parents=True, exist_ok=True)
-    # Written whole: the node launcher polls the records while its workers write them, and a rank may write twice (a
-    # preempted one records 143 from its signal handler, then again as it exits). A launcher that read an empty file
-    # crashed with exit 1, which the cluster takes for a user error and never retries.
+    # Written whole: the node launcher polls the records while its workers write them, and a rank may write twice (the
+    # preemption watcher thread records 143 when the grace runs out, while the main thread may be recording its own
+    # code). A launcher that read an empty file crashed with exit 1, which the cluster takes for a user error and never
+    # retries.
     if message:  # written before the code: a reader that sees the code sees the message too
         write_whole(Path(directory, f"rank{rank}.error"), message[:ERROR_MESSAGE_MAX_CHARS])
     write_whole(Path(directory, f"rank{rank}.code"), str(code))
-
 
 
 def read_exits(directory: Path) -> list[ExitRecord]:

@@ -89,17 +89,16 @@ def _run(sweep_file: Path, backend_name: BackendName, stack: Optional[Path], sto
 
     def admission(spec):
         spec = with_image(spec, platform, deployed)
-        decision = unchecked(spec) if platform is None else admit_now(spec, platform, target, spent=spent)
-        if decision.admitted:
-            from trainforge.trainer.launch import warm_workers_ready
-            warm_workers_ready()  # a trial may start now: its worker is to fork from the warm interpreter
-        return decision
+        if platform is None:
+            return unchecked(spec)
+        return admit_now(spec, platform, target, spent=spent)
 
     from trainforge.trainer.cli import sweep_views
+    from trainforge.trainer.launch import warm_workers_ready  # a trial's worker is to fork from the warm interpreter
     from trainforge.trainer.sweeps.controller import SweepController
     with sweep_views.SweepProgress(sweep) as bar:
         controller = SweepController(sweep, target, admission, url, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
-                                     poll_s=poll, on_change=bar.update, resume=resume)
+                                     poll_s=poll, on_change=bar.update, resume=resume, before_launch=warm_workers_ready)
         bar.update(controller)
         why = controller.run()
     sweep_views.sweep_summary(controller, why)

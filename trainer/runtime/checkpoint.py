@@ -288,14 +288,15 @@ class CheckpointManager:
 
     def abandon(self) -> None:
         """The run is failing (an exception leaves the loop): the save in flight would never be committed (only the
-        training thread commits), so its background work must not hold the process's exit. Rank 0's checksum thread
-        waited for the files of every rank, for up to ten minutes where a peer was gone, and interpreter teardown
-        joins that thread: the survivor of a SIGKILLed peer hung until torchrun killed it (30 s later here; on a
-        multi-node job, until the timeout). Nothing is lost: the last committed checkpoint is where it resumes."""
+        training thread commits), so rank 0 stops waiting for every rank's checksums. It waited up to ten minutes for
+        those of a peer that was gone, and interpreter teardown joins that thread (executor threads are joined at
+        exit, shut down or not): the survivor of a SIGKILLed peer hung until torchrun killed it, 30 s later. What this
+        does not end: DCP's own write of the save, and rank 0 hashing its own files, still finish before the process
+        exits. Nothing is lost: resume takes the last committed checkpoint. Final: this manager saves no more."""
         self._abandoned.set()
         self._pending = None
         if self._hash_pool is not None:
-            self._hash_pool.shutdown(wait=False, cancel_futures=True)
+            self._hash_pool.shutdown(wait=False)
             self._hash_pool = None
 
     def wait(self) -> None:

@@ -53,10 +53,13 @@ class SweepController:
     def __init__(self, sweep: Sweep, backend: Any, admit: Callable[[JobSpec], Admission], storage_url: str,
                  tracking_uri: str | None = None, poll_s: float = 1.0, on_change: Callable[[SweepController], None] | None = None,
                  trial_storage: str | None = None, resume: bool = False, on_look: Callable[[SweepController], None] | None = None,
-                 give_up_after_s: float = GIVE_UP_AFTER_S):
+                 give_up_after_s: float = GIVE_UP_AFTER_S, before_launch: Callable[[], object] = lambda: None):
         """`resume`: continue a cancelled sweep on purpose. `trial_storage`: how trials name the study's storage, where they see it differently (on the cluster: the
-        team's Secret mounted as a file, `file:/var/run/trainforge/sweep-database/storage`); default: the same URL."""
+        team's Secret mounted as a file, `file:/var/run/trainforge/sweep-database/storage`); default: the same URL.
+        `before_launch`: called right before each admitted trial's job is submitted (a local sweep waits there for its
+        warm worker interpreter, so a sweep refused before its first trial never waits for it)."""
         self.given, self.backend, self.admit, self.storage_url = sweep, backend, admit, storage_url
+        self.before_launch = before_launch
         self.trial_storage = trial_storage or storage_url
         self.poll_s, self.on_change, self.on_look = poll_s, on_change, on_look  # on_look: each look (the cluster's requests)
         self.outage = Outage(give_up_after_s)
@@ -253,6 +256,7 @@ class SweepController:
             return False
         trial.set_user_attr(TrialKey.ESTIMATE_USD, round(estimate, 6))
         kill_point("admitted")
+        self.before_launch()
         try:
             self.backend.submit(spec, decision, detach=True)
         except NotAdmitted as exc:  # the cluster said no (a held queue, a lower live quota): stop launching, say why
