@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import yaml
 
 from trainforge import paths, pricing
 from trainforge.errors import EXIT_FAILED, TrainforgeError
+from trainforge.files import write_whole
 
 PRICING_API_REGION = "us-east-1"  # one of the Pricing API's own endpoints; it serves every region's prices
 SERVICE_CODE = "AmazonEC2"
@@ -159,9 +159,7 @@ def save(refresh: Refresh) -> Path:
     """Replace the region's file atomically and make the next estimate use it."""
     path = paths.refreshed_prices_file(refresh.region)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(refresh.document(), sort_keys=False))
-    os.replace(tmp, path)
+    write_whole(path, yaml.safe_dump(refresh.document(), sort_keys=False))
     pricing.price_table.cache_clear()
     return path
 

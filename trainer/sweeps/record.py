@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from typing import Final, Optional
 
 from trainforge import paths
 from trainforge.errors import EXIT_FAILED, TrainforgeError
+from trainforge.files import write_whole
 from trainforge.trainer.backends import KUBERNETES, LOCAL
 
 RECORD_FILE = "sweep.json"
@@ -60,6 +60,4 @@ class SweepRecord:
         """Atomically: a command reading it meanwhile sees the old record or the new one, never half of one."""
         directory = paths.sweep_dir(name)
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f"{RECORD_FILE}.tmp"
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2))
-        os.replace(tmp, directory / RECORD_FILE)
+        write_whole(directory / RECORD_FILE, json.dumps(dataclasses.asdict(self), indent=2))
