@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
 
+from trainforge import exits
 from trainforge.trainer.runtime import checkpoint_files as files
 
 WRITTEN = ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp", "__10_0.distcp", ".metadata", "trainer.pt",
@@ -51,11 +54,16 @@ def test_ranks_hash_their_own_and_rank_0_folds_them_into_the_checksums_one_pass_
     assert files.content_problem(directory) == "__1_1.distcp does not match its checksum (same size, other content)"
 
 
-def test_a_rank_that_never_reports_leaves_the_checkpoint_uncommitted(tmp_path):
+def test_a_rank_that_never_reports_leaves_the_checkpoint_uncommitted_and_the_attempt_retried(tmp_path):
+    """A rank that has not hashed its own files within the patience is gone (its node vanished): the attempt is
+    retried from the last checkpoint. It used to be a TimeoutError, which the worker's exit took for the job's own
+    bug (exit 1): never retried."""
+    from trainforge.trainer.runtime.__main__ import exit_code_for
     directory = checkpoint(tmp_path)
     files.write_rank_digests(directory, 0, 2)
-    with pytest.raises(TimeoutError, match=r"no checksums from \['.sha256-rank1.json'\]"):
+    with pytest.raises(files.PeerLost, match=r"no checksums from \['.sha256-rank1.json'\]") as gone:
         files.gather_digests(directory, 2, timeout_s=0.3)
+    assert exit_code_for(gone.value) == exits.EXIT_PEER_LOST
     assert not (directory / files.COMMIT_MARKER).exists()
 
 
@@ -80,3 +88,60 @@ def test_a_failing_run_stops_waiting_for_the_checksums_of_a_peer_that_is_gone(tm
     waiting.join(timeout=5)
     assert not waiting.is_alive() and len(outcome) == 1 and "not committed" in str(outcome[0])
     assert not (directory / files.COMMIT_MARKER).exists()
+
+
+# Two real ranks on gloo saving one checkpoint, each a process of its own; rank 1 may die right where it would write its
+# checksums (after DCP's save, which every rank finished together).
+TWO_RANK_SAVE = """
+import os, sys
+import torch, torch.distributed as dist
+from trainforge.trainer.runtime import checkpoint
+from trainforge.trainer.runtime.__main__ import exit_code_for
+from trainforge.trainer.runtime.config import CheckpointConfig
+rank, directory, rank1_dies = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "dies"
+dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), 2), rank=rank, world_size=2)
+manager = checkpoint.CheckpointManager(CheckpointConfig(dir=os.path.join(directory, "ckpt"), async_save=False), rank=rank,
+                                       world_size=2, metric_mode="min", process_group=dist.new_group(backend="gloo"))
+if rank == 1 and rank1_dies:
+    checkpoint.write_rank_digests = lambda *args: os._exit(9)  # killed the moment its save's writes are done
+model = torch.nn.Linear(8, 8)
+try:
+    manager.save(1, model, torch.optim.AdamW(model.parameters()), {"step": 1}, None, blocking=True)
+except BaseException as exc:
+    print(f"exit {exit_code_for(exc)}: {exc}", flush=True)
+    os._exit(exit_code_for(exc))
+print("committed", flush=True)
+os._exit(0)
+"""
+
+
+def save_on_two_ranks(tmp_path, rank1: str) -> tuple[subprocess.CompletedProcess, int]:
+    script = tmp_path / "two_rank_save.py"
+    script.write_text(TWO_RANK_SAVE)
+    ranks = [subprocess.Popen([sys.executable, str(script), str(rank), str(tmp_path), rank1], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    try:
+        out, _ = ranks[0].communicate(timeout=120)
+        return subprocess.CompletedProcess(ranks[0].args, ranks[0].returncode, out), ranks[1].wait(timeout=120)
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.communicate()
+
+
+def test_two_ranks_save_blocking_and_rank_0_commits_every_ranks_checksums(tmp_path):
+    rank0, rank1 = save_on_two_ranks(tmp_path, "lives")
+    assert (rank0.returncode, rank1) == (0, 0), rank0.stdout
+    manifest = json.loads((tmp_path / "ckpt" / "step-00000001" / files.COMMIT_MARKER).read_text())
+    assert {"rng-rank0.pt", "rng-rank1.pt", "trainer.pt", ".metadata"} <= set(manifest["sha256"])
+
+
+def test_a_peer_dying_before_its_checksums_ends_a_blocking_save_at_once_as_a_retry(tmp_path):
+    """Rank 1 dies between DCP's save and writing its checksums. Rank 0 used to wait ten minutes for them on the
+    training thread, then exit 1 (a user error: the job was never retried). Now the barrier after the checksums fails
+    as soon as rank 1's connections reset: a retry, and nothing committed."""
+    rank0, rank1 = save_on_two_ranks(tmp_path, "dies")
+    assert rank1 == 9
+    assert rank0.returncode == exits.EXIT_PEER_LOST, rank0.stdout
+    assert "not every rank finished its part of the save" in rank0.stdout and "Rank 1" in rank0.stdout
+    assert not (tmp_path / "ckpt" / "step-00000001" / files.COMMIT_MARKER).exists()

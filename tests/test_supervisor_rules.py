@@ -198,6 +198,41 @@ def test_only_a_collective_failing_on_a_lost_peer_is_not_the_ranks_fault():
     assert exit_code_for(SystemExit(exits.EXIT_USER_ERROR)) == exits.EXIT_USER_ERROR
 
 
+# Rank 0 all-reduces with a peer that is alive but never joins: what a node that vanished without resetting its
+# connections looks like from the survivors (gloo's timeout, here 2 s instead of the runtime's minutes).
+SILENT_PEER = """
+import datetime, os, sys
+import torch, torch.distributed as dist
+from trainforge.trainer.runtime.__main__ import exit_code_for
+rank, directory = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", store=dist.FileStore(os.path.join(directory, "store"), 2), rank=rank, world_size=2)
+group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=2))
+if rank == 1:
+    sys.stdin.read()  # silent until the test closes its stdin
+    os._exit(0)
+try:
+    dist.all_reduce(torch.ones(1), group=group)
+except RuntimeError as exc:
+    print(exit_code_for(exc), exc)
+os._exit(0)
+"""
+
+
+def test_a_collective_timing_out_on_a_silent_peer_is_a_retry_as_nccls_timeout_is(tmp_path):
+    """A lost node's peers see gloo's timeout, not a reset. It was read as the job's own bug (exit 1: a TrainJob under
+    `restartPolicy: ExitCode` failed for good); NCCL's timeout aborts the process, which reads as a lost worker."""
+    script = tmp_path / "silent_peer.py"
+    script.write_text(SILENT_PEER)
+    silent = subprocess.Popen([sys.executable, str(script), "1", str(tmp_path)], stdin=subprocess.PIPE, text=True)
+    try:
+        survivor = subprocess.run([sys.executable, str(script), "0", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    finally:
+        silent.communicate(input="", timeout=60)
+    code, _, message = survivor.stdout.partition(" ")
+    assert "Timed out waiting" in message, survivor.stdout + survivor.stderr
+    assert int(code) == exits.EXIT_PEER_LOST
+
+
 def test_bundled_task_names_and_arguments_known_without_torch_match_the_factories():
     """The CLI checks `entry.task` and `entry.args` against config.BUNDLED_TASKS; the factories are the truth."""
     import inspect

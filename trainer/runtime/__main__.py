@@ -88,12 +88,17 @@ def main(argv: list[str] | None = None) -> int:
 # tcp/pair.cc:537] Read error [...]: Connection reset by peer". NCCL raises DistBackendError, or its watchdog aborts
 # the process, which leaves no record and reads as a lost worker. Only gloo's own messages count: a user's code
 # that hits "connection reset" on its own socket is still the user's error.
-PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# A peer that vanished without resetting its connections (a node lost with its network, a frozen host) shows up as
+# gloo's timeout instead, e.g. "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 600000ms for recv
+# operation to complete": a retry, as NCCL's timeout is (its watchdog aborts the process, which reads as a lost worker).
+PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting")
 
 
 def is_peer_failure(exc: BaseException) -> bool:
+    from trainforge.trainer.runtime.config import PeerLost
+
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
+    if isinstance(exc, PeerLost) or (dist is not None and isinstance(exc, getattr(dist, "DistError", ()))):
         return True
     message = str(exc)
     return isinstance(exc, RuntimeError) and "gloo" in message and any(m in message for m in PEER_FAILURE_MESSAGES)

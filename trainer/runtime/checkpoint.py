@@ -4,6 +4,7 @@ checkpoint is on disk, and how it is read without running code: checkpoint_files
 
 from __future__ import annotations
 
+import datetime
 import logging
 import shutil
 import threading
@@ -20,10 +21,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from trainforge.trainer.runtime.checkpoint_files import (Committed, SafeLoadPlanner, SafeReader, UnsafeCheckpoint, content_problem, gather_digests,
+from trainforge.trainer.runtime.checkpoint_files import (DIGESTS_TIMEOUT_S, Committed, SafeLoadPlanner, SafeReader, UnsafeCheckpoint, content_problem, gather_digests,
                                                          load_data, rng_file_name, rng_state, scan, saved_world_size, set_rng_state, start_from,
                                                          step_dir_name, write_manifest, write_rank_digests)
-from trainforge.trainer.runtime.config import CheckpointConfig, UserError
+from trainforge.trainer.runtime.config import CheckpointConfig, PeerLost, UserError
 from trainforge.trainer.runtime.hooks import Stateful
 
 log = logging.getLogger("trainforge.runtime")
@@ -211,6 +212,7 @@ class CheckpointManager:
         if blocking or not self.cfg.async_save:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
             write_rank_digests(path, self.rank, self.world_size)
+            self._every_rank_hashed(path)
             self._commit(step, path, metric, started, gather_digests(path, self.world_size) if self.rank == 0 else None)
         else:
             response = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg, async_stager=self._async_stager())
@@ -229,6 +231,18 @@ class CheckpointManager:
             self._pending = _Pending(step, path, metric, future, started)
         self.last_blocking_s = time.perf_counter() - started
         return self.last_blocking_s
+
+    def _every_rank_hashed(self, path: Path) -> None:
+        """Past this, every rank's checksums of `path` are on disk. A peer that died before writing its own fails the
+        barrier at once (its connections reset), or after the checksums' patience if its node vanished silently:
+        either way a retryable PeerLost, where rank 0 used to wait the full patience in gather_digests and then fail
+        the job as a user error."""
+        try:
+            dist.monitored_barrier(group=self.pg, timeout=datetime.timedelta(seconds=DIGESTS_TIMEOUT_S))
+        except RuntimeError as exc:
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # gloo's: which rank failed to pass
+            raise PeerLost(f"{path}: not every rank finished its part of the save ({said}); the checkpoint is not "
+                           "committed") from exc
 
     def _hasher(self) -> ThreadPoolExecutor:
         if self._hash_pool is None:

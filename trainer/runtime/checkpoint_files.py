@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
 from trainforge import paths
-from trainforge.trainer.runtime.config import UserError
+from trainforge.trainer.runtime.config import PeerLost, UserError
 
 log = logging.getLogger("trainforge.runtime")
 COMMIT_MARKER = paths.CHECKPOINT_COMMIT_MARKER
@@ -130,18 +130,22 @@ class SaveAbandoned(RuntimeError):
     """The run is failing: the save in flight will not be committed, and nothing waits for it any longer."""
 
 
-def gather_digests(path: Path, world_size: int, timeout_s: float = 600.0, abandoned: threading.Event | None = None) -> dict[str, str]:
+DIGESTS_TIMEOUT_S = 600.0  # how long rank 0 waits for every rank's checksums before taking a rank for gone
+
+
+def gather_digests(path: Path, world_size: int, timeout_s: float = DIGESTS_TIMEOUT_S, abandoned: threading.Event | None = None) -> dict[str, str]:
     """Rank 0: every rank's checksums, once each has written them (every rank's writes are done by then: DCP's
     save ended), merged and the per-rank files removed. SaveAbandoned as soon as `abandoned` is set: a peer that died
-    writes none, and this wait would otherwise hold the failing process's exit."""
+    writes none, and this wait would otherwise hold the failing process's exit. PeerLost (a retry, not the job's
+    fault) when a rank's checksums have not come within `timeout_s`."""
     files = [path / f"{RANK_DIGESTS}{r}.json" for r in range(world_size)]
     deadline = time.monotonic() + timeout_s
     while not all(f.exists() for f in files):
         if abandoned is not None and abandoned.is_set():
             raise SaveAbandoned(f"{path}: the run failed before every rank's checksums were in; the checkpoint is not committed")
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline:  # a rank that has not hashed its own files in this long is gone
             missing = [f.name for f in files if not f.exists()]
-            raise TimeoutError(f"{path}: no checksums from {missing} within {timeout_s:.0f} s; the checkpoint is not committed")
+            raise PeerLost(f"{path}: no checksums from {missing} within {timeout_s:.0f} s; the checkpoint is not committed")
         time.sleep(0.05)
     merged: dict[str, str] = {}
     for f in files:

@@ -38,6 +38,11 @@ class UserError(TrainforgeError):
         super().__init__("", [message])
 
 
+class PeerLost(RuntimeError):
+    """Another rank is gone (it never did its part of a shared step): not this rank's fault, so the worker exits
+    EXIT_PEER_LOST and the attempt is retried from the last checkpoint."""
+
+
 class _Model(BaseModel):
     model_config = StrictModel.model_config
 
