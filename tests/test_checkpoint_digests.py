@@ -129,6 +129,7 @@ def save_on_two_ranks(tmp_path, rank1: str) -> tuple[subprocess.CompletedProcess
             rank.communicate()
 
 
+@pytest.mark.slow
 def test_two_ranks_save_blocking_and_rank_0_commits_every_ranks_checksums(tmp_path):
     rank0, rank1 = save_on_two_ranks(tmp_path, "lives")
     assert (rank0.returncode, rank1) == (0, 0), rank0.stdout
@@ -136,6 +137,7 @@ def test_two_ranks_save_blocking_and_rank_0_commits_every_ranks_checksums(tmp_pa
     assert {"rng-rank0.pt", "rng-rank1.pt", "trainer.pt", ".metadata"} <= set(manifest["sha256"])
 
 
+@pytest.mark.slow
 def test_a_peer_dying_before_its_checksums_ends_a_blocking_save_at_once_as_a_retry(tmp_path):
     """Rank 1 dies between DCP's save and writing its checksums. Rank 0 used to wait ten minutes for them on the
     training thread, then exit 1 (a user error: the job was never retried). Now the barrier after the checksums fails

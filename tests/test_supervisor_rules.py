@@ -218,6 +218,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_a_collective_timing_out_on_a_silent_peer_is_a_retry_as_nccls_timeout_is(tmp_path):
     """A lost node's peers see gloo's timeout, not a reset. It was read as the job's own bug (exit 1: a TrainJob under
     `restartPolicy: ExitCode` failed for good); NCCL's timeout aborts the process, which reads as a lost worker."""
