@@ -15,12 +15,12 @@ from trainforge import catalog, contract
 from trainforge.k8s_schema import core_problems, pod_templates, problems
 from trainforge.trainer.placement import decide
 from trainforge.trainer.render import render as render_placed
+from trainforge.trainer.spec import load_spec
 
 
 def render(spec, kind="trainjob", cost_centre=None, platform=None):
     """The manifest as submitted: placed once (against the stack when given), then rendered."""
     return render_placed(spec, decide(spec, platform), kind, cost_centre)
-from trainforge.trainer.spec import load_spec
 
 KINDS = ["trainjob", "pytorchjob"]
 STACKS = sorted((Path(__file__).resolve().parents[1] / "stacks").glob("Pulumi.*.yaml"))
@@ -110,6 +110,19 @@ def test_libfabric_is_set_only_where_the_pod_gets_efa_and_rdma_only_where_the_ty
         assert {k: env[k] for k in env if k.startswith("FI_")} == expected
     single = render(spec.model_copy(update={"capacity": "spot"}), "trainjob")
     assert not [k for k in env_of(single) if k.startswith("FI_")], "no EFA devices, no libfabric settings"
+
+
+def test_a_pod_is_told_the_gpus_it_was_given_and_the_node_it_runs_on():
+    """The runtime stops when CUDA sees fewer GPUs than the pod was given (it would train on the CPU), naming the node."""
+    for path in SPECS:
+        for kind in KINDS:
+            manifest = render(load_spec(path), kind)
+            _, limits, container = pod_of(manifest)
+            env = {v["name"]: v for v in container["env"]}
+            given = env.get(contract.GPUS_PER_NODE_ENV, {}).get("value")
+            assert given == (str(limits[contract.RESOURCE_GPU]) if limits.get(contract.RESOURCE_GPU) else None), (path.name, kind)
+            assert env[contract.NODE_NAME_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert any(contract.GPUS_PER_NODE_ENV in env_of(render(load_spec(path))) for path in SPECS), "some example asks for GPUs"
 
 
 def test_single_node_and_spot_jobs_request_no_efa():

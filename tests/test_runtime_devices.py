@@ -330,3 +330,71 @@ def test_the_mfu_gauge_is_the_models_training_flops_over_the_gpus_peak():
     cpu.configure_mfu(per_token, None, gpus=1)  # no GPU: no MFU reported
     cpu.logged(10, 1.0, 0.5, {"samples": 64, "tokens": 1000}, 0.0)
     assert cpu.registry.get_sample_value("trainforge_mfu", labels) == 0.0
+
+
+# ---- a pod given GPUs that CUDA does not see; GPU hardware errors ------------------------------------------------
+
+def test_a_pod_given_gpus_its_cuda_does_not_see_stops_instead_of_training_on_the_cpu():
+    from trainforge.trainer.runtime.config import DeviceFault, UserError
+    from trainforge.trainer.runtime.distributed import gpu_problem
+    assert gpu_problem(8, "12.8", 8, "", "node-a") is None
+    assert gpu_problem(0, None, 0, "", "") is None, "a CPU pod"
+    error, message = gpu_problem(8, None, 0, "", "node-a")
+    assert error is UserError and "built without CUDA" in message and "Fix:" in message, "the image's fault: not retried"
+    error, message = gpu_problem(8, "12.8", 0, "CUDA initialization: Error 802: system not yet initialized", "ip-10-0-1-7")
+    assert error is DeviceFault, "the node's fault: retried"
+    assert "ip-10-0-1-7" in message and "Error 802" in message and "cordon" in message and "202" in message
+    assert gpu_problem(8, "12.8", 7, "", "ip-10-0-1-7")[0] is DeviceFault, "a GPU gone of eight"
+
+
+@pytest.mark.slow
+def test_a_worker_told_it_has_a_gpu_on_a_torch_without_cuda_exits_as_a_user_error_naming_the_fix(tmp_path):
+    """The real runtime under the node launcher, on this machine's CPU build of torch, in a pod that says it was given a
+    GPU: it stops before training (no step, no checkpoint), and the job fails with the reason, not retried."""
+    import os
+
+    from support.training import run
+
+    from trainforge import contract, exits
+    done = run(tmp_path, nproc=1, check=False, env={**os.environ, contract.GPUS_PER_NODE_ENV: "1"})
+    assert done.returncode == exits.EXIT_USER_ERROR, done.stderr[-3000:]
+    assert "user error, not retried: rank 0: this pod was given 1 GPU(s) but its torch" in done.stderr
+    assert "built without CUDA" in done.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "ckpt").exists()
+
+
+def cuda_error(code: int, words: str) -> BaseException:
+    """torch.AcceleratorError as torch's C++ error translation makes it: the message, and the cudaError_t as
+    `error_code` (torch/csrc/Exceptions.cpp, _new_accelerator_error_object)."""
+    error = torch.AcceleratorError(f"CUDA error: {words}\nCUDA kernel errors might be asynchronously reported at some "
+                                   "other API call, so the stacktrace below might be incorrect.")
+    error.error_code = code  # type: ignore[attr-defined]  # set by torch's C++ side, as here
+    return error
+
+
+def test_the_gpus_hardware_errors_are_retried_and_the_jobs_own_kernel_errors_are_not():
+    from trainforge import exits
+    from trainforge.trainer.runtime.__main__ import exit_code_for
+    from trainforge.trainer.runtime.config import DeviceFault
+
+    for code, words in [(214, "uncorrectable ECC error encountered"), (220, "uncorrectable NVLink error detected during the execution"),
+                        (802, "system not yet initialized"), (999, "unknown error")]:
+        assert exit_code_for(cuda_error(code, words)) == exits.EXIT_DEVICE_FAULT, words
+        assert exit_code_for(RuntimeError(f"NCCL watchdog: CUDA error: {words}")) == exits.EXIT_DEVICE_FAULT, "by its words"
+    for code, words in [(700, "an illegal memory access was encountered"), (710, "device-side assert triggered"),
+                        (719, "unspecified launch failure")]:
+        assert exit_code_for(cuda_error(code, words)) == 1, f"{words}: the job's own kernels can do this"
+    assert exit_code_for(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == 1, "a batch too big"
+    assert exit_code_for(DeviceFault("this pod was given 8 GPU(s) ...")) == exits.EXIT_DEVICE_FAULT
+    assert exits.is_retryable(exits.EXIT_DEVICE_FAULT)
+    assert len({exits.EXIT_DEVICE_FAULT, exits.EXIT_PEER_LOST, exits.EXIT_SERVICES_DOWN, exits.EXIT_PREEMPTED,
+                exits.EXIT_WORKER_LOST}) == 5, "each reason its own code"
+
+
+def test_a_node_whose_rank_lost_its_gpu_is_retried(tmp_path):
+    """The rank whose GPU failed records 202; torchrun then stops its peers, which record 143: a retry, counted."""
+    from trainforge import exits
+    from trainforge.trainer.launch import classify
+    (tmp_path / "rank0.code").write_text(str(exits.EXIT_PREEMPTED))
+    (tmp_path / "rank1.code").write_text(str(exits.EXIT_DEVICE_FAULT))
+    assert classify(1, tmp_path, 2) == (exits.Outcome.RETRY, exits.EXIT_DEVICE_FAULT)

@@ -208,6 +208,9 @@ def env(spec: JobSpec, where: Placement) -> list[dict[str, Any]]:
     if price is not None:
         out.append({"name": contract.NODE_PRICE_ENV, "value": f"{price:.4f}"})
     out += [{"name": k, "value": v} for k, v in efa_env(where).items()]
+    if where.gpus_per_node:
+        out.append({"name": contract.GPUS_PER_NODE_ENV, "value": str(where.gpus_per_node)})
+    out.append({"name": contract.NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     for variable, key in (("MLFLOW_TRACKING_USERNAME", contract.MLFLOW_USERNAME_KEY), ("MLFLOW_TRACKING_PASSWORD", contract.MLFLOW_PASSWORD_KEY)):
         # The team's MLflow user: the server admits nobody else to the team's experiments.
         out.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": contract.MLFLOW_SECRET, "key": key}}})

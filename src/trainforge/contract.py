@@ -262,8 +262,12 @@ PREEMPTION_MARGIN_S = 15
 TRAINING_RUNTIME_GRACE_S = {CLUSTER_TRAINING_RUNTIME: ON_DEMAND_TERMINATION_GRACE_S,
                             CLUSTER_TRAINING_RUNTIME_SPOT: SPOT_TERMINATION_GRACE_S}
 METRICS_PORT = 9400
-METRICS_PORT_NAME = "metrics"
-NODE_PRICE_ENV = "TRAINFORGE_NODE_PRICE_USD_PER_HOUR"  # set by the submitter; exported for the dashboard's cost rate  # the container port name the trainer pods' PodMonitor scrapes
+METRICS_PORT_NAME = "metrics"  # the container port name the trainer pods' PodMonitor scrapes
+NODE_PRICE_ENV = "TRAINFORGE_NODE_PRICE_USD_PER_HOUR"  # set by the submitter; exported for the dashboard's cost rate
+# The GPUs a pod was given, so a worker whose CUDA sees fewer (a driver or fabric manager not up, a GPU gone) stops
+# instead of training on the CPU; and the node it runs on (the downward API), named when the hardware fails.
+GPUS_PER_NODE_ENV = "TRAINFORGE_GPUS_PER_NODE"
+NODE_NAME_ENV = "TRAINFORGE_NODE_NAME"
 
 # Where the platform's add-ons live (the Kubernetes half of the platform contract).
 NAMESPACE_KUBE_SYSTEM = "kube-system"  # Kubernetes' own: DNS, EKS add-ons

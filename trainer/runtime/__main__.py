@@ -104,14 +104,46 @@ def is_peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "gloo" in message and any(m in message for m in PEER_FAILURE_MESSAGES)
 
 
+# CUDA errors that are the hardware's or the node's, never the job's code (cudaError_t, CUDA runtime driver_types.h,
+# with cudaGetErrorString's words as torch prints them after "CUDA error: "). Errors a job's own kernels can cause
+# (an illegal address, a device-side assert, a launch failure) stay the job's: retrying them would only loop.
+DEVICE_FAULT_CUDA_ERRORS = {
+    46: "CUDA-capable device(s) is/are busy or unavailable",
+    100: "no CUDA-capable device is detected",
+    214: "uncorrectable ECC error encountered",
+    220: "uncorrectable NVLink error detected during the execution",
+    802: "system not yet initialized",  # an HGX node's fabric manager is not running
+    999: "unknown error",  # what a GPU that fell off the bus (Xid 79) gives
+}
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """The GPU failed: a DeviceFault of ours, or a CUDA error of the hardware's kind (by torch.AcceleratorError's
+    error_code where torch set it, else by its words)."""
+    from trainforge.trainer.runtime.config import DeviceFault
+
+    if isinstance(exc, DeviceFault):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    code = getattr(exc, "error_code", None)
+    if code is not None:
+        return code in DEVICE_FAULT_CUDA_ERRORS
+    message = str(exc)
+    return any(f"CUDA error: {words}" in message for words in DEVICE_FAULT_CUDA_ERRORS.values())
+
+
 def exit_code_for(exc: BaseException) -> int:
-    """An uncaught exception is a bug in the job (1, not retried), unless a peer's loss caused it (retried)."""
+    """An uncaught exception is a bug in the job (1, not retried), unless a peer's loss or the GPU's failure caused it
+    (retried)."""
     from trainforge.trainer.runtime.config import UserError
 
     if isinstance(exc, SystemExit):
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     if isinstance(exc, UserError):
         return exc.exit_code
+    if is_device_fault(exc):
+        return exits.EXIT_DEVICE_FAULT
     return exits.EXIT_PEER_LOST if is_peer_failure(exc) else 1
 
 
@@ -137,9 +169,14 @@ def entry() -> int:
         if isinstance(exc, UserError):
             logging.getLogger("trainforge.runtime").error("%s", exc)
             return code
+        said = (str(exc).splitlines() or [type(exc).__name__])[0][:500]
         if code == exits.EXIT_PEER_LOST:
             logging.getLogger("trainforge.runtime").error("a collective failed because a peer is gone (%s); exiting %d to be "
-                                                          "restarted from the last checkpoint", (str(exc).splitlines() or [type(exc).__name__])[0][:200], code)
+                                                          "restarted from the last checkpoint", said, code)
+            return code
+        if code == exits.EXIT_DEVICE_FAULT:
+            logging.getLogger("trainforge.runtime").error("the GPU failed (%s); exiting %d to be restarted from the last "
+                                                          "checkpoint", said, code)
             return code
         raise
     record_exit(code)

@@ -43,6 +43,11 @@ class PeerLost(RuntimeError):
     EXIT_PEER_LOST and the attempt is retried from the last checkpoint."""
 
 
+class DeviceFault(RuntimeError):
+    """This rank's GPU failed or is missing (not the job's fault): the worker exits EXIT_DEVICE_FAULT and the attempt is
+    retried from the last checkpoint, on hardware the device plugin still offers."""
+
+
 class _Model(BaseModel):
     model_config = StrictModel.model_config
 

@@ -7,6 +7,7 @@ import datetime
 import os
 import random
 import socket
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainforge import contract, exits
 from trainforge.trainer.runtime.config import NcclConfig, nccl_environment
 
 
@@ -79,6 +81,40 @@ def memlock_problem(environ: dict[str, str] | os._Environ, limits: str) -> str |
             "nodeadm config gives containers unlimited locked memory), or raise containerd's LimitMEMLOCK on your nodes")
 
 
+def gpu_problem(given: int, cuda_build: str | None, visible: int, cuda_said: str, node: str) -> tuple[type[Exception], str] | None:
+    """A pod given `given` GPUs whose torch sees only `visible`: the error to stop with, or None. Without this check the
+    worker trains on the CPU, silently, about a hundred times slower at the GPUs' price. A torch built without CUDA is
+    the image's fault (a user error); a CUDA build that sees too few GPUs is the node's (a retry: `cuda_said` is what
+    CUDA's initialisation warned, e.g. "Error 802: system not yet initialized" while an HGX node's fabric manager is
+    not up)."""
+    from trainforge.trainer.runtime.config import DeviceFault, UserError
+
+    if given <= visible:
+        return None
+    if cuda_build is None:
+        return UserError, (f"this pod was given {given} GPU(s) but its torch {torch.__version__} is built without CUDA. Fix: "
+                           "run the platform's runtime image, or install a CUDA build of torch in yours")
+    return DeviceFault, (f"this pod was given {given} GPU(s) on node {node or '(unknown)'} but CUDA {cuda_build} sees {visible}"
+                         f"{f' ({cuda_said})' if cuda_said else ''}: a driver, fabric manager or GPU failure, not the job's. "
+                         f"Exiting {exits.EXIT_DEVICE_FAULT} to be restarted from the last checkpoint; if it recurs on this "
+                         "node, cordon it (kubectl cordon) and check its NVIDIA driver, fabric manager and `nvidia-smi -q`")
+
+
+def check_gpus(environ: dict[str, str] | os._Environ) -> None:
+    """Stop (see gpu_problem) when the pod was given GPUs (contract.GPUS_PER_NODE_ENV) that CUDA does not see."""
+    given = int(environ.get(contract.GPUS_PER_NODE_ENV) or 0)
+    if not given:
+        return
+    with warnings.catch_warnings(record=True) as said:  # torch warns, and says False, when CUDA fails to initialise
+        warnings.simplefilter("always")
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda_said = " ".join(str(w.message).replace("\n", " ") for w in said)[:300]
+    problem = gpu_problem(given, torch.version.cuda, visible, cuda_said, environ.get(contract.NODE_NAME_ENV, ""))
+    if problem is not None:
+        error, message = problem
+        raise error(message)
+
+
 def init_distributed(nccl: NcclConfig | None = None, output_dir: str = ".") -> Distributed:
     """Join the job's process group; a lone process (no torchrun) forms a group of one, so nothing branches. A default
     group the caller already made is used as it is. NCCL's error handling and flight recorder are set up from `nccl`
@@ -90,6 +126,7 @@ def init_distributed(nccl: NcclConfig | None = None, output_dir: str = ".") -> D
     if lone:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    check_gpus(os.environ)
     if torch.cuda.is_available():
         limits = Path("/proc/self/limits").read_text() if Path("/proc/self/limits").exists() else ""
         if (problem := ofi_plugin_problem(os.environ) or memlock_problem(os.environ, limits)) is not None:
