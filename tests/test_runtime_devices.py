@@ -339,12 +339,16 @@ def test_a_pod_given_gpus_its_cuda_does_not_see_stops_instead_of_training_on_the
     from trainforge.trainer.runtime.distributed import gpu_problem
     assert gpu_problem(8, "12.8", 8, "", "node-a") is None
     assert gpu_problem(0, None, 0, "", "") is None, "a CPU pod"
-    error, message = gpu_problem(8, None, 0, "", "node-a")
-    assert error is UserError and "built without CUDA" in message and "Fix:" in message, "the image's fault: not retried"
-    error, message = gpu_problem(8, "12.8", 0, "CUDA initialization: Error 802: system not yet initialized", "ip-10-0-1-7")
-    assert error is DeviceFault, "the node's fault: retried"
-    assert "ip-10-0-1-7" in message and "Error 802" in message and "cordon" in message and "202" in message
-    assert gpu_problem(8, "12.8", 7, "", "ip-10-0-1-7")[0] is DeviceFault, "a GPU gone of eight"
+    no_cuda = gpu_problem(8, None, 0, "", "node-a")
+    assert isinstance(no_cuda, UserError) and "built without CUDA" in str(no_cuda) and "Fix:" in str(no_cuda), "the image's"
+    for said in ["The NVIDIA driver on your system is too old (found version 12040)", "Error 803: system has unsupported "
+                 "display driver / cuda driver combination"]:
+        newer = gpu_problem(8, "13.0", 0, said, "ip-10-0-1-7")
+        assert isinstance(newer, UserError) and "Fix:" in str(newer), f"{said}: the image's CUDA is newer than the node's driver"
+    fabric = gpu_problem(8, "12.8", 0, "Error 802: system not yet initialized", "ip-10-0-1-7")
+    assert isinstance(fabric, DeviceFault), "the node's fault: retried"
+    assert "ip-10-0-1-7" in str(fabric) and "Error 802" in str(fabric) and "kubectl cordon ip-10-0-1-7" in str(fabric)
+    assert isinstance(gpu_problem(8, "12.8", 7, "", "ip-10-0-1-7"), DeviceFault), "a GPU gone of eight"
 
 
 @pytest.mark.slow
@@ -386,6 +390,28 @@ def test_the_gpus_hardware_errors_are_retried_and_the_jobs_own_kernel_errors_are
         assert exit_code_for(cuda_error(code, words)) == 1, f"{words}: the job's own kernels can do this"
     assert exit_code_for(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == 1, "a batch too big"
     assert exit_code_for(DeviceFault("this pod was given 8 GPU(s) ...")) == exits.EXIT_DEVICE_FAULT
+    assert exit_code_for(RuntimeError("my kernel: CUDA error code 214 in my own message")) == 1
+
+
+def test_a_gpu_or_peer_failure_inside_a_checkpoints_save_is_still_that_failure():
+    """DCP gathers each rank's failure into a CheckpointException (a BaseException, not a RuntimeError); an error
+    raised while handling another keeps it as its context."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from trainforge import exits
+    from trainforge.trainer.runtime.__main__ import exit_code_for
+    ecc = cuda_error(214, "uncorrectable ECC error encountered")
+    assert exit_code_for(CheckpointException("save failed", {1: (ecc, None)})) == exits.EXIT_DEVICE_FAULT
+    reset = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    assert exit_code_for(CheckpointException("save failed", {0: (reset, None)})) == exits.EXIT_PEER_LOST
+    assert exit_code_for(CheckpointException("save failed", {0: (OSError(28, "No space left on device"), None)})) == 1
+    try:
+        try:
+            raise ecc
+        except RuntimeError as gpu:
+            raise ValueError("could not read the batch") from gpu
+    except ValueError as wrapped:
+        assert exit_code_for(wrapped) == exits.EXIT_DEVICE_FAULT
     assert exits.is_retryable(exits.EXIT_DEVICE_FAULT)
     assert len({exits.EXIT_DEVICE_FAULT, exits.EXIT_PEER_LOST, exits.EXIT_SERVICES_DOWN, exits.EXIT_PREEMPTED,
                 exits.EXIT_WORKER_LOST}) == 5, "each reason its own code"

@@ -12,7 +12,7 @@ node exits with the contract's code for the attempt:
     143    preempted: the node was told to stop (SIGTERM/SIGINT), or every worker that stopped took the
            emergency checkpoint (retried)
     137    a worker vanished without a record (SIGKILL, OOM, node loss), or workers failed only because a peer
-           on another node did (they record exits.EXIT_PEER_LOST): retried
+           on another node did (they record exits.EXIT_PEER_LOST) or their GPU did (exits.EXIT_DEVICE_FAULT): retried
 
 Once every worker of the node has recorded its exit and one failed, the outcome is known: an agent that lingers
 (a survivor's rendezvous shutdown against a store that left with another node) is stopped after AGENT_EXIT_GRACE_S.

@@ -19,8 +19,9 @@ EXIT_USER_ERROR = 2  # bad config, bad code: retrying cannot help (as is any oth
 EXIT_PREEMPTED = 143  # interrupted (SIGTERM: spot notice, eviction, cancel); the checkpoint is taken — resume me
 EXIT_PEER_LOST = 200  # a collective failed because another rank or the network went away — not this rank's fault: retry
 EXIT_SERVICES_DOWN = 201  # a service it needs (API server, database, MLflow) stayed unreachable past its patience: retry
-EXIT_DEVICE_FAULT = 202  # the GPU failed (uncorrectable ECC or NVLink error, gone, driver not ready): retry, on healthy
-                         # hardware (the NVIDIA device plugin takes a GPU with such errors out of service)
+EXIT_DEVICE_FAULT = 202  # the GPU failed (uncorrectable ECC or NVLink error, gone, driver or fabric manager not ready):
+# retry, counted against the job's restarts; another node is chosen only where the NVIDIA device plugin marked the
+# GPU unhealthy (it does on critical Xid events: ECC, NVLink, fallen off the bus; not for a fabric manager that is down)
 
 
 EXIT_WORKER_LOST = 128 + signal.SIGKILL  # 137: a worker vanished without a record (SIGKILL, OOM, node loss)

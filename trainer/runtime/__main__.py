@@ -1,6 +1,7 @@
 """Worker entry point: `torchrun --nproc_per_node=N -m trainforge.trainer.runtime run.yaml [--set key=value ...]`.
 
-Exit codes (trainforge.contract): 0 done, 2 user error (not retried), 143 preempted (resume me).
+Exit codes (trainforge.exits): 0 done, 1 the job's own bug and 2 a user error (neither retried), 143 preempted (resume
+me), 200 a peer lost and 202 the GPU failed (retried: the node launcher exits 137 for them).
 """
 
 from __future__ import annotations
@@ -90,61 +91,80 @@ def main(argv: list[str] | None = None) -> int:
 # that hits "connection reset" on its own socket is still the user's error.
 # A peer that vanished without resetting its connections (a node lost with its network, a frozen host) shows up as
 # gloo's timeout instead, e.g. "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 600000ms for recv
-# operation to complete": a retry, as NCCL's timeout is (its watchdog aborts the process, which reads as a lost worker).
+# operation to complete": a retry, as NCCL's timeout is (its watchdog aborts the process). The price, as with NCCL's:
+# ranks that wait on each other for good (a collective only some of them call) are retried until the job's restarts
+# run out, a gloo timeout each.
 PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting")
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    from trainforge.trainer.runtime.config import PeerLost
-
     dist = sys.modules.get("torch.distributed")
-    if isinstance(exc, PeerLost) or (dist is not None and isinstance(exc, getattr(dist, "DistError", ()))):
+    if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
         return True
     message = str(exc)
     return isinstance(exc, RuntimeError) and "gloo" in message and any(m in message for m in PEER_FAILURE_MESSAGES)
 
 
-# CUDA errors that are the hardware's or the node's, never the job's code (cudaError_t, CUDA runtime driver_types.h,
-# with cudaGetErrorString's words as torch prints them after "CUDA error: "). Errors a job's own kernels can cause
-# (an illegal address, a device-side assert, a launch failure) stay the job's: retrying them would only loop.
+# CUDA errors that are, as a rule, the hardware's or the node's and not the job's code (cudaError_t, CUDA runtime
+# driver_types.h, with cudaGetErrorString's words as torch prints them after "CUDA error: "). Errors a job's own
+# kernels can cause (an illegal address, a device-side assert, a launch failure) stay the job's, though a failing GPU
+# can also end in them: retrying a job's own bug would only loop.
 DEVICE_FAULT_CUDA_ERRORS = {
     46: "CUDA-capable device(s) is/are busy or unavailable",
     100: "no CUDA-capable device is detected",
     214: "uncorrectable ECC error encountered",
     220: "uncorrectable NVLink error detected during the execution",
     802: "system not yet initialized",  # an HGX node's fabric manager is not running
-    999: "unknown error",  # what a GPU that fell off the bus (Xid 79) gives
+    999: "unknown error",  # what a GPU that fell off the bus (Xid 79) may give
 }
 
 
 def is_device_fault(exc: BaseException) -> bool:
-    """The GPU failed: a DeviceFault of ours, or a CUDA error of the hardware's kind (by torch.AcceleratorError's
-    error_code where torch set it, else by its words)."""
-    from trainforge.trainer.runtime.config import DeviceFault
-
-    if isinstance(exc, DeviceFault):
-        return True
-    if not isinstance(exc, RuntimeError):
-        return False
-    code = getattr(exc, "error_code", None)
-    if code is not None:
-        return code in DEVICE_FAULT_CUDA_ERRORS
+    """A CUDA error of the hardware's kind: by torch.AcceleratorError's error_code (torch sets it from CUDA's), else by
+    CUDA's words (an error raised elsewhere, e.g. NCCL's)."""
+    torch = sys.modules.get("torch")
     message = str(exc)
-    return any(f"CUDA error: {words}" in message for words in DEVICE_FAULT_CUDA_ERRORS.values())
+    if torch is not None and isinstance(exc, getattr(torch, "AcceleratorError", ())) and getattr(exc, "error_code", None) is not None:
+        return "CUDA error" in message and exc.error_code in DEVICE_FAULT_CUDA_ERRORS  # type: ignore[attr-defined]
+    return isinstance(exc, RuntimeError) and any(f"CUDA error: {words}" in message for words in DEVICE_FAULT_CUDA_ERRORS.values())
+
+
+def causes(exc: BaseException) -> list[BaseException]:
+    """`exc`, what it was raised from or while handling, and what DCP's CheckpointException gathered from each rank: a
+    GPU's or a peer's failure inside a checkpoint's save is still that failure."""
+    found: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or any(current is seen for seen in found):
+            continue
+        found.append(current)
+        todo += [current.__cause__, current.__context__]
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):  # torch.distributed.checkpoint.api.CheckpointException: {rank: (exception, trace)}
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return found
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """An uncaught exception is a bug in the job (1, not retried), unless a peer's loss or the GPU's failure caused it
-    (retried)."""
-    from trainforge.trainer.runtime.config import UserError
+    """An uncaught exception is a bug in the job (1, not retried), unless the GPU's failure or a peer's loss caused it
+    (retried): our own errors say their code, a library's is read for its cause."""
+    from trainforge.trainer.runtime.config import DeviceFault, PeerLost, UserError
 
     if isinstance(exc, SystemExit):
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    if isinstance(exc, UserError):
+    if isinstance(exc, (UserError, PeerLost, DeviceFault)):
         return exc.exit_code
-    if is_device_fault(exc):
+    chain = causes(exc)
+    if any(isinstance(e, DeviceFault) or is_device_fault(e) for e in chain):
         return exits.EXIT_DEVICE_FAULT
-    return exits.EXIT_PEER_LOST if is_peer_failure(exc) else 1
+    if any(isinstance(e, PeerLost) or is_peer_failure(e) for e in chain):
+        return exits.EXIT_PEER_LOST
+    return 1
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def failure_message(exc: BaseException) -> str:
@@ -153,13 +173,13 @@ def failure_message(exc: BaseException) -> str:
 
     if isinstance(exc, UserError):
         return str(exc).replace("\n", " ")
-    first = (str(exc).strip().splitlines() or [""])[0]
+    first = first_line(exc)
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def entry() -> int:
     from trainforge.exits import record_exit
-    from trainforge.trainer.runtime.config import UserError
+    from trainforge.trainer.runtime.config import DeviceFault, PeerLost, UserError
 
     try:
         code = main()
@@ -169,10 +189,11 @@ def entry() -> int:
         if isinstance(exc, UserError):
             logging.getLogger("trainforge.runtime").error("%s", exc)
             return code
-        said = (str(exc).splitlines() or [type(exc).__name__])[0][:500]
+        # Our own errors say it all in one line; a library's first line is the gist (gloo's go on for a while).
+        said = str(exc) if isinstance(exc, (PeerLost, DeviceFault)) else first_line(exc)[:300] or type(exc).__name__
         if code == exits.EXIT_PEER_LOST:
-            logging.getLogger("trainforge.runtime").error("a collective failed because a peer is gone (%s); exiting %d to be "
-                                                          "restarted from the last checkpoint", said, code)
+            logging.getLogger("trainforge.runtime").error("a peer is gone (%s); exiting %d to be restarted from the last "
+                                                          "checkpoint", said, code)
             return code
         if code == exits.EXIT_DEVICE_FAULT:
             logging.getLogger("trainforge.runtime").error("the GPU failed (%s); exiting %d to be restarted from the last "

@@ -234,13 +234,13 @@ class CheckpointManager:
 
     def _every_rank_hashed(self, path: Path) -> None:
         """Past this, every rank's checksums of `path` are on disk. A peer that died before writing its own fails the
-        barrier at once (its connections reset), or after the checksums' patience if its node vanished silently:
-        either way a retryable PeerLost, where rank 0 used to wait the full patience in gather_digests and then fail
-        the job as a user error."""
+        barrier at once (its connections reset), or after the checksums' patience if its node vanished silently: a
+        retryable PeerLost either way, not a wait in gather_digests on the training thread."""
         try:
             dist.monitored_barrier(group=self.pg, timeout=datetime.timedelta(seconds=DIGESTS_TIMEOUT_S))
         except RuntimeError as exc:
-            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # gloo's: which rank failed to pass
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            said = lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}"  # gloo's: which rank, then why
             raise PeerLost(f"{path}: not every rank finished its part of the save ({said}); the checkpoint is not "
                            "committed") from exc
 

@@ -42,10 +42,14 @@ class PeerLost(RuntimeError):
     """Another rank is gone (it never did its part of a shared step): not this rank's fault, so the worker exits
     EXIT_PEER_LOST and the attempt is retried from the last checkpoint."""
 
+    exit_code = exits.EXIT_PEER_LOST
+
 
 class DeviceFault(RuntimeError):
     """This rank's GPU failed or is missing (not the job's fault): the worker exits EXIT_DEVICE_FAULT and the attempt is
-    retried from the last checkpoint, on hardware the device plugin still offers."""
+    retried from the last checkpoint."""
+
+    exit_code = exits.EXIT_DEVICE_FAULT
 
 
 class _Model(BaseModel):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime
 import os
 import random
+import re
 import socket
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainforge import contract, exits
-from trainforge.trainer.runtime.config import NcclConfig, nccl_environment
+from trainforge import contract
+from trainforge.trainer.runtime.config import DeviceFault, NcclConfig, UserError, nccl_environment
 
 
 @dataclass
@@ -81,23 +81,43 @@ def memlock_problem(environ: dict[str, str] | os._Environ, limits: str) -> str |
             "nodeadm config gives containers unlimited locked memory), or raise containerd's LimitMEMLOCK on your nodes")
 
 
-def gpu_problem(given: int, cuda_build: str | None, visible: int, cuda_said: str, node: str) -> tuple[type[Exception], str] | None:
-    """A pod given `given` GPUs whose torch sees only `visible`: the error to stop with, or None. Without this check the
-    worker trains on the CPU, silently, about a hundred times slower at the GPUs' price. A torch built without CUDA is
-    the image's fault (a user error); a CUDA build that sees too few GPUs is the node's (a retry: `cuda_said` is what
-    CUDA's initialisation warned, e.g. "Error 802: system not yet initialized" while an HGX node's fabric manager is
-    not up)."""
-    from trainforge.trainer.runtime.config import DeviceFault, UserError
+# What CUDA says when the image's CUDA needs a newer driver than the node's (torch's "The NVIDIA driver on your system is
+# too old", cudaErrorInsufficientDriver 35, cudaErrorSystemDriverMismatch 803, cudaErrorCompatNotSupportedOnDevice 804):
+# the image's fault, which a retry on the same kind of node cannot mend.
+_IMAGE_CUDA_MISMATCH = re.compile(r"too old|\bError (35|803|804)\b")
 
+
+def gpu_problem(given: int, cuda_build: str | None, visible: int, cuda_said: str, node: str) -> Exception | None:
+    """What to stop with when a pod given `given` GPUs has a torch that sees only `visible`, or None. Without this the
+    worker trains on the CPU, silently, about a hundred times slower at the GPUs' price. A torch without CUDA, or a
+    CUDA newer than the node's driver, is the image's fault (a user error); a CUDA that sees too few GPUs is the node's
+    (a retry): `cuda_said` is what CUDA said, e.g. "Error 802: system not yet initialized" while an HGX node's fabric
+    manager is down."""
     if given <= visible:
         return None
     if cuda_build is None:
-        return UserError, (f"this pod was given {given} GPU(s) but its torch {torch.__version__} is built without CUDA. Fix: "
-                           "run the platform's runtime image, or install a CUDA build of torch in yours")
-    return DeviceFault, (f"this pod was given {given} GPU(s) on node {node or '(unknown)'} but CUDA {cuda_build} sees {visible}"
-                         f"{f' ({cuda_said})' if cuda_said else ''}: a driver, fabric manager or GPU failure, not the job's. "
-                         f"Exiting {exits.EXIT_DEVICE_FAULT} to be restarted from the last checkpoint; if it recurs on this "
-                         "node, cordon it (kubectl cordon) and check its NVIDIA driver, fabric manager and `nvidia-smi -q`")
+        return UserError(f"this pod was given {given} GPU(s) but its torch {torch.__version__} is built without CUDA. Fix: "
+                         "run the platform's runtime image, or install a CUDA build of torch in yours")
+    if _IMAGE_CUDA_MISMATCH.search(cuda_said):
+        return UserError(f"this pod's torch is built for CUDA {cuda_build}, which the NVIDIA driver of node {node or '(unknown)'} "
+                         f"does not support ({cuda_said}). Fix: a torch built for an older CUDA in your image, or the "
+                         "platform's runtime image")
+    return DeviceFault(f"this pod was given {given} GPU(s) on node {node or '(unknown)'} but CUDA {cuda_build} sees {visible}"
+                       f"{f' ({cuda_said})' if cuda_said else ''}: a driver, fabric manager or GPU failure, not the job's. If "
+                       f"it recurs on this node, cordon it (kubectl cordon {node or 'NODE'}) and check its NVIDIA driver, "
+                       "fabric manager and `nvidia-smi -q`")
+
+
+def cuda_devices() -> tuple[int, str]:
+    """The GPUs CUDA itself counts (not NVML's count, which torch reports before CUDA starts and which may still list a
+    GPU CUDA lost) and, where CUDA fails to start, what it said. Starting it here costs nothing: the worker would next."""
+    try:
+        torch.cuda.init()
+    except Exception as exc:  # the driver's RuntimeError, or torch's AssertionError when it finds no driver at all
+        said = str(exc)
+        code = re.search(r"Error \d+: [^\n.(]+", said)
+        return 0, (code.group(0) if code else (said.strip().splitlines() or [type(exc).__name__])[0])[:200].strip()
+    return torch.cuda.device_count(), ""
 
 
 def check_gpus(environ: dict[str, str] | os._Environ) -> None:
@@ -105,14 +125,10 @@ def check_gpus(environ: dict[str, str] | os._Environ) -> None:
     given = int(environ.get(contract.GPUS_PER_NODE_ENV) or 0)
     if not given:
         return
-    with warnings.catch_warnings(record=True) as said:  # torch warns, and says False, when CUDA fails to initialise
-        warnings.simplefilter("always")
-        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    cuda_said = " ".join(str(w.message).replace("\n", " ") for w in said)[:300]
-    problem = gpu_problem(given, torch.version.cuda, visible, cuda_said, environ.get(contract.NODE_NAME_ENV, ""))
+    visible, said = cuda_devices() if torch.version.cuda else (0, "")
+    problem = gpu_problem(given, torch.version.cuda, visible, said, environ.get(contract.NODE_NAME_ENV, ""))
     if problem is not None:
-        error, message = problem
-        raise error(message)
+        raise problem
 
 
 def init_distributed(nccl: NcclConfig | None = None, output_dir: str = ".") -> Distributed:
@@ -130,7 +146,6 @@ def init_distributed(nccl: NcclConfig | None = None, output_dir: str = ".") -> D
     if torch.cuda.is_available():
         limits = Path("/proc/self/limits").read_text() if Path("/proc/self/limits").exists() else ""
         if (problem := ofi_plugin_problem(os.environ) or memlock_problem(os.environ, limits)) is not None:
-            from trainforge.trainer.runtime.config import UserError
             raise UserError(problem)
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
