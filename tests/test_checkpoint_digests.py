@@ -1,5 +1,7 @@
-"""Checkpoint checksums hashed by the rank that wrote each file (issue 38, item 7), folded into one manifest by rank 0;
-the resume check hashes files in parallel. Real files, real SHA-256; the two-rank saves run in tests/test_runtime.py."""
+"""Checkpoint checksums hashed by the rank that wrote each file (issue 38, item 7), folded into one manifest by rank 0,
+and the ranks agreeing on a save (a peer gone before its checksums, the emergency save decided once for all);
+the resume check hashes files in parallel. Real files, real SHA-256, real gloo ranks; the two-rank training runs are in
+tests/test_runtime.py."""
 
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ def test_a_failing_run_stops_waiting_for_the_checksums_of_a_peer_that_is_gone(tm
 # Two real ranks on gloo saving one checkpoint, each a process of its own; rank 1 may die right where it would write its
 # checksums (after DCP's save, which every rank finished together).
 TWO_RANK_SAVE = """
-import os, sys
+import dataclasses, os, sys
 import torch, torch.distributed as dist
 from trainforge.trainer.runtime import checkpoint
 from trainforge.trainer.runtime.__main__ import exit_code_for
@@ -105,12 +107,19 @@ manager = checkpoint.CheckpointManager(CheckpointConfig(dir=os.path.join(directo
 if rank == 1 and rank1_dies:
     checkpoint.write_rank_digests = lambda *args: os._exit(9)  # killed the moment its save's writes are done
 model = torch.nn.Linear(8, 8)
+optimizer = torch.optim.AdamW(model.parameters())
 try:
-    manager.save(1, model, torch.optim.AdamW(model.parameters()), {"step": 1}, None, blocking=True)
+    manager.save(1, model, optimizer, {"step": 1}, None, blocking=True)
+    print("committed", flush=True)
+    if sys.argv[3] == "clocks-differ":  # preempted at step 2: skip the emergency save if the last is under a minute old
+        manager.cfg = manager.cfg.model_copy(update={"emergency_skip_if_newer_than_s": 60.0})
+        if rank == 1:  # its clock says the last commit is an hour old; rank 0's says it is fresh
+            manager.last_commit = dataclasses.replace(manager.last_commit, committed_at=manager.last_commit.committed_at - 3600)
+        manager.subject = checkpoint.Subject(model, optimizer, lambda: {})
+        print(f"emergency save: {manager.emergency_save(2, None)}", flush=True)
 except BaseException as exc:
     print(f"exit {exit_code_for(exc)}: {exc}", flush=True)
     os._exit(exit_code_for(exc))
-print("committed", flush=True)
 os._exit(0)
 """
 
@@ -147,3 +156,13 @@ def test_a_peer_dying_before_its_checksums_ends_a_blocking_save_at_once_as_a_ret
     assert rank0.returncode == exits.EXIT_PEER_LOST, rank0.stdout
     assert "not every rank finished its part of the save" in rank0.stdout and "Rank 1" in rank0.stdout
     assert not (tmp_path / "ckpt" / "step-00000001" / files.COMMIT_MARKER).exists()
+
+
+@pytest.mark.slow
+def test_on_preemption_the_ranks_skip_or_take_the_emergency_save_together_whatever_their_clocks_say(tmp_path):
+    """`emergency_skip_if_newer_than_s`: each rank's clock (and its own commit time) differs. Ranks that disagreed would
+    leave the savers in the save's collectives, waiting for ranks that had already exited: rank 0 decides for all."""
+    rank0, rank1 = save_on_two_ranks(tmp_path, "clocks-differ")
+    assert (rank0.returncode, rank1) == (0, 0), rank0.stdout
+    assert "emergency save: False" in rank0.stdout, "rank 0's clock: the last commit is fresh"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step-")) == ["step-00000001"]

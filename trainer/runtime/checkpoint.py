@@ -135,6 +135,11 @@ class CheckpointManager:
         self.wait()
         last = self.last_commit
         recent = last is not None and (last.step == step or time.time() - last.committed_at <= self.cfg.emergency_skip_if_newer_than_s)
+        # Rank 0 decides for all: each rank's clock (and its own commit time) differs, and ranks that disagreed would
+        # leave some in the save's collectives waiting for ranks that had already exited.
+        decision = torch.tensor([int(recent)])
+        dist.broadcast(decision, src=0, group=self.pg)
+        recent = bool(decision.item())
         if not recent:
             subject = self._of_subject()
             self._blocked(self.save(step, subject.model, subject.optimizer, subject.trainer_state(), metric, blocking=True))
