@@ -242,12 +242,13 @@ def rank_command(user_command: list[str]) -> list[str]:
     return ["-m", "trainforge.trainer.launch", "--rank", "--", *user_command]
 
 
-def command(spec: JobSpec) -> list[str]:
+def command(spec: JobSpec, where: Placement) -> list[str]:
     # The launcher runs torchrun and exits with the contract's code (torchrun alone always exits 1, which the
     # restart rules would read as a user error). torchrun reads nodes, processes per node, rank and rendezvous
-    # from the PET_* variables both controllers set.
+    # from the PET_* variables both controllers set; the pods' grace period tells it how long to wait for the
+    # workers' emergency checkpoint after a SIGTERM.
     target = rank_command(spec.entry.command) if spec.entry.command else ["-m", "trainforge.trainer.runtime"]
-    return [*LAUNCHER, "--", *target]
+    return [*LAUNCHER, f"--termination-grace-s={where.termination_grace_s}", "--", *target]
 
 
 def args(spec: JobSpec, where: Placement) -> list[str]:
@@ -273,7 +274,7 @@ def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = N
             "activeDeadlineSeconds": max_runtime_seconds(spec),
             "trainer": {
                 "image": image(spec), "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
-                "command": command(spec), "args": args(spec, where), "env": env(spec, where), "resourcesPerNode": resources(spec, where),
+                "command": command(spec, where), "args": args(spec, where), "env": env(spec, where), "resourcesPerNode": resources(spec, where),
             },
             # Placement and volumes go in through a runtime patch: the TrainJob's trainer section has no field for them.
             "runtimePatches": [{
@@ -295,7 +296,7 @@ def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None =
         "metadata": {"labels": pod_labels(spec, cost_centre)},
         "spec": {**pod_placement(spec, where), "terminationGracePeriodSeconds": where.termination_grace_s,
                  "automountServiceAccountToken": False, "containers": [{
-            "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec), "args": args(spec, where), "env": env(spec, where),
+            "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec, where), "args": args(spec, where), "env": env(spec, where),
             "securityContext": dict(contract.TRAINING_CONTAINER_SECURITY),
             "resources": resources(spec, where), "volumeMounts": volume_mounts(spec),
             "ports": [{"name": contract.METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT}],

@@ -331,6 +331,17 @@ def preemption_window_s(termination_grace_s: int) -> int:
     return termination_grace_s - PREEMPTION_MARGIN_S
 
 
+# torchrun SIGKILLs its workers this long after passing SIGTERM on (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default:
+# shorter than either window, so an emergency checkpoint taking longer died half-written). Set after the runtime's own
+# deadline and before the kubelet's SIGKILL, it only ends workers stuck past their window.
+TORCHRUN_SHUTDOWN_MARGIN_S = 5
+
+
+def torchrun_shutdown_timeout_s(termination_grace_s: int) -> int:
+    """How long torchrun waits for its workers after passing SIGTERM on, in a pod with this grace period."""
+    return termination_grace_s - TORCHRUN_SHUTDOWN_MARGIN_S
+
+
 def training_runtime_for(termination_grace_s: int) -> str:
     """The ClusterTrainingRuntime whose pods get this grace period."""
     return next(name for name, grace in TRAINING_RUNTIME_GRACE_S.items() if grace == termination_grace_s)

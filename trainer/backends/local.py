@@ -57,12 +57,12 @@ def worker_command(spec: JobSpec, exit_dir: Path) -> list[str]:
     """The node launcher (trainer/launch.py) around torchrun: the same command a cluster pod runs, on one node."""
     directory = job_dir(spec.name)
     processes = spec.workers.nodes * spec.workers.procs_per_node  # every worker of every node, on this machine
-    launcher = [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={processes}", f"--exit-dir={exit_dir}",
-                "--", "--standalone", "--nnodes=1"]
-    if spec.entry.command:
-        return [*launcher, *rank_command(spec.entry.command)]
     # The job's own grace class (spot: the EC2 notice's two minutes; on-demand: a cancel's minute), as on the cluster.
     grace = placing.decide(spec, None).termination_grace_s
+    launcher = [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={processes}", f"--exit-dir={exit_dir}",
+                f"--termination-grace-s={grace}", "--", "--standalone", "--nnodes=1"]
+    if spec.entry.command:
+        return [*launcher, *rank_command(spec.entry.command)]
     return [*launcher, "-m", "trainforge.trainer.runtime",
             *runtime_args(spec, output_dir=str(directory / paths.JOB_RUN_DIR), checkpoint_dir=str(directory / paths.JOB_CHECKPOINT_DIR),
                           tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), metrics_port=_metrics_port(), termination_grace_s=grace)]
