@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,7 +14,7 @@ pytest.importorskip("torch", reason="the runtime extra (torch) is not installed"
 boto3 = pytest.importorskip("boto3")
 
 from support.servers import free_port, moto_server  # noqa: E402
-from support.training import result, run, start, wait_for_step  # noqa: E402
+from support.training import BASE, result, run, start, wait_for_step  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -53,6 +55,31 @@ def test_committed_checkpoints_reach_s3_and_a_wiped_node_resumes_from_there(tmp_
     resumed = run(tmp_path, *overrides[:-1], "max_steps=40")
     assert "downloaded checkpoint step 30" in resumed.stderr
     assert result(tmp_path)["resumed_from"] == 30 and result(tmp_path)["step"] == 40
+
+
+def test_two_nodes_sharing_an_empty_local_tier_resume_from_one_download(tmp_path, s3):
+    """Two nodes on loopback, each under the node launcher as on the cluster, sharing one checkpoint directory (FSx):
+    the local tier was lost, so the newest checkpoint comes down from S3, once. Each node's first rank used to download
+    it into the same directory at the same time, and the one that lost the rename failed the job as a user error."""
+    endpoint, client = s3
+    overrides = ["checkpoint.s3_uri=s3://ckpt/teams/vision/job-2", f"checkpoint.s3_endpoint_url={endpoint}"]
+    run(tmp_path, *overrides, "max_steps=30", nproc=None)
+    shutil.rmtree(tmp_path / "checkpoints")
+    port = free_port()
+    sets = [a for o in [*BASE, *overrides, "max_steps=40"] for a in ("--set", o)]
+    nodes = [subprocess.Popen([sys.executable, "-m", "trainforge.trainer.launch", "--nproc-per-node=1", f"--exit-dir={tmp_path}/exit{rank}",
+                               "--", "--nnodes=2", f"--node-rank={rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                               "--rdzv-id=s3-resume", "-m", "trainforge.trainer.runtime", *sets],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    try:
+        logs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    assert sum(log.count("downloaded checkpoint step 30") for log in logs) == 1, "one download, by rank 0"
+    assert result(tmp_path)["resumed_from"] == 30 and result(tmp_path)["step"] == 40
+    assert not list((tmp_path / "checkpoints").glob(".download-*")), "nothing half-downloaded left"
 
 
 def test_training_goes_on_while_the_endpoint_is_down_and_catches_up_when_it_returns(tmp_path, monkeypatch):

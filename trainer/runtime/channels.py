@@ -35,15 +35,16 @@ def runtime_metrics(cfg: RunConfig, env: Distributed, checkpoints: CheckpointMan
 
 
 def durable_tier(cfg: RunConfig, env: Distributed, checkpoints: CheckpointManager, metrics: RuntimeMetrics):
-    """The S3 tier behind the local one, on each node's local rank 0 (None without `checkpoint.s3_uri`)."""
-    if cfg.checkpoint.s3_uri is None or env.local_rank != 0:
+    """The S3 tier behind the local one, on rank 0 (None without `checkpoint.s3_uri`, and on every other rank). The local
+    tier is one directory every node shares (DCP's ranks write their shards side by side), so one rank fills it: a
+    download on each node's first rank raced into the same directory, and the losers failed the job (exit 1)."""
+    if cfg.checkpoint.s3_uri is None or not env.is_main:
         return None
     from trainforge.trainer.runtime.s3 import S3Tier
     tier = S3Tier(cfg.checkpoint.s3_uri, endpoint_url=cfg.checkpoint.s3_endpoint_url,
                   max_concurrency=cfg.checkpoint.s3_max_concurrency, on_event=metrics.s3_event)
-    if env.is_main:  # rank 0 uploads what every rank wrote to the shared local tier
-        checkpoints.on_commit.append(lambda c, _: tier.enqueue(c))
-        metrics.watch_s3_lag(tier.lag_seconds)
+    checkpoints.on_commit.append(lambda c, _: tier.enqueue(c))  # what every rank wrote to the shared local tier
+    metrics.watch_s3_lag(tier.lag_seconds)
     return tier
 
 
