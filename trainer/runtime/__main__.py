@@ -93,16 +93,24 @@ def main(argv: list[str] | None = None) -> int:
 # gloo's timeout instead, e.g. "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 600000ms for recv
 # operation to complete": a retry, as NCCL's timeout is (its watchdog aborts the process). The price, as with NCCL's:
 # ranks that wait on each other for good (a collective only some of them call) are retried until the job's restarts
-# run out, a gloo timeout each.
-PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting")
+# run out, a gloo timeout each. A host gone from the network: TCP gives up first ("Connection timed out", "No route to
+# host"). After a timeout gloo closes the pair, and the group's next operation says only "Application timeout caused
+# pair closure".
+PEER_FAILURE_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting",
+                         "Connection timed out", "No route to host")
+GLOO_PAIR_CLOSED = "caused pair closure"
+# NCCL's own verdicts on how it was called (torch's ProcessGroupNCCL error details): the job's collectives disagree (a
+# size or a dtype across ranks, two ranks on one GPU). Retrying would meet the same disagreement.
+NCCL_MISUSE = ("ncclInvalidUsage", "ncclInvalidArgument")
 
 
 def is_peer_failure(exc: BaseException) -> bool:
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
-        return True
     message = str(exc)
-    return isinstance(exc, RuntimeError) and "gloo" in message and any(m in message for m in PEER_FAILURE_MESSAGES)
+    if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
+        return not any(m in message for m in NCCL_MISUSE)
+    gloo = "gloo" in message and any(m in message for m in PEER_FAILURE_MESSAGES)
+    return isinstance(exc, RuntimeError) and (gloo or GLOO_PAIR_CLOSED in message)
 
 
 # CUDA errors that are, as a rule, the hardware's or the node's and not the job's code (cudaError_t, CUDA runtime
