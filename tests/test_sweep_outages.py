@@ -89,3 +89,73 @@ def test_an_outage_backs_off_and_past_its_patience_says_so_with_a_code_the_job_r
         outage.failed(ConnectionError("still refused"), poll_s=1.0)
     assert ended.value.exit_code == exits.EXIT_SERVICES_DOWN and exits.is_retryable(ended.value.exit_code)
     assert "has not answered for 61 s" in str(ended.value) and "still refused" in str(ended.value)
+
+
+@pytest.fixture
+def study_database(tmp_path):
+    """A real PostgreSQL (the platform's kind of study database), reached directly and through a loopback hop that a test
+    can cut (the database's failover: every connection dropped, new ones refused) and restore."""
+    pytest.importorskip("psycopg2", reason="the sweep extra's PostgreSQL driver is not installed")
+    from support.servers import Outage as Hop
+    from support.servers import postgres_binaries, postgres_server
+    if postgres_binaries() is None:
+        pytest.skip("no PostgreSQL server programs (Debian's postgresql package)")
+    with postgres_server(tmp_path) as (port, user, password):
+        hop = Hop(f"127.0.0.1:{port}")
+        hop.restore()
+        url = f"postgresql+psycopg2://{user}:{password}@127.0.0.1:{{}}/postgres"
+        study = optuna.create_study(study_name="sweep-a", storage=url.format(port), direction="minimize")
+        study.set_user_attr("pruner", {"type": "median"})
+        try:
+            yield study, hop, url.format(hop.port)
+        finally:
+            hop.close()
+
+
+def trial_config(study, url: str):
+    from trainforge.trainer.runtime.config import SweepTrialConfig
+    trial = study.ask()
+    return SweepTrialConfig(storage=url, study=study.study_name, trial_id=trial._trial_id, metric="loss", heartbeat_s=60)
+
+
+@pytest.mark.slow
+def test_a_trial_rides_out_its_study_databases_failover_and_still_tells_its_outcome(study_database, caplog):
+    """The trial's side: an evaluation while the database is out is not reported (training goes on, unpruned this
+    once); the outcome waits for the database to come back. Both used to raise: exit 1, the trial failed for good and
+    was run again from scratch by the controller."""
+    import threading
+
+    from support.waiting import wait_until
+
+    from trainforge.trainer.runtime.pruning import TrialReporter
+    caplog.set_level("WARNING")
+    study, hop, url = study_database
+    reporter = TrialReporter(trial_config(study, url), patience_s=120)
+    assert reporter.on_eval(10, {"loss": 1.0}) is None
+    hop.cut()
+    assert reporter.on_eval(20, {"loss": 0.9}) is None
+    assert "database is out at step 20" in caplog.text
+
+    def restore_once_it_waits():
+        wait_until(lambda: "could not tell the study" in caplog.text, 60, interval=0.05, what="the trial to wait for its database")
+        hop.restore()
+    restorer = threading.Thread(target=restore_once_it_waits)
+    restorer.start()
+    assert reporter.finish(0, None, {"loss": 0.8}) == "complete"
+    restorer.join()
+    told = study.trials[0]
+    assert told.state is optuna.trial.TrialState.COMPLETE and told.value == 0.8
+    assert told.intermediate_values[10] == 1.0
+
+
+@pytest.mark.slow
+def test_a_trial_whose_database_stays_out_past_its_patience_exits_for_its_job_to_restart_it(study_database):
+    from trainforge.trainer.runtime.__main__ import exit_code_for
+    from trainforge.trainer.runtime.pruning import TrialReporter
+    study, hop, url = study_database
+    reporter = TrialReporter(trial_config(study, url), patience_s=2)
+    hop.cut()
+    with pytest.raises(ServicesDown) as gave_up:
+        reporter.finish(0, None, {"loss": 0.8})
+    assert exit_code_for(gave_up.value) == exits.EXIT_SERVICES_DOWN and exits.is_retryable(exits.EXIT_SERVICES_DOWN)
+    assert study.trials[0].state is optuna.trial.TrialState.RUNNING, "nothing told: the restarted trial tells it"

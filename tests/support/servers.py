@@ -304,8 +304,9 @@ def postgres_server(tmp: Path, superuser_password: str = "superuser"):
 
 class Outage:
     """A TCP endpoint on loopback that is down (nothing listens: connection refused, as when a server's pod is gone)
-    until `restore()`, then forwards every connection to `target` (host:port). For tests of clients that must ride out an
-    outage of a real server without waiting for that server's own start-up."""
+    until `restore()`, then forwards every connection to `target` (host:port); `cut()` takes it down again, dropping
+    the connections it carries (a database's failover). For tests of clients that must ride out an outage of a real
+    server without waiting for that server's own start-up."""
 
     def __init__(self, target: str):
         import threading
@@ -315,23 +316,35 @@ class Outage:
         self._target = target.rsplit(":", 1)[0].split("//")[-1], int(target.rsplit(":", 1)[1])
         self._listener: socket.socket | None = None
         self._closed = threading.Event()
+        self._carried: list[socket.socket] = []
 
     def restore(self) -> None:
         import threading
 
         self._listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
-    def _accept(self) -> None:
+    def cut(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        for s in self._carried:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._carried.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
         import threading
 
-        assert self._listener is not None
         while not self._closed.is_set():
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             upstream = socket.create_connection(self._target)
+            self._carried += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 

@@ -156,13 +156,15 @@ def causes(exc: BaseException) -> list[BaseException]:
 
 def exit_code_for(exc: BaseException) -> int:
     """An uncaught exception is a bug in the job (1, not retried), unless the GPU's failure or a peer's loss caused it
-    (retried): our own errors say their code, a library's is read for its cause."""
-    from trainforge.trainer.runtime.config import DeviceFault, PeerLost, UserError
+    (retried): our own errors say their code (UserError, PeerLost, DeviceFault, a sweep trial's ServicesDown), a
+    library's is read for its cause."""
+    from trainforge.trainer.runtime.config import DeviceFault, PeerLost
 
     if isinstance(exc, SystemExit):
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    if isinstance(exc, (UserError, PeerLost, DeviceFault)):
-        return exc.exit_code
+    code = getattr(exc, "exit_code", None)
+    if isinstance(code, int) and type(exc).__module__.startswith("trainforge."):
+        return code
     chain = causes(exc)
     if any(isinstance(e, DeviceFault) or is_device_fault(e) for e in chain):
         return exits.EXIT_DEVICE_FAULT
@@ -185,9 +187,14 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+# What each retryable end is, for the one line a worker logs as it exits with it.
+RETRY_REASONS = {exits.EXIT_PEER_LOST: "a peer is gone", exits.EXIT_DEVICE_FAULT: "the GPU failed",
+                 exits.EXIT_SERVICES_DOWN: "a service it needs stayed down"}
+
+
 def entry() -> int:
     from trainforge.exits import record_exit
-    from trainforge.trainer.runtime.config import DeviceFault, PeerLost, UserError
+    from trainforge.trainer.runtime.config import UserError
 
     try:
         code = main()
@@ -197,15 +204,11 @@ def entry() -> int:
         if isinstance(exc, UserError):
             logging.getLogger("trainforge.runtime").error("%s", exc)
             return code
-        # Our own errors say it all in one line; a library's first line is the gist (gloo's go on for a while).
-        said = str(exc) if isinstance(exc, (PeerLost, DeviceFault)) else first_line(exc)[:300] or type(exc).__name__
-        if code == exits.EXIT_PEER_LOST:
-            logging.getLogger("trainforge.runtime").error("a peer is gone (%s); exiting %d to be restarted from the last "
-                                                          "checkpoint", said, code)
-            return code
-        if code == exits.EXIT_DEVICE_FAULT:
-            logging.getLogger("trainforge.runtime").error("the GPU failed (%s); exiting %d to be restarted from the last "
-                                                          "checkpoint", said, code)
+        if exits.is_retryable(code) and code in RETRY_REASONS:
+            # Our own errors say it all in one line; a library's first line is the gist (gloo's go on for a while).
+            said = str(exc) if type(exc).__module__.startswith("trainforge.") else first_line(exc)[:300] or type(exc).__name__
+            logging.getLogger("trainforge.runtime").error("%s (%s); exiting %d to be restarted from the last checkpoint",
+                                                          RETRY_REASONS[code], said, code)
             return code
         raise
     record_exit(code)

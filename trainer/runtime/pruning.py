@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import Field
 
@@ -27,22 +27,23 @@ log = logging.getLogger("trainforge.runtime")
 OBJECTIVE_VALUE_ATTR = "objective_value"
 
 
+# How long a trial waits out its study database (a failover, a restart) to open the study or tell it the outcome,
+# before it exits EXIT_SERVICES_DOWN for its job to restart it: telling the outcome is what the trial ran for.
+TRIAL_PATIENCE_S = 300.0
+
+
 class TrialReporter:
     name = "pruned"
 
-    def __init__(self, cfg: SweepTrialConfig):
+    def __init__(self, cfg: SweepTrialConfig, patience_s: float = TRIAL_PATIENCE_S):
         import warnings
 
         import optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats: meant for optimize()
-        self.cfg = cfg
+        self.cfg, self.patience_s = cfg, patience_s
         url = storage_url(cfg.storage)
-        self.storage = optuna.storages.RDBStorage(url, heartbeat_interval=max(1, int(cfg.heartbeat_s)), engine_kwargs=engine_kwargs(url))
-        # The study's pruner, as the controller configured it (recorded in the study: one configuration for both sides).
-        study_id = self.storage.get_study_id_from_name(cfg.study)
-        self.study = optuna.load_study(study_name=cfg.study, storage=self.storage,
-                                       pruner=make_pruner(self.storage.get_study_user_attrs(study_id).get("pruner", {"type": "none"})))
+        self.storage, self.study = self._patiently("open the study", lambda: self._open(url))
         self.trial = optuna.trial.Trial(self.study, cfg.trial_id)
         self.multi_objective = len(self.study.directions) > 1  # no pruning there; the controller tells the outcome
         self.last_value: float | None = None
@@ -50,6 +51,33 @@ class TrialReporter:
         self._beat()
         self._thread = threading.Thread(target=self._beating, name="trainforge-trial-heartbeat", daemon=True)
         self._thread.start()
+
+    def _open(self, url: str):
+        import optuna
+        storage = optuna.storages.RDBStorage(url, heartbeat_interval=max(1, int(self.cfg.heartbeat_s)), engine_kwargs=engine_kwargs(url))
+        # The study's pruner, as the controller configured it (recorded in the study: one configuration for both sides).
+        study_id = storage.get_study_id_from_name(self.cfg.study)
+        pruner = make_pruner(storage.get_study_user_attrs(study_id).get("pruner", {"type": "none"}))
+        return storage, optuna.load_study(study_name=self.cfg.study, storage=storage, pruner=pruner)
+
+    def _patiently(self, what: str, call: Callable[[], Any]) -> Any:
+        """`call`, again with backoff while the study's database is out (the controller's rules: sweeps/outages.py);
+        ServicesDown (EXIT_SERVICES_DOWN: the job restarts the trial) past the patience. Anything else raises at once."""
+        import time
+
+        from trainforge.trainer.sweeps.outages import Outage, database_outage
+        outage = Outage(self.patience_s)
+        while True:
+            try:
+                result = call()
+            except Exception as exc:
+                if not database_outage(exc):
+                    raise
+                log.warning("sweep trial %d: could not %s", self.cfg.trial_id, what)
+                time.sleep(outage.failed(exc, poll_s=1.0))
+                continue
+            outage.over()
+            return result
 
     def _beat(self) -> None:
         try:
@@ -68,8 +96,17 @@ class TrialReporter:
         self.last_value = value
         if self.multi_objective:
             return None
-        self.trial.report(value, step)
-        return "pruned" if self.trial.should_prune() else None
+        try:
+            self.trial.report(value, step)
+            return "pruned" if self.trial.should_prune() else None
+        except Exception as exc:
+            from trainforge.trainer.sweeps.outages import database_outage
+            if not database_outage(exc):
+                raise
+            # Every rank waits at this step's stop agreement: training goes on, unpruned this once, rather than wait.
+            log.warning("sweep trial %d: the study's database is out at step %d (%s): not pruned this time, training goes on",
+                        self.cfg.trial_id, step, type(exc).__name__)
+            return None
 
     def finish(self, exit_code: int, stop_reason: str | None, final_eval: dict[str, Any] | None) -> str | None:
         """Tell the study the trial's outcome; None while the job goes on elsewhere (preempted: it resumes)."""
@@ -77,17 +114,18 @@ class TrialReporter:
         self._stop.set()
         if exit_code != 0:
             return None
+        # skip_if_finished: a tell whose commit went through while its answer was lost is not told twice.
         if stop_reason == "pruned":
-            self.study.tell(self.trial, state=optuna.trial.TrialState.PRUNED)
+            self._patiently("tell the study", lambda: self.study.tell(self.trial, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True))
             return "pruned"
         value = (final_eval or {}).get(self.cfg.metric, self.last_value)
         if value is None or not math.isfinite(float(value)):
-            self.study.tell(self.trial, state=optuna.trial.TrialState.FAIL)
+            self._patiently("tell the study", lambda: self.study.tell(self.trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True))
             return "failed"
         if self.multi_objective:
-            self.trial.set_user_attr(OBJECTIVE_VALUE_ATTR, float(value))
+            self._patiently("tell the study", lambda: self.trial.set_user_attr(OBJECTIVE_VALUE_ATTR, float(value)))
             return "complete"
-        self.study.tell(self.trial, float(value))
+        self._patiently("tell the study", lambda: self.study.tell(self.trial, float(value), skip_if_finished=True))
         return "complete"
 
 

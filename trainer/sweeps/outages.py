@@ -31,10 +31,11 @@ def is_transient(exc: BaseException) -> bool:
         return exc.status is None or exc.status in _RETRYABLE_HTTP or exc.status >= 500
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
-    return _database_outage(exc) or _tracking_outage(exc)
+    return database_outage(exc) or _tracking_outage(exc)
 
 
-def _database_outage(exc: BaseException) -> bool:
+def database_outage(exc: BaseException) -> bool:
+    """The study's database did not answer (a failover, a restart, a lock held too long), as opposed to refusing."""
     import optuna
     from sqlalchemy import exc as sa
     unreachable = (sa.OperationalError, sa.InterfaceError, sa.DisconnectionError, sa.TimeoutError)
