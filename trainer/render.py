@@ -242,13 +242,18 @@ def rank_command(user_command: list[str]) -> list[str]:
     return ["-m", "trainforge.trainer.launch", "--rank", "--", *user_command]
 
 
+def grace_argument(termination_grace_s: int) -> str:
+    """The node launcher's argument that gives torchrun the pods' grace period (launch.py `--termination-grace-s`)."""
+    return f"--termination-grace-s={termination_grace_s}"
+
+
 def command(spec: JobSpec, where: Placement) -> list[str]:
     # The launcher runs torchrun and exits with the contract's code (torchrun alone always exits 1, which the
     # restart rules would read as a user error). torchrun reads nodes, processes per node, rank and rendezvous
     # from the PET_* variables both controllers set; the pods' grace period tells it how long to wait for the
     # workers' emergency checkpoint after a SIGTERM.
     target = rank_command(spec.entry.command) if spec.entry.command else ["-m", "trainforge.trainer.runtime"]
-    return [*LAUNCHER, f"--termination-grace-s={where.termination_grace_s}", "--", *target]
+    return [*LAUNCHER, grace_argument(where.termination_grace_s), "--", *target]
 
 
 def args(spec: JobSpec, where: Placement) -> list[str]:

@@ -32,7 +32,7 @@ from trainforge.trainer.backends.local_records import (ACTIVE, JobState, disk_fu
                                                       release_reserve)
 from trainforge.trainer.launch import user_error_message
 from trainforge.trainer import placement as placing
-from trainforge.trainer.render import command_env, rank_command, runtime_args
+from trainforge.trainer.render import command_env, grace_argument, rank_command, runtime_args
 from trainforge.trainer.spec import JobSpec, parse_spec
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
@@ -60,7 +60,7 @@ def worker_command(spec: JobSpec, exit_dir: Path) -> list[str]:
     # The job's own grace class (spot: the EC2 notice's two minutes; on-demand: a cancel's minute), as on the cluster.
     grace = placing.decide(spec, None).termination_grace_s
     launcher = [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={processes}", f"--exit-dir={exit_dir}",
-                f"--termination-grace-s={grace}", "--", "--standalone", "--nnodes=1"]
+                grace_argument(grace), "--", "--standalone", "--nnodes=1"]
     if spec.entry.command:
         return [*launcher, *rank_command(spec.entry.command)]
     return [*launcher, "-m", "trainforge.trainer.runtime",
