@@ -7,10 +7,11 @@ RNG file each, .metadata and trainer.pt), with random bytes. Three ways of getti
 - before: rank 0 hashes every file, one after another (what each save cost until issue 38);
 - per rank: each rank, as its own process, hashes the files it wrote (`write_rank_digests`), and rank 0 folds them in
   (`gather_digests`): what a save costs now;
-- the resume check (`content_problem`): the newest checkpoint's files hashed in parallel threads, against one after
-  another before.
+- the resume check (`content_problem`): the newest checkpoint's files hashed in parallel threads on rank 0, against one
+  after another before; and each rank, as its own process, checking its share (`share_of`, by size), as a resume does
+  now.
 The ratio is the before time over the new one, measured in the same run. On a p5 the ranks are 8 processes on 192
-vCPUs; here they share this machine's cores.
+vCPUs, and a multi-node job's shares are read over every node's network; here they share this machine's cores.
 """
 
 from __future__ import annotations
@@ -62,6 +63,16 @@ def _rank_hashes(args: tuple[str, int, int]) -> None:
     write_rank_digests(Path(directory), rank, ranks)
 
 
+def _rank_checks(args: tuple[str, int, int]) -> str | None:
+    from trainforge.trainer.runtime.checkpoint_files import content_problem
+    directory, rank, ranks = args
+    return content_problem(Path(directory), rank, ranks)
+
+
+def shared_check(directory: Path, ranks: int, pool: ProcessPoolExecutor) -> str | None:
+    return next((problem for problem in pool.map(_rank_checks, [(str(directory), r, ranks) for r in range(ranks)]) if problem), None)
+
+
 def per_rank(directory: Path, ranks: int, pool: ProcessPoolExecutor) -> dict[str, str]:
     from trainforge.trainer.runtime.checkpoint_files import gather_digests
     list(pool.map(_rank_hashes, [(str(directory), r, ranks) for r in range(ranks)]))
@@ -79,7 +90,8 @@ def main() -> None:
         args.gib, args.repeats = 1 / 16, 1
     from trainforge.trainer.runtime import checkpoint_files
     times: dict[str, list[float]] = {"save: before (rank 0 hashes all)": [], "save: per rank": [],
-                                     "resume check: before (one by one)": [], "resume check: parallel": []}
+                                     "resume check: before (one by one)": [], "resume check: parallel": [],
+                                     "resume check: each rank its share": []}
     with tempfile.TemporaryDirectory(prefix="bench-hash-") as tmp, ProcessPoolExecutor(args.ranks) as pool:
         directory = Path(tmp)
         lay_out(directory, int(args.gib * 2**30), args.ranks)
@@ -98,13 +110,17 @@ def main() -> None:
             started = time.perf_counter()
             assert checkpoint_files.content_problem(directory) is None
             times["resume check: parallel"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            assert shared_check(directory, args.ranks, pool) is None
+            times["resume check: each rank its share"].append(time.perf_counter() - started)
             (directory / checkpoint_files.COMMIT_MARKER).unlink()
     median = {name: statistics.median(samples) for name, samples in times.items()}
     table = Table(title=f"Checkpoint SHA-256 of {args.gib:g} GiB over {args.ranks} ranks, median of {args.repeats} "
                         f"({os.cpu_count()} cores)", title_justify="left")
     for column in ("what", "median s", "GiB/s", "speed-up vs before"):
         table.add_column(column)
-    pairs = {"save: per rank": "save: before (rank 0 hashes all)", "resume check: parallel": "resume check: before (one by one)"}
+    pairs = {"save: per rank": "save: before (rank 0 hashes all)", "resume check: parallel": "resume check: before (one by one)",
+             "resume check: each rank its share": "resume check: before (one by one)"}
     for name, seconds in median.items():
         ratio = f"{median[pairs[name]] / seconds:.2f}x" if name in pairs else ""
         table.add_row(name, f"{seconds:.3f}", f"{args.gib / seconds:.2f}", ratio)

@@ -111,6 +111,23 @@ optimizer = torch.optim.AdamW(model.parameters())
 try:
     manager.save(1, model, optimizer, {"step": 1}, None, blocking=True)
     print("committed", flush=True)
+    if sys.argv[3] == "damaged-share":  # step 2 saved, then a file only rank 1 checks is damaged in place
+        manager.save(2, model, optimizer, {"step": 2}, None, blocking=True)
+        step2 = os.path.join(directory, "ckpt", "step-00000002")
+        if rank == 0:
+            import json
+            manifest = json.load(open(os.path.join(step2, "COMMITTED")))
+            from trainforge.trainer.runtime.checkpoint_files import share_of
+            victim = share_of(manifest["files"], 1, 2)[0]
+            size = os.path.getsize(os.path.join(step2, victim))
+            open(os.path.join(step2, victim), "r+b").write(b"x" * size)
+            print(f"damaged {victim}", flush=True)
+        dist.barrier()
+        import hashlib, json
+        read, file_digest = [], hashlib.file_digest  # which files this rank reads to hash them (the stdlib's call)
+        hashlib.file_digest = lambda stream, name: read.append(os.path.relpath(stream.name, directory)) or file_digest(stream, name)
+        print(f"latest {manager.latest().step}", flush=True)
+        print(f"hashed {json.dumps(read)}", flush=True)
     if sys.argv[3] == "clocks-differ":  # preempted at step 2: skip the emergency save if the last is under a minute old
         manager.cfg = manager.cfg.model_copy(update={"emergency_skip_if_newer_than_s": 60.0})
         if rank == 1:  # its clock says the last commit is an hour old; rank 0's says it is fresh
@@ -124,14 +141,22 @@ os._exit(0)
 """
 
 
+WRITTEN_BY_TWO_RANKS = [".metadata", "__0_0.distcp", "__1_0.distcp", "rng-rank0.pt", "rng-rank1.pt", "trainer.pt"]
+
+
 def save_on_two_ranks(tmp_path, rank1: str) -> tuple[subprocess.CompletedProcess, int]:
+    done = on_two_ranks(tmp_path, rank1)
+    return done[0], done[1].returncode
+
+
+def on_two_ranks(tmp_path, mode: str) -> list[subprocess.CompletedProcess]:
     script = tmp_path / "two_rank_save.py"
     script.write_text(TWO_RANK_SAVE)
-    ranks = [subprocess.Popen([sys.executable, str(script), str(rank), str(tmp_path), rank1], stdout=subprocess.PIPE,
+    ranks = [subprocess.Popen([sys.executable, str(script), str(rank), str(tmp_path), mode], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
     try:
-        out, _ = ranks[0].communicate(timeout=120)
-        return subprocess.CompletedProcess(ranks[0].args, ranks[0].returncode, out), ranks[1].wait(timeout=120)
+        outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+        return [subprocess.CompletedProcess(rank.args, rank.returncode, out) for rank, out in zip(ranks, outputs)]
     finally:
         for rank in ranks:
             rank.kill()
@@ -166,3 +191,31 @@ def test_on_preemption_the_ranks_skip_or_take_the_emergency_save_together_whatev
     assert (rank0.returncode, rank1) == (0, 0), rank0.stdout
     assert "emergency save: False" in rank0.stdout, "rank 0's clock: the last commit is fresh"
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step-")) == ["step-00000001"]
+
+
+def test_the_resume_check_is_shared_out_by_size_so_every_file_is_checked_once_and_the_shares_are_even():
+    sizes = {"__0_0.distcp": 900, "__0_1.distcp": 880, "__1_0.distcp": 910, "__1_1.distcp": 870, ".metadata": 40,
+             "trainer.pt": 10, "rng-rank0.pt": 5, "rng-rank1.pt": 5}
+    for parts in (1, 2, 3, 8, 16):
+        shares = [files.share_of(sizes, part, parts) for part in range(parts)]
+        assert sorted(name for share in shares for name in share) == sorted(sizes), "each file once"
+        loads = [sum(sizes[name] for name in share) for share in shares]
+        assert max(loads) - min(loads) <= max(sizes.values()), f"{parts} parts: even up to one file: {loads}"
+
+
+@pytest.mark.slow
+def test_a_damaged_file_in_another_ranks_share_sends_every_rank_back_to_the_last_sound_checkpoint(tmp_path):
+    """Each rank hashes its share of the newest checkpoint's files at resume; rank 1 finds the damage, and both ranks
+    resume from step 1, the newest sound one (rank 0 alone hashed every file while the others waited)."""
+    rank0, rank1 = on_two_ranks(tmp_path, "damaged-share")
+    assert (rank0.returncode, rank1.returncode) == (0, 0), rank0.stdout + rank1.stdout
+    victim = next(line.split()[1] for line in rank0.stdout.splitlines() if line.startswith("damaged "))
+    assert "latest 1" in rank0.stdout and "latest 1" in rank1.stdout
+    assert f"{victim} does not match its checksum" in rank0.stdout, "rank 0 says which file, found by rank 1"
+    assert not (tmp_path / "ckpt" / "step-00000002").exists(), "the damaged checkpoint is removed"
+    hashed = [json.loads(next(line for line in r.stdout.splitlines() if line.startswith("hashed "))[7:]) for r in (rank0, rank1)]
+    for step in ("step-00000002", "step-00000001"):
+        mine, theirs = ({name for name in read if name.startswith(f"ckpt/{step}/")} for read in hashed)
+        files = {f"ckpt/{step}/{name}" for name in WRITTEN_BY_TWO_RANKS}
+        assert mine | theirs == files and not mine & theirs, f"{step}: each file hashed once, by one rank: {hashed}"
+        assert mine and theirs, "both ranks took a share"

@@ -174,26 +174,30 @@ class CheckpointManager:
     # ---- discovery ---------------------------------------------------------------------------------------
 
     def latest(self) -> Committed | None:
-        """Newest committed checkpoint whose content checks out; partial or damaged newer ones are reported and
-        removed by rank 0, whose choice every rank resumes from."""
-        committed, rejected = scan(self.directory)
+        """Newest committed checkpoint whose content checks out (every rank hashes its share of its files); partial or
+        damaged newer ones are reported and removed by rank 0, whose view of the directory every rank goes by."""
+        found: list[Any] = [scan(self.directory) if self.rank == 0 else None]
+        dist.broadcast_object_list(found, src=0, group=self.pg)  # one list for all: the checks below are collective
+        committed, rejected = found[0]
+        while committed and (problem := self._content_problem(committed[-1].path)):
+            rejected.append((committed.pop().path, f"damaged: {problem}"))
         if self.rank == 0:
-            while committed and (problem := content_problem(committed[-1].path)):
-                rejected.append((committed.pop().path, f"damaged: {problem}"))
             newest = committed[-1].step if committed else -1
             for path, reason in rejected:
                 log.warning("ignoring checkpoint %s: %s%s", path, reason,
                             "; falling back to step %d" % newest if newest >= 0 else "")
-        choice = [committed[-1].step if committed else -1]
-        dist.broadcast_object_list(choice, src=0, group=self.pg)  # also: everyone has looked before rank 0 removes
-        if self.rank == 0:
-            for path, _ in rejected:
-                shutil.rmtree(path, ignore_errors=True)
+                shutil.rmtree(path, ignore_errors=True)  # every rank is done with it: the checks were collective
         dist.barrier(group=self.pg)
-        step = choice[0]
-        self.last_commit = None if step < 0 else next(
-            (c for c in committed if c.step == step), Committed(step, self.directory / step_dir_name(step), None, 0.0))
+        self.last_commit = committed[-1] if committed else None
         return self.last_commit
+
+    def _content_problem(self, path: Path) -> str | None:
+        """The checkpoint's damage, if any, with each rank hashing its share of the files: a resume's check spread over
+        every node's disks and network (rank 0 hashed it all while the others waited, on a checkpoint of terabytes
+        long enough to pass gloo's timeout); every rank gets the same verdict."""
+        said: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(said, content_problem(path, self.rank, self.world_size), group=self.pg)
+        return next((problem for problem in said if problem), None)
 
     # ---- save --------------------------------------------------------------------------------------------
 

@@ -154,15 +154,31 @@ def gather_digests(path: Path, world_size: int, timeout_s: float = DIGESTS_TIMEO
     return merged
 
 
-def content_problem(path: Path) -> str | None:
+def share_of(sizes: dict[str, int], part: int, parts: int) -> list[str]:
+    """The files (by name, from their sizes) that `part` of `parts` checks: the biggest first, each to the least loaded
+    part, so the parts finish together; every rank computes the same split from the same manifest."""
+    load = [0] * parts
+    mine = []
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        least = load.index(min(load))
+        load[least] += sizes[name]
+        if least == part:
+            mine.append(name)
+    return sorted(mine)
+
+
+def content_problem(path: Path, part: int = 0, parts: int = 1) -> str | None:
     """Which file of a committed checkpoint no longer has the content its manifest recorded (None: all do, or the
-    manifest predates checksums). Files hash in parallel."""
-    recorded = json.loads((path / COMMIT_MARKER).read_text()).get("sha256")
+    manifest predates checksums), among the files of `part` of `parts` (share_of: each rank checks its share). Files
+    hash in parallel."""
+    manifest = json.loads((path / COMMIT_MARKER).read_text())
+    recorded = manifest.get("sha256")
     if not recorded:
         return None
-    found = _hash_all([path / name for name in recorded])
-    for name, digest in recorded.items():
-        if found[name] != digest:
+    names = share_of({name: manifest.get("files", {}).get(name, 0) for name in recorded}, part, parts)
+    found = _hash_all([path / name for name in names])
+    for name in names:
+        if found[name] != recorded[name]:
             return f"{name} does not match its checksum (same size, other content)"
     return None
 
