@@ -143,11 +143,16 @@ def test_a_local_job_gets_its_own_grace_class_not_always_spots(tmp_path, monkeyp
     import yaml as _yaml
 
     from trainforge import contract
-    from trainforge.trainer.backends.local import worker_command
+    from trainforge.trainer.backends.local import worker_command, worker_environment
     from trainforge.trainer.spec import parse_spec
     monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path))
+    monkeypatch.delenv(contract.TORCHRUN_SHUTDOWN_TIMEOUT_ENV, raising=False)
     from support.repo import REPO
     raw = _yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     for capacity, grace in (("on-demand", contract.ON_DEMAND_TERMINATION_GRACE_S), ("spot", contract.SPOT_TERMINATION_GRACE_S)):
-        command = worker_command(parse_spec({**raw, "capacity": capacity}), tmp_path)
+        spec = parse_spec({**raw, "capacity": capacity})
+        command = worker_command(spec, tmp_path)
         assert f"checkpoint.preemption_grace_s={contract.preemption_window_s(grace)}" in command, (capacity, command)
+        # and torchrun waits for that window's emergency checkpoint, as in the pods (tests/test_render.py)
+        waits = int(worker_environment(spec)[contract.TORCHRUN_SHUTDOWN_TIMEOUT_ENV])
+        assert contract.preemption_window_s(grace) < waits == contract.torchrun_shutdown_timeout_s(grace) < grace

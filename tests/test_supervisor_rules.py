@@ -97,11 +97,10 @@ def test_an_agent_whose_workers_succeeded_or_still_run_is_waited_for(tmp_path):
     assert wait_for_agent(lingering_agent(2.5), tmp_path, nproc_per_node=2, grace_s=0.5) == 0, "rank 1 has not said yet"
 
 
-def launch(*command, nproc=2, exit_dir=None, grace=None):
+def launch(*command, nproc=2, exit_dir=None):
     exit_dir = [f"--exit-dir={exit_dir}"] if exit_dir else []
-    grace_s = [f"--termination-grace-s={grace}"] if grace else []
-    return [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", *exit_dir, *grace_s, "--",
-            "--standalone", "-m", "trainforge.trainer.launch", "--rank", "--", *command]
+    return [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={nproc}", *exit_dir, "--", "--standalone",
+            "-m", "trainforge.trainer.launch", "--rank", "--", *command]
 
 
 def python(code):
@@ -149,15 +148,17 @@ def test_sigterm_to_the_node_is_forwarded_and_reported_as_preempted(tmp_path):
 ])
 def test_torchrun_waits_for_the_workers_emergency_work_as_long_as_the_pods_grace_allows(tmp_path, grace, takes, finished):
     """torchrun's own wait is 30 s, shorter than either grace class's window: an emergency checkpoint that took longer
-    was SIGKILLed half-written. The launcher gives torchrun the pod's grace period less a margin."""
+    was SIGKILLed half-written. The node's environment (a pod's, the local backend's) gives torchrun the pod's grace
+    period less a margin, through the launcher, cold or forked."""
+    from trainforge import contract
     started = tmp_path / "started"
     started.mkdir()
     emergency = (f"import os, pathlib, signal, time\n"
                  f"signal.signal(signal.SIGTERM, lambda *_: (time.sleep({takes}), os._exit({exits.EXIT_PREEMPTED})))\n"
                  f"pathlib.Path({str(started)!r}, os.environ['RANK']).touch()\n"
                  "time.sleep(120)\n")
-    node = subprocess.Popen(launch(*python(emergency), exit_dir=tmp_path / "exits", grace=grace), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env={**os.environ, WORKER_FORKSERVER_ENV: WORKER_FORKSERVER_OFF})
+    node = subprocess.Popen(launch(*python(emergency), exit_dir=tmp_path / "exits"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env={**os.environ, **contract.torchrun_environment(grace)})
     wait_until(lambda: len(list(started.iterdir())) == 2, 60, interval=0.1, what="both ranks to start")
     node.send_signal(signal.SIGTERM)
     assert node.wait(timeout=60) == exits.EXIT_PREEMPTED, "the node was told to stop: a preemption either way"

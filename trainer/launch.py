@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainforge import contract, exits
+from trainforge import exits
 from trainforge.trainer import forkserver
 from trainforge.trainer.forkserver import ForkedProcess
 from trainforge.exits import EXIT_DIR_ENV, EXIT_WORKER_LOST, read_exits, record_exit
@@ -153,7 +153,6 @@ WORKER_FORKSERVER_OFF = "off"  # every worker cold (to rule the server out when 
 # worker fork server, and torchrun (a forked torchrun runs its module as `__main__` afresh, its imports warm). Not the
 # runtime's __main__ itself: runpy warns when the module it is to run as __main__ was imported before.
 TORCHRUN = "torch.distributed.run"
-TORCHRUN_SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torch 2.13 launcher/api.py LaunchConfig (default 30)
 WORKER_MODULES = ["yaml", "argparse", "trainforge.trainer.runtime.api", "trainforge.trainer.runtime.s3", "torch._inductor.config",
                    "torch.distributed.checkpoint._fsspec_filesystem", "torch.utils.serialization", TORCHRUN,
                    "trainforge.trainer.warm_torchrun"]
@@ -299,21 +298,17 @@ def wait_for_agent(agent: subprocess.Popen | ForkedProcess, exit_dir: Path, npro
                 return agent.wait()
 
 
-def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | None = None,
-             termination_grace_s: int | None = None) -> int:
+def run_node(torchrun_args: list[str], nproc_per_node: int, exit_dir: Path | None = None) -> int:
     """Run torchrun with `nproc_per_node` workers; return the node's exit code (see the module doc). Without an
     `exit_dir`, the records and torchrun's own log directory live in a temporary directory removed afterwards: a
-    laptop's or a sweep's hundreds of runs leave nothing in /tmp. Given the node's `termination_grace_s`, torchrun
-    waits for its workers after a SIGTERM until just before the kubelet's SIGKILL (contract.torchrun_shutdown_timeout_s),
-    not its own 30 s: the emergency checkpoint has the whole window."""
+    laptop's or a sweep's hundreds of runs leave nothing in /tmp. How long torchrun waits for its workers after a
+    SIGTERM comes with the environment (contract.torchrun_environment: the pods' and the local backend's)."""
     if exit_dir is None:
         with tempfile.TemporaryDirectory(prefix="trainforge-exit-") as scratch:
-            return run_node(torchrun_args, nproc_per_node, Path(scratch), termination_grace_s)
+            return run_node(torchrun_args, nproc_per_node, Path(scratch))
     # torchrun makes a `torchelastic_*` directory in /tmp per run and never removes it, unless given one (a
     # `--log-dir` among torchrun_args still wins over this environment default).
     env = {"PET_LOG_DIR": str(exit_dir / "torchrun"), **os.environ, EXIT_DIR_ENV: str(exit_dir)}
-    if termination_grace_s is not None:
-        env.setdefault(TORCHRUN_SHUTDOWN_TIMEOUT_ENV, str(contract.torchrun_shutdown_timeout_s(termination_grace_s)))
     # With a warm worker interpreter named, torchrun itself and each of its workers are forked where the server can.
     workers = through_rank_proxy(torchrun_args) if worker_forkserver(env) is not None else torchrun_args
     command = [sys.executable, "-m", TORCHRUN, f"--nproc-per-node={nproc_per_node}", *workers]
@@ -360,8 +355,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc-per-node", type=int, default=None, help="workers on this node (default: $PET_NPROC_PER_NODE)")
     parser.add_argument("--exit-dir", type=Path, default=None, help="where workers record their exit codes (default: a temp dir)")
     parser.add_argument("--rank", action="store_true", help="wrap one rank's command instead of launching a node")
-    parser.add_argument("--termination-grace-s", type=int, default=None,
-                        help="the pod's grace period: torchrun waits for its workers after a SIGTERM until just before it ends")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="after --: torchrun's arguments, or with --rank the command")
     args = parser.parse_args(argv)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
@@ -372,9 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     nproc = args.nproc_per_node or _nproc_from_env()
     if not nproc or nproc < 1:
         parser.error("--nproc-per-node: give a positive number of workers (or set PET_NPROC_PER_NODE)")
-    if args.termination_grace_s is not None and contract.torchrun_shutdown_timeout_s(args.termination_grace_s) < 1:
-        parser.error(f"--termination-grace-s: at least {contract.TORCHRUN_SHUTDOWN_MARGIN_S + 1} seconds")
-    return run_node(rest, nproc, args.exit_dir, args.termination_grace_s)
+    return run_node(rest, nproc, args.exit_dir)
 
 
 if __name__ == "__main__":

@@ -208,6 +208,8 @@ def env(spec: JobSpec, where: Placement) -> list[dict[str, Any]]:
     if price is not None:
         out.append({"name": contract.NODE_PRICE_ENV, "value": f"{price:.4f}"})
     out += [{"name": k, "value": v} for k, v in efa_env(where).items()]
+    # torchrun waits for the workers' emergency checkpoint until just before the kubelet's SIGKILL, not its own 30 s.
+    out += [{"name": k, "value": v} for k, v in contract.torchrun_environment(where.termination_grace_s).items()]
     if where.gpus_per_node:
         out.append({"name": contract.GPUS_PER_NODE_ENV, "value": str(where.gpus_per_node)})
     out.append({"name": contract.NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
@@ -242,18 +244,12 @@ def rank_command(user_command: list[str]) -> list[str]:
     return ["-m", "trainforge.trainer.launch", "--rank", "--", *user_command]
 
 
-def grace_argument(termination_grace_s: int) -> str:
-    """The node launcher's argument that gives torchrun the pods' grace period (launch.py `--termination-grace-s`)."""
-    return f"--termination-grace-s={termination_grace_s}"
-
-
-def command(spec: JobSpec, where: Placement) -> list[str]:
+def command(spec: JobSpec) -> list[str]:
     # The launcher runs torchrun and exits with the contract's code (torchrun alone always exits 1, which the
     # restart rules would read as a user error). torchrun reads nodes, processes per node, rank and rendezvous
-    # from the PET_* variables both controllers set; the pods' grace period tells it how long to wait for the
-    # workers' emergency checkpoint after a SIGTERM.
+    # from the PET_* variables both controllers set.
     target = rank_command(spec.entry.command) if spec.entry.command else ["-m", "trainforge.trainer.runtime"]
-    return [*LAUNCHER, grace_argument(where.termination_grace_s), "--", *target]
+    return [*LAUNCHER, "--", *target]
 
 
 def args(spec: JobSpec, where: Placement) -> list[str]:
@@ -279,7 +275,7 @@ def render_trainjob(spec: JobSpec, where: Placement, cost_centre: str | None = N
             "activeDeadlineSeconds": max_runtime_seconds(spec),
             "trainer": {
                 "image": image(spec), "numNodes": spec.workers.nodes, "numProcPerNode": spec.workers.procs_per_node,
-                "command": command(spec, where), "args": args(spec, where), "env": env(spec, where), "resourcesPerNode": resources(spec, where),
+                "command": command(spec), "args": args(spec, where), "env": env(spec, where), "resourcesPerNode": resources(spec, where),
             },
             # Placement and volumes go in through a runtime patch: the TrainJob's trainer section has no field for them.
             "runtimePatches": [{
@@ -301,7 +297,7 @@ def render_pytorchjob(spec: JobSpec, where: Placement, cost_centre: str | None =
         "metadata": {"labels": pod_labels(spec, cost_centre)},
         "spec": {**pod_placement(spec, where), "terminationGracePeriodSeconds": where.termination_grace_s,
                  "automountServiceAccountToken": False, "containers": [{
-            "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec, where), "args": args(spec, where), "env": env(spec, where),
+            "name": CONTAINER["pytorchjob"], "image": image(spec), "workingDir": contract.IMAGE_WORKDIR, "command": command(spec), "args": args(spec, where), "env": env(spec, where),
             "securityContext": dict(contract.TRAINING_CONTAINER_SECURITY),
             "resources": resources(spec, where), "volumeMounts": volume_mounts(spec),
             "ports": [{"name": contract.METRICS_PORT_NAME, "containerPort": contract.METRICS_PORT}],

@@ -337,9 +337,18 @@ def preemption_window_s(termination_grace_s: int) -> int:
 TORCHRUN_SHUTDOWN_MARGIN_S = 5
 
 
+TORCHRUN_SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torch 2.13 launcher/api.py LaunchConfig
+
+
 def torchrun_shutdown_timeout_s(termination_grace_s: int) -> int:
     """How long torchrun waits for its workers after passing SIGTERM on, in a pod with this grace period."""
     return termination_grace_s - TORCHRUN_SHUTDOWN_MARGIN_S
+
+
+def torchrun_environment(termination_grace_s: int) -> dict[str, str]:
+    """What a node's torchrun is told in its environment (a pod's, the local backend's): an environment variable, not
+    a launcher argument, so that an image with an older launcher still starts."""
+    return {TORCHRUN_SHUTDOWN_TIMEOUT_ENV: str(torchrun_shutdown_timeout_s(termination_grace_s))}
 
 
 def training_runtime_for(termination_grace_s: int) -> str:

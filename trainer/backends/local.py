@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from trainforge import paths
+from trainforge import contract, paths
 from trainforge.exits import Outcome, outcome_of
 from trainforge.errors import EXIT_FAILED, TrainforgeError
 from trainforge.paths import job_dir
@@ -32,7 +32,7 @@ from trainforge.trainer.backends.local_records import (ACTIVE, JobState, disk_fu
                                                       release_reserve)
 from trainforge.trainer.launch import user_error_message
 from trainforge.trainer import placement as placing
-from trainforge.trainer.render import command_env, grace_argument, rank_command, runtime_args
+from trainforge.trainer.render import command_env, rank_command, runtime_args
 from trainforge.trainer.spec import JobSpec, parse_spec
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
@@ -57,15 +57,25 @@ def worker_command(spec: JobSpec, exit_dir: Path) -> list[str]:
     """The node launcher (trainer/launch.py) around torchrun: the same command a cluster pod runs, on one node."""
     directory = job_dir(spec.name)
     processes = spec.workers.nodes * spec.workers.procs_per_node  # every worker of every node, on this machine
-    # The job's own grace class (spot: the EC2 notice's two minutes; on-demand: a cancel's minute), as on the cluster.
-    grace = placing.decide(spec, None).termination_grace_s
     launcher = [sys.executable, "-m", "trainforge.trainer.launch", f"--nproc-per-node={processes}", f"--exit-dir={exit_dir}",
-                grace_argument(grace), "--", "--standalone", "--nnodes=1"]
+                "--", "--standalone", "--nnodes=1"]
     if spec.entry.command:
         return [*launcher, *rank_command(spec.entry.command)]
+    grace = termination_grace_s(spec)
     return [*launcher, "-m", "trainforge.trainer.runtime",
             *runtime_args(spec, output_dir=str(directory / paths.JOB_RUN_DIR), checkpoint_dir=str(directory / paths.JOB_CHECKPOINT_DIR),
                           tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"), metrics_port=_metrics_port(), termination_grace_s=grace)]
+
+
+def termination_grace_s(spec: JobSpec) -> int:
+    """The job's own grace class (spot: the EC2 notice's two minutes; on-demand: a cancel's minute), as on the cluster."""
+    return placing.decide(spec, None).termination_grace_s
+
+
+def worker_environment(spec: JobSpec) -> dict[str, str]:
+    """The node launcher's environment: this one, with what the cluster's pods get of the spec (hyperparameters for a
+    command, torchrun's wait for the emergency checkpoint: a variable already set here wins)."""
+    return {**contract.torchrun_environment(termination_grace_s(spec)), **os.environ, "PYTHONUNBUFFERED": "1", **command_env(spec)}
 
 
 def _metrics_port() -> int | None:
@@ -131,7 +141,7 @@ class Supervisor:
         state = self.state
         state.attempts += 1
         exit_dir = self.directory / paths.JOB_EXIT_DIR / f"attempt-{state.attempts}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **command_env(self.spec)}
+        env = worker_environment(self.spec)
         self._log(f"--- trainforge: attempt {state.attempts} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         started = time.time()
         with open(self.directory / paths.JOB_LOG_FILE, "a") as log:
@@ -176,7 +186,8 @@ def start_detached(spec: JobSpec, state: JobState) -> int:
     return process.pid
 
 
-def cancel(name: str, wait_s: float = 60.0) -> JobState:
+def cancel(name: str, wait_s: float = max(contract.TRAINING_RUNTIME_GRACE_S.values()) + 10.0) -> JobState:
+    """SIGTERM to the job's supervisor, then wait (at most its longest grace class and a little) for it to end."""
     state = JobState.load(name)
     if state.effective_state not in ACTIVE or state.supervisor_pid is None:
         return state  # a PID whose process is gone or was reused is never signalled
