@@ -219,3 +219,34 @@ def test_a_damaged_file_in_another_ranks_share_sends_every_rank_back_to_the_last
         files = {f"ckpt/{step}/{name}" for name in WRITTEN_BY_TWO_RANKS}
         assert mine | theirs == files and not mine & theirs, f"{step}: each file hashed once, by one rank: {hashed}"
         assert mine and theirs, "both ranks took a share"
+
+
+def test_a_file_the_file_system_cannot_read_at_resume_keeps_the_checkpoint_and_restarts_the_job(tmp_path):
+    """Not readable is not damaged: a file system's error (here a socket where a file of the same size stood, which
+    open() refuses with ENXIO) must not send the job back to an older checkpoint and have the newest removed."""
+    import hashlib
+    import socket
+
+    import torch.distributed as dist
+
+    from trainforge.exits import EXIT_SERVICES_DOWN, ServicesDown
+    from trainforge.trainer.runtime.__main__ import exit_code_for
+    from trainforge.trainer.runtime.checkpoint import CheckpointManager
+    from trainforge.trainer.runtime.config import CheckpointConfig
+    step = tmp_path / "ckpt" / files.step_dir_name(3)
+    step.mkdir(parents=True)
+    (step / "empty.bin").write_bytes(b"")
+    files.write_manifest(step, 3, None, 1, {"empty.bin": hashlib.sha256(b"").hexdigest()})
+    (step / "empty.bin").unlink()
+    with socket.socket(socket.AF_UNIX) as unreadable:
+        unreadable.bind(str(step / "empty.bin"))
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            manager = CheckpointManager(CheckpointConfig(dir=str(tmp_path / "ckpt")), rank=0, world_size=1, metric_mode="min",
+                                        process_group=dist.new_group(backend="gloo"))
+            with pytest.raises(ServicesDown, match="empty.bin") as down:
+                manager.latest()
+        finally:
+            dist.destroy_process_group()
+    assert exit_code_for(down.value) == EXIT_SERVICES_DOWN
+    assert (step / files.COMMIT_MARKER).exists(), "the checkpoint is kept"

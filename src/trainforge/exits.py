@@ -27,6 +27,13 @@ EXIT_DEVICE_FAULT = 202  # the GPU failed (uncorrectable ECC or NVLink error, go
 EXIT_WORKER_LOST = 128 + signal.SIGKILL  # 137: a worker vanished without a record (SIGKILL, OOM, node loss)
 
 
+class ServicesDown(Exception):
+    """A needed service (the API server, a database, MLflow, the checkpoints' file system) stayed unreachable past the
+    patience of the process that needed it (a sweep controller, a trial, a worker reading its checkpoint)."""
+
+    exit_code = EXIT_SERVICES_DOWN
+
+
 def is_retryable(exit_code: int) -> bool:
     """Killed by a signal or preempted: restart from the last checkpoint. 1-127: a user error, do not retry."""
     return exit_code >= 128 or exit_code < 0  # Popen reports death by signal N as -N

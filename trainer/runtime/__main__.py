@@ -154,6 +154,15 @@ def causes(exc: BaseException) -> list[BaseException]:
     return found
 
 
+def own_exit_code(exc: BaseException) -> int | None:
+    """The code one of our errors carries (a UserError of a task's own included), None for anything else."""
+    from trainforge.trainer.runtime.config import UserError
+
+    code = getattr(exc, "exit_code", None)
+    ours = isinstance(exc, UserError) or type(exc).__module__.startswith("trainforge.")
+    return code if ours and isinstance(code, int) else None
+
+
 def exit_code_for(exc: BaseException) -> int:
     """An uncaught exception is a bug in the job (1, not retried), unless the GPU's failure or a peer's loss caused it
     (retried): our own errors say their code (UserError, PeerLost, DeviceFault, a sweep trial's ServicesDown), a
@@ -162,8 +171,8 @@ def exit_code_for(exc: BaseException) -> int:
 
     if isinstance(exc, SystemExit):
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    code = getattr(exc, "exit_code", None)
-    if isinstance(code, int) and type(exc).__module__.startswith("trainforge."):
+    code = own_exit_code(exc)
+    if code is not None:
         return code
     chain = causes(exc)
     if any(isinstance(e, DeviceFault) or is_device_fault(e) for e in chain):
@@ -204,11 +213,14 @@ def entry() -> int:
         if isinstance(exc, UserError):
             logging.getLogger("trainforge.runtime").error("%s", exc)
             return code
-        if exits.is_retryable(code) and code in RETRY_REASONS:
-            # Our own errors say it all in one line; a library's first line is the gist (gloo's go on for a while).
-            said = str(exc) if type(exc).__module__.startswith("trainforge.") else first_line(exc)[:300] or type(exc).__name__
+        # Our own errors say it all in one line; a library's first line is the gist (gloo's go on for a while).
+        said = str(exc) if own_exit_code(exc) is not None else first_line(exc)[:300] or type(exc).__name__
+        if code in RETRY_REASONS:
             logging.getLogger("trainforge.runtime").error("%s (%s); exiting %d to be restarted from the last checkpoint",
                                                           RETRY_REASONS[code], said, code)
+            return code
+        if own_exit_code(exc) is not None:  # the process exits with the code its record says
+            logging.getLogger("trainforge.runtime").error("%s", said)
             return code
         raise
     record_exit(code)

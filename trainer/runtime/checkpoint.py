@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from trainforge.exits import ServicesDown
 from trainforge.trainer.runtime.checkpoint_files import (DIGESTS_TIMEOUT_S, Committed, SafeLoadPlanner, SafeReader, UnsafeCheckpoint, content_problem, gather_digests,
                                                          load_data, rng_file_name, rng_state, scan, saved_world_size, set_rng_state, start_from,
                                                          step_dir_name, write_manifest, write_rank_digests)
@@ -195,9 +196,17 @@ class CheckpointManager:
         """The checkpoint's damage, if any, with each rank hashing its share of the files: a resume's check spread over
         every node's disks and network (rank 0 hashed it all while the others waited, on a checkpoint of terabytes
         long enough to pass gloo's timeout); every rank gets the same verdict."""
-        said: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(said, content_problem(path, self.rank, self.world_size), group=self.pg)
-        return next((problem for problem in said if problem), None)
+        try:
+            mine: tuple[str | None, str | None] = (content_problem(path, self.rank, self.world_size), None)
+        except (OSError, ValueError) as exc:  # a file system error, not damage: nothing is thrown away for it
+            mine = (None, f"rank {self.rank}: {exc}")
+        said: list[Any] = [None] * self.world_size
+        dist.all_gather_object(said, mine, group=self.pg)  # every rank answers, so none is left waiting
+        unreadable = next((cannot for _, cannot in said if cannot), None)
+        if unreadable:
+            raise ServicesDown(f"{path}: its files cannot be read ({unreadable}); the checkpoint is kept, and the job restarts to "
+                               "read it again")
+        return next((problem for problem, _ in said if problem), None)
 
     # ---- save --------------------------------------------------------------------------------------------
 

@@ -43,8 +43,7 @@ class TrialReporter:
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats: meant for optimize()
         self.cfg, self.patience_s = cfg, patience_s
         url = storage_url(cfg.storage)
-        self.storage, self.study = self._patiently("open the study", lambda: self._open(url))
-        self.trial = optuna.trial.Trial(self.study, cfg.trial_id)
+        self.storage, self.study, self.trial = self._patiently("open the study", lambda: self._open(url))
         self.multi_objective = len(self.study.directions) > 1  # no pruning there; the controller tells the outcome
         self.last_value: float | None = None
         self._stop = threading.Event()
@@ -58,7 +57,8 @@ class TrialReporter:
         # The study's pruner, as the controller configured it (recorded in the study: one configuration for both sides).
         study_id = storage.get_study_id_from_name(self.cfg.study)
         pruner = make_pruner(storage.get_study_user_attrs(study_id).get("pruner", {"type": "none"}))
-        return storage, optuna.load_study(study_name=self.cfg.study, storage=storage, pruner=pruner)
+        study = optuna.load_study(study_name=self.cfg.study, storage=storage, pruner=pruner)
+        return storage, study, optuna.trial.Trial(study, self.cfg.trial_id)
 
     def _patiently(self, what: str, call: Callable[[], Any]) -> Any:
         """`call`, again with backoff while the study's database is out (the controller's rules: sweeps/outages.py);
@@ -185,4 +185,8 @@ def make_pruner(settings: PrunerSettings | dict[str, Any]):
 
 def engine_kwargs(url: str) -> dict[str, Any]:
     # Several trials and the controller write one SQLite file: wait for the lock rather than fail at once.
-    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 60}}
+    # A database whose packets are dropped (not refused) would hold each connect for TCP's minutes, and every rank
+    # with it at the step's stop agreement: 10 s, then the outage rules (sweeps/outages.py).
+    return {"pool_pre_ping": True, **({"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql") else {})}

@@ -10,6 +10,7 @@ import random
 import time
 
 from trainforge import exits
+from trainforge.exits import ServicesDown
 
 log = logging.getLogger("trainforge.sweeps")
 
@@ -17,11 +18,6 @@ GIVE_UP_AFTER_S = 900.0  # an outage this long ends the controller (its pod rest
 BACKOFF_MAX_S = 60.0
 _RETRYABLE_HTTP = frozenset({408, 409, 425, 429})  # timeout, a conflicting write, too early, too many requests
 
-
-class ServicesDown(Exception):
-    """A needed service stayed unreachable past the controller's patience."""
-
-    exit_code = exits.EXIT_SERVICES_DOWN
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -75,7 +71,7 @@ class Outage:
         self.failures += 1
         lasted = now - self.since
         if lasted >= self.give_up_after_s:
-            raise ServicesDown(f"a service the controller needs has not answered for {lasted:.0f} s ({self.failures} tries; "
+            raise ServicesDown(f"a service it needs has not answered for {lasted:.0f} s ({self.failures} tries; "
                                f"last: {_one_line(exc)}); exiting {exits.EXIT_SERVICES_DOWN} so the job restarts it") from exc
         wait = min(BACKOFF_MAX_S, poll_s * 2 ** min(self.failures, 10)) * random.uniform(0.5, 1.0)
         log.warning("transient failure %d (%.0f s into the outage; giving up at %.0f s): %s; next try in %.1f s", self.failures,
