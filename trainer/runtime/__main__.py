@@ -203,23 +203,20 @@ RETRY_REASONS = {exits.EXIT_PEER_LOST: "a peer is gone", exits.EXIT_DEVICE_FAULT
 
 def entry() -> int:
     from trainforge.exits import record_exit
-    from trainforge.trainer.runtime.config import UserError
 
     try:
         code = main()
     except BaseException as exc:
         code = exit_code_for(exc)
         record_exit(code, failure_message(exc) if 0 < code < 128 else "")
-        if isinstance(exc, UserError):
-            logging.getLogger("trainforge.runtime").error("%s", exc)
-            return code
+        ours = own_exit_code(exc) is not None  # a UserError, PeerLost, DeviceFault, ServicesDown...
         # Our own errors say it all in one line; a library's first line is the gist (gloo's go on for a while).
-        said = str(exc) if own_exit_code(exc) is not None else first_line(exc)[:300] or type(exc).__name__
+        said = str(exc) if ours else first_line(exc)[:300] or type(exc).__name__
         if code in RETRY_REASONS:
             logging.getLogger("trainforge.runtime").error("%s (%s); exiting %d to be restarted from the last checkpoint",
                                                           RETRY_REASONS[code], said, code)
             return code
-        if own_exit_code(exc) is not None:  # the process exits with the code its record says
+        if ours:  # the process exits with the code its record says
             logging.getLogger("trainforge.runtime").error("%s", said)
             return code
         raise

@@ -110,23 +110,26 @@ class TrialReporter:
 
     def finish(self, exit_code: int, stop_reason: str | None, final_eval: dict[str, Any] | None) -> str | None:
         """Tell the study the trial's outcome; None while the job goes on elsewhere (preempted: it resumes)."""
-        import optuna
         self._stop.set()
         if exit_code != 0:
             return None
-        # skip_if_finished: a tell whose commit went through while its answer was lost is not told twice.
+        outcome, tell = self._outcome(stop_reason, final_eval)
+        self._patiently("tell the study", tell)
+        return outcome
+
+    def _outcome(self, stop_reason: str | None, final_eval: dict[str, Any] | None) -> tuple[str, Callable[[], Any]]:
+        """What the trial came to, and how the study is told it (skip_if_finished: a tell whose commit went through
+        while its answer was lost is not told twice)."""
+        import optuna
+        state = optuna.trial.TrialState
         if stop_reason == "pruned":
-            self._patiently("tell the study", lambda: self.study.tell(self.trial, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True))
-            return "pruned"
+            return "pruned", lambda: self.study.tell(self.trial, state=state.PRUNED, skip_if_finished=True)
         value = (final_eval or {}).get(self.cfg.metric, self.last_value)
         if value is None or not math.isfinite(float(value)):
-            self._patiently("tell the study", lambda: self.study.tell(self.trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True))
-            return "failed"
+            return "failed", lambda: self.study.tell(self.trial, state=state.FAIL, skip_if_finished=True)
         if self.multi_objective:
-            self._patiently("tell the study", lambda: self.trial.set_user_attr(OBJECTIVE_VALUE_ATTR, float(value)))
-            return "complete"
-        self._patiently("tell the study", lambda: self.study.tell(self.trial, float(value), skip_if_finished=True))
-        return "complete"
+            return "complete", lambda: self.trial.set_user_attr(OBJECTIVE_VALUE_ATTR, float(value))
+        return "complete", lambda: self.study.tell(self.trial, float(value), skip_if_finished=True)
 
 
 def storage_url(storage: str) -> str:
